@@ -1,0 +1,60 @@
+"""Named value distributions. Adversarial where it matters; never zeros alone.
+
+A distribution fills a tensor viewed as rows (last axis = the reduction axis of row ops):
+
+| name            | what it stresses                                                          |
+|-----------------|---------------------------------------------------------------------------|
+| `normal`        | N(0, 1): the common case                                                   |
+| `outlier_rows`  | N(0, 1) with one element per row 1000x larger: reductions dominated by one |
+|                 | term, outputs up to ~sqrt(n) in magnitude                                  |
+| `f16_overflow`  | |x| in [250, 350] (random signs): x^2 overflows f16 (max 65504), so a kernel |
+|                 | that squares in f16 returns inf                                            |
+| `tiny`          | N(0, 1) x 4 x the dtype's smallest normal: subnormals, x^2 underflows, the  |
+|                 | eps term decides the result                                                |
+| `zero_rows`     | N(0, 1) with every third row all zero (row 0 included): out must be 0      |
+| `constant_rows` | each row one constant c_r ~ N(0, 1): closed form c*rsqrt(c^2+eps)*w         |
+
+Non-data tensors are drawn by role: `weight` around 1 (around 0 when the op adds `weight_offset=1`,
+Gemma's `(1 + w)` convention), `gate` N(0, 2^2) so silu sees both tails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oracle.dtypes import tiny
+
+DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows")
+
+
+def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
+    n = shape[-1] if shape else 1
+    return int(np.prod(shape, dtype=np.int64)) // max(n, 1), n
+
+
+def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.random.Generator,
+         params: dict) -> np.ndarray:
+    """float64 values for one tensor (the caller rounds them to the storage dtype)."""
+    if init == "weight":
+        base = 0.0 if params.get("weight_offset", 0) else 1.0
+        return base + 0.1 * rng.standard_normal(shape)
+    if init == "gate":
+        return 2.0 * rng.standard_normal(shape)
+    if init != "data":
+        raise ValueError(f"unknown tensor init {init!r}")
+    if dist not in DISTRIBUTIONS:
+        raise ValueError(f"unknown distribution {dist!r}; valid: {', '.join(DISTRIBUTIONS)}")
+
+    rows, n = _rows(shape)
+    x = rng.standard_normal((rows, n))
+    if dist == "outlier_rows":
+        x[np.arange(rows), rng.integers(0, n, rows)] *= 1000.0
+    elif dist == "f16_overflow":
+        x = rng.uniform(250.0, 350.0, (rows, n)) * rng.choice([-1.0, 1.0], (rows, n))
+    elif dist == "tiny":
+        x *= 4.0 * tiny(dtype if dtype in ("f32", "f16", "bf16") else "f32")
+    elif dist == "zero_rows":
+        x[::3] = 0.0
+    elif dist == "constant_rows":
+        x = np.repeat(rng.standard_normal((rows, 1)), n, axis=1)
+    return x.reshape(shape)

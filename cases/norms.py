@@ -1,0 +1,117 @@
+"""RMSNorm family cases: model presets (`reference/ops.md` §4), tile-window edges, distributions.
+
+Rows are kept small and odd (7) for hidden-size presets: correctness depends on the row length and
+the per-row geometry, not on the row count, and an odd count catches multi-row blocking bugs.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+from cases.distributions import DISTRIBUTIONS
+from cases.model import Case
+from cases.registry import gate_cases
+from oracle.dtypes import FLOAT_DTYPES
+
+# (preset, hidden, eps, weight_offset): hidden-size norms (input_layernorm, final norm).
+HIDDEN = (
+    ("smollm2-135m", 576, 1e-5, 0),
+    ("qwen2.5-0.5b", 896, 1e-6, 0),
+    ("qwen3-0.6b", 1024, 1e-6, 0),
+    ("qwen3-1.7b", 2048, 1e-6, 0),
+    ("qwen3-4b", 2560, 1e-6, 0),
+    ("llama-3.2-3b", 3072, 1e-5, 0),
+    ("qwen3-8b", 4096, 1e-6, 0),
+    ("qwen3-14b", 5120, 1e-6, 0),
+    ("gemma-4-31b", 5376, 1e-6, 1),
+    ("llama-3-70b", 8192, 1e-5, 0),
+)
+HIDDEN_ROWS = 7
+
+# (preset, batch, tokens, heads, head_dim, weight_offset): per-head q_norm / k_norm.
+PER_HEAD = (
+    ("qwen3-8b-q_norm", 4, 8, 32, 128, 0),   # the seed's per-head test: 1024 rows
+    ("qwen3-8b-k_norm", 4, 8, 8, 128, 0),
+    ("gpt-oss-20b-q", 1, 8, 64, 64, 0),
+    ("head_dim-64-seed", 2, 8, 32, 64, 0),   # seed (64, 512)
+    ("gemma-3-1b-q", 2, 16, 4, 256, 1),
+    ("head_dim-256-seed", 1, 16, 16, 256, 0),  # seed (256, 256)
+)
+
+# (preset, rows, n): GDN output norm, rows = tokens · Hv, n = Dv.
+GATED = (
+    ("qwen3.5-gdn-dv128", 64, 128),  # 2 tokens × 32 value heads
+    ("qwen3.5-gdn-dv256", 16, 256),
+    ("mt-bench-512", 16, 512),       # metaltile bench row length
+)
+
+# Row lengths within ±2 of each multiple of 32/64/128 at the contracts' limits: 32 and 64
+# (smallest TPG = 32 for n/2 and n/4 kernels), 128, 2048 (n/2 kernel: TPG 1024), 4096 (n/4
+# kernel: TPG 1024), 4224 (first multiple of 128 past it); 4100 and odd n for the wide kernel.
+EDGE_N = sorted({n + d for n in (32, 64, 128, 2048, 4096, 4224) for d in range(-2, 3)}
+                | {4100, 961, 5377})
+EDGE_HEAD_DIM = sorted({n + d for n in (64, 128, 256) for d in range(-2, 3)})
+EDGE_ROWS = 5
+
+
+def _sweep(op: str, dims_list, params_list, labels) -> list[Case]:
+    return [Case.make(op, dims, dtype, dist, params=params, label=f"preset:{label}")
+            for (dims, params, label), dtype, dist in
+            product(zip(dims_list, params_list, labels), FLOAT_DTYPES, DISTRIBUTIONS)]
+
+
+def _edges(op: str, dims_list) -> list[Case]:
+    return [Case.make(op, dims, dtype, "normal", label="edge")
+            for dims, dtype in product(dims_list, FLOAT_DTYPES)]
+
+
+def _hidden_op(op: str) -> list[Case]:
+    cases = _sweep(op, [{"rows": HIDDEN_ROWS, "n": h} for _, h, _, _ in HIDDEN],
+                   [{"eps": e, "weight_offset": o} for _, _, e, o in HIDDEN],
+                   [name for name, *_ in HIDDEN])
+    return cases + _edges(op, [{"rows": EDGE_ROWS, "n": n} for n in EDGE_N])
+
+
+def _both_roundings(cases: list[Case]) -> list[Case]:
+    """Every case in the one-rounding contract, and again with the normed value rounded to T
+    before the weight multiply (HF Llama / `mx.fast.rms_norm`; no weight offset in that
+    convention); see `oracle.norms.rms_norm`."""
+    return cases + [c.replace(rounding="normed") for c in cases
+                    if not c.params["weight_offset"]]
+
+
+@gate_cases("rms_norm")
+def rms_norm_cases():
+    return _both_roundings(_hidden_op("rms_norm"))
+
+
+@gate_cases("rms_norm_residual")
+def rms_norm_residual_cases():
+    return _hidden_op("rms_norm_residual")
+
+
+@gate_cases("add_rms_norm")
+def add_rms_norm_cases():
+    return _hidden_op("add_rms_norm")
+
+
+@gate_cases("rms_inv")
+def rms_inv_cases():
+    return _hidden_op("rms_inv")
+
+
+@gate_cases("rms_norm_per_head")
+def per_head_cases():
+    dims = [{"batch": b, "tokens": t, "heads": h, "head_dim": d} for _, b, t, h, d, _ in PER_HEAD]
+    cases = _sweep("rms_norm_per_head", dims, [{"weight_offset": o} for *_, o in PER_HEAD],
+                   [p[0] for p in PER_HEAD])
+    edges = _edges("rms_norm_per_head", [{"batch": 1, "tokens": 2, "heads": 4, "head_dim": d}
+                                         for d in EDGE_HEAD_DIM])
+    return _both_roundings(cases + edges)
+
+
+@gate_cases("gated_mixer_norm")
+def gated_mixer_norm_cases():
+    cases = _sweep("gated_mixer_norm", [{"rows": r, "n": n} for _, r, n in GATED],
+                   [{}] * len(GATED), [p[0] for p in GATED])
+    return cases + _edges("gated_mixer_norm", [{"rows": EDGE_ROWS, "n": n} for n in EDGE_N])

@@ -1,0 +1,33 @@
+"""Per-op gate case sources, registered by the family modules of this package."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Callable
+
+_SOURCES: dict[str, Callable[[], list]] = {}
+_INFRA = {"registry", "model", "distributions", "generate", "strategies"}
+_loaded = False
+
+
+def gate_cases(op: str):
+    """Decorator: `fn()` returns the op's gate cases (a list of `Case`)."""
+
+    def wrap(fn):
+        _SOURCES[op] = fn
+        return fn
+
+    return wrap
+
+
+def sources() -> dict[str, Callable[[], list]]:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import cases
+
+        for mod in pkgutil.iter_modules(cases.__path__):
+            if mod.name not in _INFRA and not mod.name.startswith("_"):
+                importlib.import_module(f"cases.{mod.name}")
+    return dict(_SOURCES)

@@ -1,0 +1,91 @@
+// Shared pieces of kparity's CUDA kernels: storage traits, the block-wide sum, the RMS math.
+//
+// Self-contained on purpose: no cuda_fp16.h / cuda_bf16.h, so NVRTC needs no CUDA include path
+// (only -I for this directory). f16 and bf16 cross the host boundary as raw uint16 bits and are
+// converted here with PTX `cvt`; every kernel computes in f32 and rounds to T once, at the store.
+//
+// Test-only mutation hooks (compiled in only by the mutants, `-DKPARITY_MUTANT_...`): the two that
+// change the math live here, in `rms_inv` and `normed`, so every kernel gets them from one place;
+// KPARITY_MUTANT_SKIP_LANE is placed in each kernel, right before its stores.
+#pragma once
+
+// --- storage traits: T::load(p, i) -> float, T::store(p, i, float) rounds to T (RNE) ----------
+
+struct F32 {
+    typedef float storage;
+    static __device__ __forceinline__ float load(const float* p, size_t i) { return p[i]; }
+    static __device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
+    static __device__ __forceinline__ float round(float v) { return v; }
+};
+
+struct F16 {
+    typedef unsigned short storage;  // IEEE binary16 bits
+    static __device__ __forceinline__ float to_f32(unsigned short h) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));  // exact widening
+        return f;
+    }
+    static __device__ __forceinline__ unsigned short from_f32(float f) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));  // round to nearest even
+        return h;
+    }
+    static __device__ __forceinline__ float load(const storage* p, size_t i) { return to_f32(p[i]); }
+    static __device__ __forceinline__ void store(storage* p, size_t i, float v) { p[i] = from_f32(v); }
+    static __device__ __forceinline__ float round(float v) { return to_f32(from_f32(v)); }
+};
+
+struct BF16 {
+    typedef unsigned short storage;  // bfloat16 bits: the top half of an f32
+    static __device__ __forceinline__ float to_f32(unsigned short b) {
+        return __uint_as_float((unsigned)b << 16);  // exact widening
+    }
+    static __device__ __forceinline__ unsigned short from_f32(float f) {
+        unsigned short b;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));  // round to nearest even; sm_80+
+        return b;
+    }
+    static __device__ __forceinline__ float load(const storage* p, size_t i) { return to_f32(p[i]); }
+    static __device__ __forceinline__ void store(storage* p, size_t i, float v) { p[i] = from_f32(v); }
+    static __device__ __forceinline__ float round(float v) { return to_f32(from_f32(v)); }
+};
+
+// --- block-wide sum ------------------------------------------------------------------------------
+
+// Sum of `v` over the block, returned to every thread. Requires blockDim.x a multiple of 32 (the
+// contracts check it): the full-mask shuffle needs all 32 lanes, and a trailing partial warp
+// would not be counted. Warps reduce by butterfly, lane 0 of each parks its partial in shared
+// memory, then every thread adds the partials in the same order, so all threads hold the same
+// bits (the broadcast) and the result is deterministic run to run.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];  // one slot per warp: at most 1024 / 32
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    const int n_warps = blockDim.x / 32;
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int i = 0; i < n_warps; ++i) total += partial[i];
+    __syncthreads();  // the slots may be reused by a later call only once everyone has read them
+    return total;
+}
+
+// --- RMS math ------------------------------------------------------------------------------------
+
+// inv = rsqrt(ssq / n + eps): the seed's `rsqrt(tg_ssq / n + eps)`, in f32.
+__device__ __forceinline__ float rms_inv(float ssq, int n, float eps) {
+#ifdef KPARITY_MUTANT_DROP_EPS
+    eps = 0.0f;  // mutant: eps not added (all-zero rows give inf * 0 = NaN)
+#endif
+    return rsqrtf(ssq / (float)n + eps);
+}
+
+// The normalised, weighted value x * inv * w in f32, w already (weight + weight_offset). The seed's
+// order: x * inv first, then * w, with no rounding in between.
+template <typename T>
+__device__ __forceinline__ float normed(float x, float inv, float w) {
+#ifdef KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
+    return T::round(x * inv) * w;  // mutant: HF-Llama's w * T(x * inv), rounded twice
+#else
+    return x * inv * w;
+#endif
+}

@@ -1,0 +1,34 @@
+"""The impl: one implementation of one op on one backend, with its contract.
+
+`run(launch, inputs, outputs, case)` receives device arrays: `inputs` already on the backend, and
+`outputs` pre-allocated and poisoned with NaN by the runner (backends that write in place: cuda,
+torch), or `None` (functional backends: mlx, which return new arrays). It returns the outputs as
+a dict, or None when it wrote into `outputs`. `launch` is the geometry the contract derived and
+checked; a kernel launches with exactly that geometry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from gpu_impls.contract import NO_CONTRACT, Contract, Launch
+
+
+@dataclass(frozen=True)
+class Impl:
+    op: str
+    backend: str
+    name: str
+    run: Callable[[Launch | None, dict, dict | None, object], dict | None]
+    contract: Contract = NO_CONTRACT
+    deterministic: bool = True
+    doc: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}:{self.name}"
+
+    def __call__(self, inputs: dict, outputs: dict | None, case) -> dict | None:
+        launch = self.contract.check(self.id, case)
+        return self.run(launch, inputs, outputs, case)

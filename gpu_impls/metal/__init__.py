@@ -1,0 +1,1 @@
+"""metal backend impls."""

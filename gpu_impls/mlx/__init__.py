@@ -1,0 +1,1 @@
+"""mlx backend impls."""

@@ -1,0 +1,21 @@
+"""kparity oracles: pure NumPy (+ ml_dtypes) references, one module per op family.
+
+Every module in this package that defines ops registers them with `oracle.spec.register` at import
+time; `load_all()` imports them all, so adding an op family is adding a module here.
+"""
+
+import importlib
+import pkgutil
+
+_INFRA = {"spec", "dtypes"}
+_loaded = False
+
+
+def load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in pkgutil.iter_modules(__path__):
+        if mod.name not in _INFRA and not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")

@@ -1,0 +1,106 @@
+"""The op: a named computation, its NumPy oracle, and the facts every runner needs.
+
+An op is declared once, as an `OpSpec`, next to its oracle. Runners, the store and the CLI only
+ever talk to `OpSpec`: they never know which op they are running.
+
+Conventions shared by every oracle:
+
+* Inputs arrive already rounded to their storage dtype (the case dtype `T` for activations).
+* The oracle computes in float64 and returns the *pre-store* value of each output, i.e. the exact
+  value the kernel contract asks for just before the final store rounds it to the output dtype.
+  Rounding points that the contract places *inside* the computation are reproduced by the oracle;
+  the final store rounding is applied by `OpSpec.reference`, from the output's declared dtype.
+* `tolerance(inputs, exact, case)` returns, per output, an element-wise bound on
+  |impl - exact|; the docstring of each op derives it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from oracle.dtypes import round_to, storage_dtype
+
+# Dtype roles of a tensor: "T" is the case's activation dtype; the others are fixed.
+DTYPE_ROLES = ("T", "f32", "u32", "i32")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: its name, shape as a function of the case dims, dtype role.
+
+    `init` names how the case generator fills an input: "data" draws from the case's value
+    distribution, "weight" draws a norm weight (around 1, or around 0 with `weight_offset=1`),
+    "gate" a gate activation.
+    """
+
+    name: str
+    shape: Callable[[Mapping[str, int]], tuple[int, ...]]
+    role: str = "T"
+    init: str = "data"
+
+    def dtype(self, case_dtype: str) -> str:
+        if self.role not in DTYPE_ROLES:
+            raise ValueError(f"tensor {self.name}: unknown dtype role {self.role!r}")
+        return case_dtype if self.role == "T" else self.role
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A named op. `oracle` returns float64 pre-store outputs; see the module docstring."""
+
+    name: str
+    family: str
+    dims: tuple[str, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    oracle: Callable[[dict, object], dict]
+    tolerance: Callable[[dict, dict, object], dict]
+    bytes: Callable[[object], int]
+    flops: Callable[[object], int]
+    params: Mapping[str, object] = field(default_factory=dict)
+    version: int = 1
+    doc: str = ""
+
+    def output_dtype(self, name: str, case_dtype: str) -> str:
+        return next(t for t in self.outputs if t.name == name).dtype(case_dtype)
+
+    def reference(self, inputs: dict, case) -> tuple[dict, dict]:
+        """(exact float64 outputs, outputs rounded to their storage dtype)."""
+        exact = self.oracle(inputs, case)
+        rounded = {t.name: round_to(exact[t.name], t.dtype(case.dtype)) for t in self.outputs}
+        return exact, rounded
+
+    def io_bytes(self, case) -> int:
+        """Each input read once, each output written once."""
+        total = 0
+        for t in self.inputs + self.outputs:
+            n = int(np.prod(t.shape(case.dims), dtype=np.int64))
+            total += n * storage_dtype(t.dtype(case.dtype)).itemsize
+        return total
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"op {spec.name!r} registered twice")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def registry() -> dict[str, OpSpec]:
+    from oracle import load_all
+
+    load_all()
+    return dict(_REGISTRY)
+
+
+def get_op(name: str) -> OpSpec:
+    ops = registry()
+    if name not in ops:
+        raise KeyError(name)
+    return ops[name]

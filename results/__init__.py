@@ -1,0 +1,1 @@
+"""kparity results: Arrow schemas and the Parquet result store."""

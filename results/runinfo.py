@@ -1,0 +1,51 @@
+"""The `runs` row: who ran what, where, with which versions."""
+
+from __future__ import annotations
+
+import json
+import platform
+import secrets
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("numpy", "ml_dtypes", "pyarrow", "torch", "cupy", "cupy-cuda12x",
+                 "cupy-cuda13x", "mlx", "triton", "kparity"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def run_row(run_id: str, verb: str, devices: dict, versions: dict, filters: dict) -> dict:
+    return {
+        "run_id": run_id,
+        "started": datetime.now(timezone.utc),
+        "command": " ".join(["kparity", *sys.argv[1:]]),
+        "verb": verb,
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "devices": json.dumps(devices, sort_keys=True),
+        "versions": json.dumps({**package_versions(), **versions}, sort_keys=True),
+        "filters": json.dumps(filters, sort_keys=True, default=str),
+    }

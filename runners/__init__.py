@@ -1,0 +1,1 @@
+"""kparity runners: correctness, the sweep, and the `kparity` CLI."""
