@@ -49,6 +49,18 @@ def backend(name: str) -> Backend:
 
 
 def load_plugin(module: str) -> None:
-    """Import a module that registers ops or impls (a kernel repo's own, or test mutants)."""
+    """Import a module (dotted name, or a .py path) that registers ops or impls: a kernel repo's
+    own, or the test-only mutants (`--plugin tests/mutants.py`)."""
+    import importlib.util
+    import os
+
     _load_all()
-    importlib.import_module(module)
+    if module.endswith(".py") or os.sep in module:
+        if not os.path.isfile(module):
+            raise ImportError(f"no such file: {module}")
+        name = "kparity_plugin_" + os.path.splitext(os.path.basename(module))[0]
+        spec = importlib.util.spec_from_file_location(name, module)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    else:
+        importlib.import_module(module)

@@ -1,0 +1,47 @@
+"""Hypothesis strategies drawing valid cases per impl, and the `ci` / `nightly` profiles.
+
+`valid_case(impl)` draws an op's dims from wide ranges biased to contract-friendly values
+(multiples of 32), a dtype, a distribution and a seed, and keeps only cases the impl's contract
+admits; the op's params are taken from its gate cases (so conventions like `rounding` match).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from cases.distributions import DISTRIBUTIONS
+from cases.model import Case
+
+settings.register_profile("ci", max_examples=20, derandomize=True, deadline=None,
+                          suppress_health_check=[HealthCheck.filter_too_much,
+                                                 HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=1000, deadline=None,
+                          suppress_health_check=[HealthCheck.filter_too_much,
+                                                 HealthCheck.too_slow])
+
+# Upper bounds per dim name keep drawn cases cheap on a CPU oracle.
+DIM_MAX = {"rows": 9, "n": 9000, "batch": 2, "tokens": 3, "heads": 8, "head_dim": 600}
+
+
+def _dim(name: str):
+    hi = DIM_MAX.get(name, 64)
+    aligned = st.integers(1, max(hi // 32, 1)).map(lambda k: 32 * k)
+    return st.one_of(aligned, st.integers(1, hi))
+
+
+@st.composite
+def valid_case(draw, impl):
+    from cases.generate import valid_cases
+
+    known = valid_cases(impl)
+    params = draw(st.sampled_from(sorted({c.param_items for c in known}))) if known else ()
+    spec_dims = known[0].spec.dims if known else ()
+    dims = {d: draw(_dim(d)) for d in spec_dims}
+    case = Case.make(impl.op, dims, draw(st.sampled_from(impl.contract.dtypes)),
+                     draw(st.sampled_from(DISTRIBUTIONS)), draw(st.integers(0, 2**16)),
+                     dict(params), label="fuzz")
+    from hypothesis import assume
+
+    assume(impl.contract.admits(case))
+    return case

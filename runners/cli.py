@@ -1,0 +1,346 @@
+"""`kparity`: one verb per use. `ops`, `cases`, `check`, `repro` (timing, A/B, compare and report
+verbs come with their issues).
+
+Exit codes: 0 success, 1 a check failed, 2 bad input (an unknown name lists the valid ones,
+closest first), 3 nothing could run (no backend here for what was asked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections import Counter, defaultdict
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cases.distributions import DISTRIBUTIONS
+from cases.generate import Work, gate_cases, plan, valid_cases, violating_cases
+from cases.model import Case
+from oracle.dtypes import FLOAT_DTYPES
+from oracle.spec import registry as op_registry
+from results.runinfo import new_run_id, run_row
+from results.store import RowWriter, Store, StoreError
+from runners.correctness import check, is_failure
+
+# Wide enough for impl ids when output is not a terminal (CI logs, pipes).
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+
+
+class UsageError(Exception):
+    """Bad input: printed as one message, exit code 2."""
+
+
+def unknown(kind: str, given: str, valid) -> UsageError:
+    valid = sorted(set(valid))
+    close = difflib.get_close_matches(given, valid, n=len(valid), cutoff=0.0)
+    return UsageError(f"unknown {kind} {given!r}. Valid {kind}s (closest first): "
+                      + ", ".join(close))
+
+
+def _split(values) -> list[str]:
+    return [v for item in values or [] for v in item.split(",") if v]
+
+
+# --- selection ---------------------------------------------------------------------------------
+
+def _impls():
+    import gpu_impls
+
+    return gpu_impls.impls()
+
+
+def _backend(name):
+    import gpu_impls
+
+    return gpu_impls.backend(name)
+
+
+def select_impls(args, need_available: bool) -> list:
+    """Impls matching --op/--impl/--backend; with need_available, only those runnable here."""
+    import gpu_impls
+
+    all_impls = _impls()
+    ops = _split(args.op)
+    for op in ops:
+        if op not in op_registry():
+            raise unknown("op", op, op_registry())
+    backends = _split(args.backend)
+    for b in backends:
+        if b not in gpu_impls.BACKENDS:
+            raise unknown("backend", b, gpu_impls.BACKENDS)
+    wanted = _split(args.impl)
+    by_name = defaultdict(list)
+    for impl in all_impls.values():
+        by_name[impl.name].append(impl.id)
+    ids = set()
+    for w in wanted:
+        if w in all_impls:
+            ids.add(w)
+        elif w in by_name:
+            ids.update(by_name[w])
+        else:
+            raise unknown("impl", w, list(all_impls) + list(by_name))
+    for d in _split(args.dtype):
+        if d not in FLOAT_DTYPES:
+            raise unknown("dtype", d, FLOAT_DTYPES)
+
+    chosen = [i for i in all_impls.values()
+              if (not ops or i.op in ops) and (not backends or i.backend in backends)
+              and (not ids or i.id in ids)]
+    if not need_available:
+        return sorted(chosen, key=lambda i: i.id)
+    runnable, missing = [], {}
+    for impl in chosen:
+        ok, why = _backend(impl.backend).available()
+        (runnable.append(impl) if ok else missing.setdefault(impl.backend, why))
+    for b, why in sorted(missing.items()):
+        console.print(f"[yellow]skipping backend {b}[/]: {escape(why)}")
+    if chosen and not runnable:
+        console.print("[red]nothing to run: no backend for the selected impls is available here[/]")
+        raise SystemExit(3)
+    return sorted(runnable, key=lambda i: i.id)
+
+
+def check_presets(args) -> list[str]:
+    presets = _split(args.preset)
+    if presets:
+        labels = {c.label.split(":", 1)[-1] for op in op_registry() for c in gate_cases(op)}
+        labels |= {"edge", "violates"}
+        for p in presets:
+            if not any(p in label for label in labels):
+                raise unknown("preset", p, labels)
+    return presets
+
+
+def work_list(args, impls) -> list[Work]:
+    return plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
+                invalid=not getattr(args, "valid_only", False))
+
+
+def plugin_flags(args) -> str:
+    return "".join(f" --plugin {p}" for p in args.plugin or [])
+
+
+# --- verbs -------------------------------------------------------------------------------------
+
+def cmd_ops(args) -> int:
+    import gpu_impls
+
+    table = Table(title="ops and impls")
+    for col in ("op", "family", "dims", "impls"):
+        table.add_column(col)
+    impls = _impls()
+    for name, spec in sorted(op_registry().items()):
+        ids = sorted(i.id for i in impls.values() if i.op == name)
+        table.add_row(name, spec.family, ", ".join(spec.dims), ", ".join(ids))
+    console.print(table)
+    backends = Table(title="backends here")
+    backends.add_column("backend")
+    backends.add_column("available")
+    backends.add_column("device / why not")
+    for b in gpu_impls.BACKENDS:
+        ok, why = _backend(b).available()
+        backends.add_row(b, "yes" if ok else "no", escape(why))
+    console.print(backends)
+    return 0
+
+
+def cmd_cases(args) -> int:
+    impls = select_impls(args, need_available=False)
+    work = work_list(args, impls)
+    if not args.invalid:
+        work = [w for w in work if w.expect == "valid"]
+    counts = Counter()
+    shown = 0
+    for w in work:
+        counts[(w.impl.id, w.expect)] += 1
+        if args.list and shown < args.limit:
+            shown += 1
+            extra = f"  breaks `{w.invariant}`" if w.expect == "rejected" else ""
+            console.print(f"{w.case.id}  {w.impl.id:32s} {w.case.short()}  {w.case.label}{extra}")
+    table = Table(title=f"{len(work)} (impl, case) pairs would run")
+    for col in ("impl", "valid cases", "violating cases"):
+        table.add_column(col)
+    for impl in impls:
+        table.add_row(impl.id, str(counts[(impl.id, "valid")]), str(counts[(impl.id, "rejected")]))
+    console.print(table)
+    return 0
+
+
+def run_work(args, work: list[Work], verb: str) -> list[dict]:
+    """Run the work list, writing rows to the store as it goes; returns the rows."""
+    store = Store(args.store)
+    store.ensure_writable()
+    run_id = new_run_id()
+    backends = sorted({w.impl.backend for w in work})
+    devices = {b: _backend(b).device() for b in backends}
+    versions = {k: v for b in backends for k, v in _backend(b).versions().items()}
+    filters = {k: getattr(args, k, None) for k in ("op", "impl", "backend", "dtype", "preset")}
+    store.write("runs", [run_row(run_id, verb, devices, versions, filters)], run_id, 0)
+
+    rows = []
+    with RowWriter(store, "correctness", run_id) as writer, Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+            console=console, transient=True) as progress:
+        task = progress.add_task(verb, total=len(work), failed=0)
+        failed = 0
+        for w in work:
+            progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
+            row = check(w, _backend(w.impl.backend), run_id)
+            writer.add(row)
+            rows.append(row)
+            if is_failure(row):
+                failed += 1
+                if failed <= args.show_failures:
+                    progress.console.print(
+                        f"[red]{row['status'].upper()}[/] {w.impl.id} case {w.case.id} "
+                        f"({w.case.short()}, {w.case.label}): {escape(row['message'][:300])}\n"
+                        f"    repro: kparity{plugin_flags(args)} repro {w.case.id} --impl {w.impl.id}")
+            progress.update(task, advance=1, failed=failed)
+    summarize(rows, run_id, store)
+    return rows
+
+
+def summarize(rows: list[dict], run_id: str, store: Store) -> None:
+    table = Table(title=f"run {run_id}")
+    for col in ("impl", "device", "pass", "fail", "error", "rejected ok", "max budget",
+                "max ulp"):
+        table.add_column(col, justify="right" if col not in ("impl", "device") else "left",
+                         no_wrap=col == "impl")
+    by_impl = defaultdict(list)
+    for r in rows:
+        by_impl[r["impl"]].append(r)
+    for impl, rs in sorted(by_impl.items()):
+        c = Counter("rejected ok" if r["status"] == "rejected" and r["expect"] == "rejected"
+                    else ("fail" if is_failure(r) and r["status"] in ("fail", "rejected")
+                          else r["status"]) for r in rs)
+        budgets = [r["budget"] for r in rs if r["budget"] is not None]
+        ulps = [r["max_ulp"] for r in rs if r["max_ulp"] is not None]
+        failing = c["fail"] + c["error"] + c["timeout"] + c["crash"]
+        style = "red" if failing else "green"
+        table.add_row(f"[{style}]{impl}[/]", rs[0]["device"], str(c["pass"]), str(c["fail"]),
+                      str(c["error"] + c["timeout"] + c["crash"]), str(c["rejected ok"]),
+                      f"{max(budgets):.3g}" if budgets else "-", str(max(ulps)) if ulps else "-")
+    console.print(table)
+    n_fail = sum(is_failure(r) for r in rows)
+    verdict = "[red]FAILED[/]" if n_fail else "[green]OK[/]"
+    console.print(f"{verdict}: {len(rows)} checks, {n_fail} failing; rows in {store.root}/")
+
+
+def cmd_check(args) -> int:
+    impls = select_impls(args, need_available=True)
+    work = work_list(args, impls)
+    if not work:
+        console.print("[red]no cases match the filters[/]")
+        return 3
+    rows = run_work(args, work, "check")
+    return 1 if any(is_failure(r) for r in rows) else 0
+
+
+def find_case(case_id: str, store: Store) -> tuple[Case, list[str]]:
+    """The case with this id, from the store (and the impls that ran it) or the generators."""
+    import pyarrow.compute as pc
+
+    table = store.read("correctness", filter=pc.field("case_id") == case_id)
+    if table.num_rows:
+        rows = table.to_pylist()
+        return Case.from_json(rows[-1]["case_json"]), sorted({r["impl"] for r in rows})
+    for impl in _impls().values():
+        for c in valid_cases(impl) + [w.case for w in violating_cases(impl)]:
+            if c.id == case_id:
+                return c, []
+    raise UsageError(f"case {case_id!r} is neither in the store ({store.root}) nor among the "
+                     f"generated cases; `kparity cases --list` shows ids")
+
+
+def cmd_repro(args) -> int:
+    store = Store(args.store)
+    case, ran = find_case(args.case_id, store)
+    ids = _split(args.impl) or ran or sorted(i.id for i in _impls().values() if i.op == case.op)
+    impls = _impls()
+    for i in ids:
+        if i not in impls:
+            raise unknown("impl", i, impls)
+    console.print(escape(f"case {case.id}: {case.short()} params {case.params} ({case.label})"))
+    work = []
+    for i in ids:
+        impl = impls[i]
+        broken = impl.contract.broken(case)
+        work.append(Work(impl, case, "rejected" if broken else "valid",
+                         broken[0].name if broken else ""))
+    rows = run_work(args, work, "repro")
+    for r in rows:
+        console.print(f"[bold]{r['impl']}[/] {r['status']}: {escape(r['message'])}")
+        for name, m in json.loads(r["outputs_json"]).items():
+            console.print(f"  {name}: budget {m['budget']:.3g}, max_abs {m['max_abs']:.3g}, "
+                          f"max_ulp {m['max_ulp']}, frac_within {m['frac_within']:.6f}, "
+                          f"NaN/Inf mismatches {m['nonfinite_mismatch']}, worst index "
+                          f"{m['worst_index']}")
+    return 1 if any(is_failure(r) for r in rows) else 0
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--op", action="append", help="op name (repeatable, comma-separated)")
+    p.add_argument("--impl", action="append", help="impl id backend:name, or name")
+    p.add_argument("--backend", action="append", help="cuda, torch, mlx, metal")
+    p.add_argument("--dtype", action="append", help="f32, f16, bf16")
+    p.add_argument("--preset", action="append",
+                   help="case label substring: a model preset, 'edge' or 'violates'")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kparity", description=__doc__.splitlines()[0])
+    p.add_argument("--store", default=None, help="result store (default .kparity or $KPARITY_STORE)")
+    p.add_argument("--plugin", action="append",
+                   help="import MODULE first (registers extra ops or impls)")
+    sub = p.add_subparsers(dest="verb", required=True)
+    sub.add_parser("ops", help="ops, impls, and which backends run here")
+    cases = sub.add_parser("cases", help="what would run")
+    _filters(cases)
+    cases.add_argument("--invalid", action="store_true", help="include violating cases")
+    cases.add_argument("--list", action="store_true", help="print each case")
+    cases.add_argument("--limit", type=int, default=200)
+    chk = sub.add_parser("check", help="correctness sweep against the oracles")
+    _filters(chk)
+    chk.add_argument("--valid-only", action="store_true", help="skip the violating cases")
+    chk.add_argument("--show-failures", type=int, default=20, help="failures printed in full")
+    rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
+    rep.add_argument("case_id")
+    rep.add_argument("--impl", action="append")
+    rep.add_argument("--show-failures", type=int, default=20)
+    return p
+
+
+VERBS = {"ops": cmd_ops, "cases": cmd_cases, "check": cmd_check, "repro": cmd_repro}
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.plugin:
+            import gpu_impls
+
+            for module in args.plugin:
+                try:
+                    gpu_impls.load_plugin(module)
+                except ImportError as e:
+                    raise UsageError(f"--plugin {module}: cannot import ({e})") from None
+        return VERBS[args.verb](args)
+    except UsageError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return 2
+    except StoreError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

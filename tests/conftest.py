@@ -1,0 +1,52 @@
+"""pytest setup: markers, the no-accelerator guard for `-m gpu`, hypothesis profiles.
+
+`pytest -m gpu` on a machine without an accelerator must fail loudly, not pass empty: the guard
+exits with status 3 and says which backends were looked for and why each is missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cases import strategies  # noqa: F401  (registers the hypothesis profiles)
+from hypothesis import settings
+
+settings.load_profile(os.environ.get("KPARITY_HYPOTHESIS_PROFILE", "ci"))
+
+
+def accelerators() -> tuple[list[str], list[str]]:
+    """(backends with an accelerator here, reasons for the others)."""
+    from gpu_impls import backend
+
+    found, why = [], []
+    for name in ("cuda", "torch", "mlx", "metal"):
+        be = backend(name)
+        ok, reason = be.available()
+        if ok and be.accelerator:
+            found.append(f"{name} ({be.device()})")
+        else:
+            why.append(f"{name}: {reason if not ok else 'runs on cpu'}")
+    return found, why
+
+
+def pytest_configure(config):
+    markexpr = config.getoption("markexpr") or ""
+    if "gpu" in markexpr and "not gpu" not in markexpr:
+        found, why = accelerators()
+        if not found:
+            pytest.exit("pytest -m gpu: no accelerator backend on this machine, refusing to pass "
+                        "empty. Looked for: " + "; ".join(why), returncode=3)
+
+
+def pytest_collection_modifyitems(config, items):
+    # Tests needing a backend that is absent skip with the backend's own reason.
+    from gpu_impls import backend
+
+    for item in items:
+        for name in ("cuda", "mlx", "metal"):
+            if item.get_closest_marker(name):
+                ok, reason = backend(name).available()
+                if not ok:
+                    item.add_marker(pytest.mark.skip(reason=reason))

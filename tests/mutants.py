@@ -1,0 +1,81 @@
+"""Test-only mutant impls: each is a plausible kernel bug that the gate must turn red.
+
+Loaded as a plugin (`kparity --plugin tests/mutants.py check --impl torch:mutant_drop_eps`), never
+registered by default. CPU mutants run on torch (CI); CUDA mutants compile the real kernels with
+a `KPARITY_MUTANT_*` define (GPU gate).
+
+| mutant                         | bug                                                        |
+|--------------------------------|------------------------------------------------------------|
+| mutant_drop_eps                | rsqrt(mean(x²)) without eps: zero rows give NaN, tiny rows blow up |
+| mutant_round_before_weight     | claims one rounding, rounds x·inv to T before the weight    |
+| mutant_weight_before_rounding  | claims rounding="normed", applies the weight before it      |
+| mutant_skip_lane               | never writes the elements of lane 1 of every 32             |
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_impls import impls, register
+from gpu_impls.contract import Contract, param_is, rounding_once
+from gpu_impls.impl import Impl
+
+ONCE = Contract(invariants=rounding_once("a non-mutant impl"))
+NORMED = Contract(invariants=(param_is("rounding", "normed", "a non-mutant impl"),
+                              param_is("weight_offset", 0, "a non-mutant impl", other=1)))
+
+
+def _parts(inputs, case):
+    import torch
+
+    x = inputs["x"].float()
+    w = inputs["w"].float() + case.params["weight_offset"]
+    eps = float(np.float32(case.params["eps"]))
+    return torch, x, w, eps
+
+
+def drop_eps(launch, inputs, outputs, case):
+    torch, x, w, eps = _parts(inputs, case)
+    outputs["out"].copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w)
+
+
+def round_before_weight(launch, inputs, outputs, case):
+    torch, x, w, eps = _parts(inputs, case)
+    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(inputs["x"].dtype)
+    outputs["out"].copy_(normed.float() * w)
+
+
+def weight_before_rounding(launch, inputs, outputs, case):
+    torch, x, w, eps = _parts(inputs, case)
+    outputs["out"].copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
+
+
+def skip_lane(launch, inputs, outputs, case):
+    torch, x, w, eps = _parts(inputs, case)
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w).to(outputs["out"].dtype)
+    keep = (torch.arange(x.shape[-1], device=x.device) % 32) != 1
+    outputs["out"][..., keep] = y[..., keep]
+
+
+CPU_MUTANTS = (
+    Impl("rms_norm", "torch", "mutant_drop_eps", drop_eps, ONCE),
+    Impl("rms_norm", "torch", "mutant_round_before_weight", round_before_weight, ONCE),
+    Impl("rms_norm", "torch", "mutant_weight_before_rounding", weight_before_rounding, NORMED),
+    Impl("rms_norm", "torch", "mutant_skip_lane", skip_lane, ONCE),
+)
+CUDA_MUTANTS = (
+    ("cuda:mt_rms_norm", "mutant_drop_eps", "KPARITY_MUTANT_DROP_EPS"),
+    ("cuda:mt_rms_norm", "mutant_round_before_weight", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT"),
+    ("cuda:mt_rms_norm", "mutant_skip_lane", "KPARITY_MUTANT_SKIP_LANE"),
+)
+
+_existing = impls()
+register(*(m for m in CPU_MUTANTS if m.id not in _existing))
+try:
+    from gpu_impls.cuda.norms import mutant as cuda_mutant
+except ImportError:  # the CUDA impls are optional for the CPU tests
+    cuda_mutant = None
+if cuda_mutant is not None:
+    for impl_id, name, define in CUDA_MUTANTS:
+        if f"cuda:{name}" not in _existing and impl_id in _existing:
+            register(cuda_mutant(impl_id, name, define))

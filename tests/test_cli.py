@@ -1,0 +1,95 @@
+"""The CLI end to end on CPU backends: exit codes, rows in the store, repro, mutants go red."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+from results.schema import CORRECTNESS, RUNS, SCHEMA_VERSION
+from runners.cli import main
+
+MUTANTS = str(Path(__file__).with_name("mutants.py"))
+
+
+def run(tmp_path, *argv) -> int:
+    return main(["--store", str(tmp_path / "store"), *argv])
+
+
+def test_check_writes_rows_readable_with_the_schema(tmp_path):
+    rc = run(tmp_path, "check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b")
+    assert rc == 0
+    files = sorted((tmp_path / "store" / "correctness").glob("date=*/*.parquet"))
+    assert files, "no correctness parts written"
+    table = ds.dataset([str(f) for f in files], format="parquet").to_table()
+    assert table.schema.equals(CORRECTNESS, check_metadata=False)
+    rows = table.to_pylist()
+    assert len(rows) == 3 * 6  # 3 dtypes x 6 distributions, one rounding convention
+    assert {r["status"] for r in rows} == {"pass"}
+    assert all(r["schema_version"] == SCHEMA_VERSION and 0 <= r["budget"] <= 1 for r in rows)
+    runs = ds.dataset(str(tmp_path / "store" / "runs"), format="parquet").to_table()
+    assert runs.schema.equals(RUNS, check_metadata=False) and runs.num_rows == 1
+    assert json.loads(runs.to_pylist()[0]["devices"]) == {"torch": "cpu"}
+
+
+@pytest.mark.parametrize("mutant", ["mutant_drop_eps", "mutant_round_before_weight",
+                                    "mutant_weight_before_rounding", "mutant_skip_lane"])
+def test_each_mutant_fails_check(tmp_path, mutant, capsys):
+    rc = run(tmp_path, "--plugin", MUTANTS, "check", "--impl", f"torch:{mutant}",
+             "--preset", "qwen3-0.6b,edge", "--show-failures", "1")
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "repro: kparity --plugin" in out and f"--impl torch:{mutant}" in out
+
+
+def test_violating_cases_are_rejected_and_count_as_ok(tmp_path):
+    rc = run(tmp_path, "check", "--impl", "mlx:fast_rms_norm", "--preset", "violates")
+    assert rc == 0
+    table = ds.dataset(str(tmp_path / "store" / "correctness"), format="parquet").to_table()
+    rows = table.to_pylist()
+    assert rows and {(r["expect"], r["status"]) for r in rows} == {("rejected", "rejected")}
+    assert any("rounding == 'normed'" in r["message"] for r in rows)
+
+
+def test_repro_reruns_a_stored_case(tmp_path, capsys):
+    assert run(tmp_path, "--plugin", MUTANTS, "check", "--impl", "torch:mutant_drop_eps",
+               "--preset", "qwen3-0.6b", "--dtype", "bf16") == 1
+    table = ds.dataset(str(tmp_path / "store" / "correctness"), format="parquet").to_table()
+    failing = [r for r in table.to_pylist() if r["status"] == "fail"]
+    case_id = failing[0]["case_id"]
+    capsys.readouterr()
+    assert run(tmp_path, "--plugin", MUTANTS, "repro", case_id) == 1
+    assert case_id in capsys.readouterr().out
+    assert run(tmp_path, "repro", case_id, "--impl", "torch:rms_norm") == 0
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["check", "--op", "rmsnorm"], "unknown op 'rmsnorm'"),
+    (["check", "--impl", "torch:rms_nrom"], "unknown impl 'torch:rms_nrom'"),
+    (["check", "--backend", "cdua"], "Valid backends (closest first): cuda"),
+    (["check", "--dtype", "fp16"], "unknown dtype 'fp16'"),
+    (["check", "--preset", "qwen9"], "unknown preset 'qwen9'"),
+    (["repro", "000000000000"], "neither in the store"),
+    (["--plugin", "no_such_module_xyz", "ops"], "cannot import"),
+])
+def test_bad_input_exits_2_naming_valid_choices(tmp_path, capsys, argv, fragment):
+    assert run(tmp_path, *argv) == 2
+    assert fragment in " ".join(capsys.readouterr().out.split())
+
+
+def test_unwritable_store_fails_before_running(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["--store", str(blocker / "store"), "check", "--impl", "torch:rms_norm"]) == 2
+    assert "not writable" in capsys.readouterr().out
+
+
+def test_ops_and_cases_list_backends_and_counts(tmp_path, capsys):
+    assert run(tmp_path, "ops") == 0
+    out = capsys.readouterr().out
+    assert "torch:rms_norm" in out and "metal" in out and "Metal needs macOS" in out
+    assert run(tmp_path, "cases", "--impl", "mlx:fast_rms_norm", "--invalid") == 0
+    out = capsys.readouterr().out
+    assert "mlx:fast_rms_norm" in out and "pairs would run" in out

@@ -1,0 +1,50 @@
+"""The GPU gate: every impl that runs on an accelerator here, on every gate case of its op.
+
+`pytest -m gpu` selects it; without an accelerator the conftest guard fails the run instead of
+passing empty. A failure names the impl, the case id, the message and a one-line repro command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import gpu_impls
+from cases.generate import plan
+from runners.correctness import check, is_failure, repro_command
+
+pytestmark = pytest.mark.gpu
+MUTANTS = Path(__file__).with_name("mutants.py")
+
+
+def _on_accelerator(impl) -> bool:
+    be = gpu_impls.backend(impl.backend)
+    return be.available()[0] and be.accelerator
+
+
+def _gpu_work():
+    impls = [i for i in gpu_impls.impls().values()
+             if _on_accelerator(i) and "mutant" not in i.name]
+    return plan(sorted(impls, key=lambda i: i.id))
+
+
+@pytest.mark.parametrize("work", _gpu_work(), ids=lambda w: f"{w.impl.id}-{w.case.id}")
+def test_gate(work):
+    row = check(work, gpu_impls.backend(work.impl.backend))
+    assert not is_failure(row), (
+        f"{row['status']} {work.impl.id} case {work.case.id} ({work.case.short()}, "
+        f"{work.case.label}): {row['message']}\n"
+        f"repro: {repro_command(work.impl.id, work.case.id)}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mutant", ["mutant_drop_eps", "mutant_round_before_weight",
+                                    "mutant_skip_lane"])
+def test_cuda_mutants_go_red(mutant):
+    gpu_impls.load_plugin(str(MUTANTS))
+    impl = gpu_impls.impls()[f"cuda:{mutant}"]
+    work = [w for w in plan([impl], dtypes=["bf16", "f16"], invalid=False)
+            if w.case.dist in ("normal", "tiny", "zero_rows")]
+    rows = [check(w, gpu_impls.backend("cuda")) for w in work]
+    assert any(r["status"] == "fail" for r in rows), f"{impl.id} passed every case"
