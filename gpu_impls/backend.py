@@ -25,6 +25,9 @@ def poisoned_host(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 class Backend:
     name: str = ""
     writes_in_place: bool = True  # False: impls return fresh arrays, nothing to poison
+    # True where every kernel runs with f32 subnormals flushed to zero (FTZ); the runner then
+    # asks the oracle for FTZ semantics (ops that model it take the `ftz` param).
+    flushes_subnormals: bool = False
 
     def available(self) -> tuple[bool, str]:
         raise NotImplementedError

@@ -21,6 +21,10 @@ Tolerance (derived, not tuned). A correct kernel differs from the exact pre-stor
         these in ULPs, with a 2x margin.
       - an f32 intermediate in the subnormal range (tiny inputs) carries an absolute error of
         up to 2^-150, amplified by the later factors (inv and the weight): `amplify`.
+Subnormals: with param `ftz=1` (a backend that flushes f32 subnormals to zero, e.g. every CuPy
+kernel, compiled with -ftz=true; Metal's fast math likewise) the oracle reads every input as the
+kernel does after widening to f32, subnormals as 0, and an intermediate may flush too: its
+absolute error is then up to the smallest f32 normal, 2^-126, instead of 2^-150.
 So the element-wise bound is `half_ulp_T(y*) + eps32·(n/16 + 0.5 + k)·scale + 2^-150·amplify`,
 with `scale` the magnitude the f32 errors are relative to (|y*|, or |residual| + |normed| when a
 residual is added, since the sum can cancel). For T = f16/bf16 the half-ULP term dominates (the
@@ -57,8 +61,20 @@ SEED_TOL = {
 }
 
 
+TINY32 = float(np.finfo(np.float32).tiny)
+
+
 def _f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
+
+
+def kernel_view(inputs: dict, case) -> dict:
+    """Inputs as float64, as the kernel sees them after widening to f32: with `ftz`, values in
+    the f32 subnormal range read as zero."""
+    out = {k: _f64(v) for k, v in inputs.items()}
+    if case.params.get("ftz"):
+        out = {k: np.where(np.abs(v) < TINY32, 0.0, v) for k, v in out.items()}
+    return out
 
 
 def _eps(case) -> float:
@@ -86,10 +102,15 @@ def store_bound(exact: np.ndarray, dtype: str, scale: np.ndarray, n: int, k: flo
             + SUBNORMAL_ERR32 * amplify)
 
 
+def _subnormal_err(case) -> float:
+    return TINY32 if case.params.get("ftz") else SUBNORMAL_ERR32
+
+
 def _amplify(inputs: dict, case, data: str = "x") -> np.ndarray:
     """inv_r · (1 + |w|): how much a subnormal f32 intermediate's error can grow by the store."""
-    inv = rms_inv_rows(inputs[data], _eps(case))
-    return inv * (1.0 + np.abs(_f64(inputs["w"]) + case.params["weight_offset"]))
+    inv = rms_inv_rows(kernel_view(inputs, case)[data], _eps(case))
+    scale = _subnormal_err(case) / SUBNORMAL_ERR32
+    return scale * inv * (1.0 + np.abs(_f64(inputs["w"]) + case.params["weight_offset"]))
 
 
 def _row_op(name: str, oracle, tolerance, inputs, outputs, flops_per_elem: int, doc: str,
@@ -102,7 +123,7 @@ def _row_op(name: str, oracle, tolerance, inputs, outputs, flops_per_elem: int, 
         oracle=oracle, tolerance=tolerance,
         bytes=lambda case: get_bytes(name, case),
         flops=lambda case: flops_per_elem * elems(case),
-        params=params or {"eps": 1e-6, "weight_offset": 0}, doc=doc))
+        params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0}, doc=doc))
 
 
 def get_bytes(name: str, case) -> int:
@@ -126,7 +147,8 @@ def rms_norm(inputs: dict, case) -> dict:
       "normed" out = T(w · T(x·inv)): the normalised value is rounded to T before the weight
                multiply (HF Llama/Qwen `w * (x·r).to(dtype)`, `mx.fast.rms_norm`).
     """
-    x, w = _f64(inputs["x"]), _f64(inputs["w"])
+    v = kernel_view(inputs, case)
+    x, w = v["x"], v["w"]
     normed = x * rms_inv_rows(x, _eps(case))
     w = w + case.params["weight_offset"]
     if case.params["rounding"] == "normed":
@@ -153,7 +175,7 @@ def rms_norm_tolerance(inputs: dict, exact: dict, case) -> dict:
 
 
 ROUNDINGS = ("once", "normed")
-NORM_PARAMS = {"eps": 1e-6, "weight_offset": 0, "rounding": "once"}
+NORM_PARAMS = {"eps": 1e-6, "weight_offset": 0, "rounding": "once", "ftz": 0}
 
 _row_op("rms_norm", rms_norm, rms_norm_tolerance,
         inputs=(TensorSpec("x", ROWS), TensorSpec("w", ROW_N, init="weight")),
@@ -187,7 +209,8 @@ def rms_norm_residual(inputs: dict, case) -> dict:
 
     The f32 noise is relative to |residual| + |normed| (the sum may cancel); k = 8 adds the
     residual add to `rms_norm`'s count."""
-    x, w, res = _f64(inputs["x"]), _f64(inputs["w"]), _f64(inputs["residual"])
+    v = kernel_view(inputs, case)
+    x, w, res = v["x"], v["w"], v["residual"]
     normed = x * rms_inv_rows(x, _eps(case)) * (w + case.params["weight_offset"])
     return {"out": res + normed, "_scale": np.abs(res) + np.abs(normed)}
 
@@ -213,15 +236,17 @@ def add_rms_norm(inputs: dict, case) -> dict:
     residual_out. In f32 the sum itself rounds once (k = 8 for normed_out; the residual bound is
     half an ULP of T plus one f32 rounding of s, which also covers the double rounding
     f32 -> f16/bf16)."""
-    s = _f64(inputs["a"]) + _f64(inputs["b"])
-    normed = s * rms_inv_rows(s, _eps(case)) * (_f64(inputs["w"]) + case.params["weight_offset"])
+    v = kernel_view(inputs, case)
+    s = v["a"] + v["b"]
+    normed = s * rms_inv_rows(s, _eps(case)) * (v["w"] + case.params["weight_offset"])
     return {"residual_out": s, "normed_out": normed}
 
 
 def add_rms_norm_tolerance(inputs: dict, exact: dict, case) -> dict:
     n = inputs["a"].shape[-1]
     s = exact["residual_out"]
-    return {"residual_out": 0.5 * spacing(s, case.dtype) * (s != 0) + 0.5 * EPS32 * np.abs(s),
+    return {"residual_out": 0.5 * spacing(s, case.dtype) * (s != 0) + 0.5 * EPS32 * np.abs(s)
+            + _subnormal_err(case),
             "normed_out": store_bound(exact["normed_out"], case.dtype, exact["normed_out"], n, k=8,
                                       amplify=_amplify({**inputs, "x": s}, case))}
 
@@ -244,7 +269,8 @@ def gated_mixer_norm(inputs: dict, case) -> dict:
 
     y is float32 (the recurrence output), z and w are T; inv comes from the f32 y. k = 12: exp
     (2 ULP), the silu divide and add, three multiplies, with a 2x margin."""
-    y, z, w = _f64(inputs["y"]), _f64(inputs["z"]), _f64(inputs["w"])
+    v = kernel_view(inputs, case)
+    y, z, w = v["y"], v["z"], v["w"]
     normed = y * rms_inv_rows(y, _eps(case)) * (w + case.params["weight_offset"])
     return {"out": normed * silu(z)}
 
@@ -268,7 +294,7 @@ def rms_inv(inputs: dict, case) -> dict:
     """inv[r] = rsqrt(sum_i x_ri² / n + eps), float32 per row: the scalar `mt_rms_inv_scalar`
     returns to the fused kernels. The output is f32, so the f32 noise dominates: k = 4 (rsqrt's
     2 ULP with a 2x margin)."""
-    return {"inv": rms_inv_rows(inputs["x"], _eps(case))[..., 0]}
+    return {"inv": rms_inv_rows(kernel_view(inputs, case)["x"], _eps(case))[..., 0]}
 
 
 def rms_inv_tolerance(inputs: dict, exact: dict, case) -> dict:

@@ -30,8 +30,12 @@ struct F16 {
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));  // round to nearest even
         return h;
     }
-    static __device__ __forceinline__ float load(const storage* p, size_t i) { return to_f32(p[i]); }
-    static __device__ __forceinline__ void store(storage* p, size_t i, float v) { p[i] = from_f32(v); }
+    static __device__ __forceinline__ float load(const storage* p, size_t i) {
+        return to_f32(p[i]);
+    }
+    static __device__ __forceinline__ void store(storage* p, size_t i, float v) {
+        p[i] = from_f32(v);
+    }
     static __device__ __forceinline__ float round(float v) { return to_f32(from_f32(v)); }
 };
 
@@ -45,8 +49,12 @@ struct BF16 {
         asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));  // round to nearest even; sm_80+
         return b;
     }
-    static __device__ __forceinline__ float load(const storage* p, size_t i) { return to_f32(p[i]); }
-    static __device__ __forceinline__ void store(storage* p, size_t i, float v) { p[i] = from_f32(v); }
+    static __device__ __forceinline__ float load(const storage* p, size_t i) {
+        return to_f32(p[i]);
+    }
+    static __device__ __forceinline__ void store(storage* p, size_t i, float v) {
+        p[i] = from_f32(v);
+    }
     static __device__ __forceinline__ float round(float v) { return to_f32(from_f32(v)); }
 };
 

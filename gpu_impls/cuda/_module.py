@@ -1,0 +1,38 @@
+"""The launch layer: `.cu` sources in `kernels/` compiled with NVRTC (through CuPy) at first use.
+
+Every kernel is a template on a storage trait (`F32`, `F16`, `BF16` in `kernels/common.cuh`); one
+compiled instance per (source file, kernel, dtype, defines), cached for the process. `defines`
+are extra `-D` macros: empty for the real kernels, `KPARITY_MUTANT_...` for the test mutants.
+
+CuPy is imported inside `kernel` only, so importing this module (and registering impls) works on
+machines without it. CuPy also caches compiled modules on disk, keyed by the source text and the
+options but not by included headers; the source is therefore prefixed with a hash of
+`common.cuh`, so that editing the header recompiles every kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+TRAIT = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+
+
+def _source(source_file: str) -> str:
+    header = hashlib.sha256((KERNEL_DIR / "common.cuh").read_bytes()).hexdigest()[:16]
+    return f"// common.cuh {header}\n" + (KERNEL_DIR / source_file).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(source_file: str, name: str, dtype: str, defines: tuple = ()):
+    """The `cupy.RawKernel` for `name<TRAIT[dtype]>` from `kernels/source_file`."""
+    import cupy
+
+    expression = f"{name}<{TRAIT[dtype]}>"
+    module = cupy.RawModule(
+        code=_source(source_file),
+        options=("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines)),
+        name_expressions=[expression])
+    return module.get_function(expression)
