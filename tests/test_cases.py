@@ -75,7 +75,7 @@ def test_label_does_not_affect_id_or_equality():
 def test_case_params_merge_op_defaults():
     """case.params = op defaults overridden by the case's own."""
     c = Case.make("rms_norm", {"rows": 1, "n": 8}, "f32", params={"eps": 1e-5})
-    assert c.params == {"eps": 1e-5, "weight_offset": 0, "rounding": "once"}
+    assert c.params == {"eps": 1e-5, "weight_offset": 0, "rounding": "once", "ftz": 0}
 
 
 def test_case_json_round_trip():
