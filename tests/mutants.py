@@ -9,7 +9,8 @@ a `KPARITY_MUTANT_*` define (GPU gate).
 | mutant_drop_eps                | rsqrt(mean(x²)) without eps: zero rows give NaN, tiny rows blow up |
 | mutant_round_before_weight     | claims one rounding, rounds x·inv to T before the weight    |
 | mutant_weight_before_rounding  | claims rounding="normed", applies the weight before it      |
-| mutant_skip_lane               | never writes the elements of lane 1 of every 32             |
+| mutant_skip_lane               | one lane's elements never written (torch: every index = 1   |
+|                                | mod 32; CUDA: thread 1 of each block)                       |
 """
 
 from __future__ import annotations
