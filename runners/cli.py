@@ -201,7 +201,9 @@ def run_work(args, work: list[Work], verb: str) -> list[dict]:
                     progress.console.print(
                         f"[red]{row['status'].upper()}[/] {w.impl.id} case {w.case.id} "
                         f"({w.case.short()}, {w.case.label}): {escape(row['message'][:300])}\n"
-                        f"    repro: kparity{plugin_flags(args)} repro {w.case.id} --impl {w.impl.id}")
+                        + escape(f"    repro: kparity{plugin_flags(args)} repro {w.case.id} "
+                                 f"--impl {w.impl.id}"),
+                        soft_wrap=True)  # a repro line must survive copy-paste: never wrap it
             progress.update(task, advance=1, failed=failed)
     summarize(rows, run_id, store)
     return rows
