@@ -93,3 +93,19 @@ def test_ops_and_cases_list_backends_and_counts(tmp_path, capsys):
     assert run(tmp_path, "cases", "--impl", "mlx:fast_rms_norm", "--invalid") == 0
     out = capsys.readouterr().out
     assert "mlx:fast_rms_norm" in out and "pairs would run" in out
+
+
+def test_repro_line_survives_a_long_plugin_path(tmp_path, capsys):
+    """CI clones live under long paths; a wrapped repro line cannot be copy-pasted."""
+    deep = tmp_path / ("d" * 80) / ("e" * 80)
+    deep.mkdir(parents=True)
+    plugin = deep / "mutants.py"
+    plugin.write_text(Path(MUTANTS).read_text())
+    impl = "torch:mutant_weight_before_rounding"
+    rc = run(tmp_path, "--plugin", str(plugin), "check", "--impl", impl, "--preset", "qwen3-0.6b",
+             "--show-failures", "1")
+    out = capsys.readouterr().out
+    assert rc == 1
+    lines = [ln for ln in out.splitlines() if "repro:" in ln]
+    assert len(lines) == 1 and lines[0].strip().startswith(f"repro: kparity --plugin {plugin}")
+    assert lines[0].endswith(f"--impl {impl}")
