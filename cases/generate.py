@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cases.model import Case
-from cases.registry import sources
+from cases.registry import bench_sources, sources
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,18 @@ def gate_cases(op: str) -> list[Case]:
             seen.add(case.id)
             out.append(case)
     return out
+
+
+def bench_cases(op: str) -> list[Case]:
+    src = bench_sources()
+    return src[op]() if op in src else []
+
+
+def bench_plan(impls, dtypes=None, presets=None) -> list[Work]:
+    """(impl, bench case) pairs the impl's contract admits, filtered like `plan`."""
+    return [Work(impl, c, "valid") for impl in impls for c in bench_cases(impl.op)
+            if impl.contract.admits(c) and (not dtypes or c.dtype in dtypes)
+            and (not presets or any(p in c.label for p in presets))]
 
 
 def valid_cases(impl) -> list[Case]:

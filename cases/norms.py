@@ -10,7 +10,7 @@ from itertools import product
 
 from cases.distributions import DISTRIBUTIONS
 from cases.model import Case
-from cases.registry import gate_cases
+from cases.registry import bench_cases, gate_cases
 from oracle.dtypes import FLOAT_DTYPES
 
 # (preset, hidden, eps, weight_offset): hidden-size norms (input_layernorm, final norm).
@@ -115,3 +115,44 @@ def gated_mixer_norm_cases():
     cases = _sweep("gated_mixer_norm", [{"rows": r, "n": n} for _, r, n in GATED],
                    [{}] * len(GATED), [p[0] for p in GATED])
     return cases + _edges("gated_mixer_norm", [{"rows": EDGE_ROWS, "n": n} for n in EDGE_N])
+
+
+# --- bench shapes: what the kernels see in a model, sized for timing ---------------------------
+# Decode (1-64 rows: launch and tail effects decide), prefill, and HBM-sized (>= 4x a 60 MiB L2
+# in one call, so bandwidth decides: 65536x4096 and 16384x8192 bf16 are 512 MiB and 256 MiB in).
+BENCH_ROWS_N = (("decode", 1, 4096), ("decode", 16, 4096), ("decode", 64, 4096),
+                ("decode", 64, 8192), ("prefill", 2048, 4096), ("hbm", 65536, 4096),
+                ("hbm", 16384, 8192))
+# Per-head q_norm/k_norm: 1024 rows (the seed's shape: 32 tokens x 32 heads) of each head_dim.
+BENCH_PER_HEAD = (64, 128, 256)
+BENCH_PARAMS = {"eps": 1e-6, "weight_offset": 0}
+
+
+def _bench_rows(op: str, params: dict) -> list[Case]:
+    return [Case.make(op, {"rows": rows, "n": n}, dtype, "normal", params=params,
+                      label=f"bench:{kind}-{rows}x{n}")
+            for (kind, rows, n), dtype in product(BENCH_ROWS_N, FLOAT_DTYPES)]
+
+
+@bench_cases("rms_norm")
+def rms_norm_bench():
+    return _bench_rows("rms_norm", BENCH_PARAMS)
+
+
+@bench_cases("rms_norm_residual")
+def rms_norm_residual_bench():
+    return _bench_rows("rms_norm_residual", BENCH_PARAMS)
+
+
+@bench_cases("add_rms_norm")
+def add_rms_norm_bench():
+    return _bench_rows("add_rms_norm", BENCH_PARAMS)
+
+
+@bench_cases("rms_norm_per_head")
+def per_head_bench():
+    return [Case.make("rms_norm_per_head", {"batch": 1, "tokens": 32, "heads": 32,
+                                            "head_dim": d}, dtype, "normal",
+                      params={"weight_offset": 0},
+                      label=f"bench:per-head-1024x{d}")
+            for d, dtype in product(BENCH_PER_HEAD, FLOAT_DTYPES)]

@@ -1,4 +1,5 @@
-"""Per-op gate case sources, registered by the family modules of this package."""
+"""Per-op case sources, registered by the family modules of this package: gate cases (small,
+many: correctness) and bench cases (model-sized shapes: timing)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pkgutil
 from typing import Callable
 
 _SOURCES: dict[str, Callable[[], list]] = {}
+_BENCH: dict[str, Callable[[], list]] = {}
 _INFRA = {"registry", "model", "distributions", "generate", "strategies"}
 _loaded = False
 
@@ -19,6 +21,21 @@ def gate_cases(op: str):
         return fn
 
     return wrap
+
+
+def bench_cases(op: str):
+    """Decorator: `fn()` returns the op's bench cases (labels `bench:<preset>`)."""
+
+    def wrap(fn):
+        _BENCH[op] = fn
+        return fn
+
+    return wrap
+
+
+def bench_sources() -> dict[str, Callable[[], list]]:
+    sources()
+    return dict(_BENCH)
 
 
 def sources() -> dict[str, Callable[[], list]]:

@@ -54,3 +54,9 @@ class Backend:
 
     def synchronize(self) -> None:
         pass
+
+    def timer(self):
+        """The backend's `gpu_impls.timer.Timer` (device clock, graphs, flush, ceilings)."""
+        from gpu_impls.timer import HOST_TIMER
+
+        return HOST_TIMER

@@ -63,10 +63,12 @@ class Contract:
     dtypes: tuple[str, ...] = FLOAT_DTYPES
 
     def namespace(self, case) -> tuple[dict, Launch | None]:
-        ns = {**case.params, **case.dims}
+        """dims, params (with the case's `dtype`: a vector width depends on it) and geometry."""
+        params = {**case.params, "dtype": case.dtype}
+        ns = {**params, **case.dims}
         if self.geometry is None:
             return ns, None
-        derived, launch = self.geometry(case.dims, case.params)
+        derived, launch = self.geometry(case.dims, params)
         return {**ns, **derived}, launch
 
     def broken(self, case) -> list[Invariant]:

@@ -24,6 +24,15 @@ class Impl:
     contract: Contract = NO_CONTRACT
     deterministic: bool = True
     doc: str = ""
+    # What the impl needs beyond its backend (e.g. torch.compile needs a GPU and Triton):
+    # () -> (ok, why not). None: the backend being available is enough.
+    requires: Callable[[], tuple[bool, str]] | None = None
+
+    def available(self, backend) -> tuple[bool, str]:
+        ok, why = backend.available()
+        if ok and self.requires is not None:
+            ok, why = self.requires()
+        return ok, why
 
     @property
     def id(self) -> str:

@@ -54,4 +54,104 @@ CORRECTNESS = pa.schema([
     ("seconds", pa.float64()),
 ])
 
-TABLES = {"runs": RUNS, "correctness": CORRECTNESS}
+# One row per (impl, case, mode) measurement; an A/B writes one per run of each arm.
+BENCH = pa.schema([
+    ("schema_version", pa.int32()),
+    ("run_id", pa.string()),
+    ("case_id", pa.string()),
+    ("impl", pa.string()),
+    ("op", pa.string()),
+    ("backend", pa.string()),
+    ("device", pa.string()),
+    ("dtype", pa.string()),
+    ("dist", pa.string()),
+    ("dims", pa.string()),             # JSON
+    ("params", pa.string()),           # JSON
+    ("label", pa.string()),            # bench:decode-..., bench:hbm-...
+    ("case_json", pa.string()),
+    ("mode", pa.string()),             # graph_rot | cold | eager | wall | wall_eval
+    ("timer", pa.string()),            # cuda_events | host_wall
+    ("status", pa.string()),           # ok | fail (wrong results: not timed) | rejected | error
+    ("message", pa.string()),
+    ("ab_id", pa.string()),            # set when the row is one run of an A/B arm
+    ("arm", pa.string()),              # A | B | "" (plain bench)
+    ("rep", pa.int32()),               # run index within the A/B (0 for a plain bench)
+    ("correct", pa.string()),          # pass | fail | skipped:<why> (oracle check before timing)
+    ("budget", pa.float64()),          # that check's worst error / bound
+    ("n_sets", pa.int32()),            # rotating input sets
+    ("calls_per_sample", pa.int32()),
+    ("n_warmup", pa.int32()),
+    ("warmup_s", pa.float64()),
+    ("n_samples", pa.int32()),
+    ("n_dropped", pa.int32()),         # samples dropped: SM clock under the throttle floor
+    ("stop_reason", pa.string()),      # converged | plateau | timeout
+    ("samples_ns", pa.list_(pa.float32())),  # raw per-call samples
+    ("median_ns", pa.float64()),
+    ("mean_ns", pa.float64()),
+    ("min_ns", pa.float64()),
+    ("q1_ns", pa.float64()),
+    ("q3_ns", pa.float64()),
+    ("rel_iqr", pa.float64()),
+    ("rel_std", pa.float64()),
+    ("bytes_model", pa.int64()),       # the op's bytes(case): each input read, output written once
+    ("flops_model", pa.int64()),
+    ("gbps", pa.float64()),            # bytes_model / median
+    ("tflops", pa.float64()),
+    ("pct_peak_spec", pa.float64()),   # % of 2 * mem clock * bus width / 8
+    ("pct_copy_ceiling", pa.float64()),  # % of this run's measured copy
+    ("cache_resident", pa.bool_()),    # above 100 % of peak: the data came from cache
+    ("sm_clock_mhz", pa.float64()),    # mean over kept samples (NVML)
+    ("mem_clock_mhz", pa.float64()),
+    ("seconds", pa.float64()),
+])
+
+# One row per A/B (impl pair, case, mode): the verdict from the arms' run medians.
+AB = pa.schema([
+    ("schema_version", pa.int32()),
+    ("run_id", pa.string()),
+    ("ab_id", pa.string()),
+    ("case_id", pa.string()),
+    ("impl_a", pa.string()),
+    ("impl_b", pa.string()),
+    ("op", pa.string()),
+    ("dtype", pa.string()),
+    ("dims", pa.string()),
+    ("label", pa.string()),
+    ("mode", pa.string()),
+    ("status", pa.string()),           # ok | fail (an arm wrong or not timed) | error
+    ("message", pa.string()),
+    ("correct_a", pa.string()),
+    ("correct_b", pa.string()),
+    ("ab_max_abs", pa.float64()),      # A against B on the same inputs
+    ("ab_max_ulp", pa.int64()),
+    ("runs_a_ns", pa.list_(pa.float64())),  # run medians, in run order
+    ("runs_b_ns", pa.list_(pa.float64())),
+    ("ratio", pa.float64()),           # median(B) / median(A): < 1 means B is faster
+    ("ci_lo", pa.float64()),
+    ("ci_hi", pa.float64()),
+    ("aa_noise", pa.float64()),        # MAD of consecutive A/A log-ratios, both arms pooled
+    ("delta", pa.float64()),           # max(2 %, 3 * aa_noise)
+    ("verdict", pa.string()),          # FASTER | SLOWER | SAME | AMBIGUOUS (B against A)
+])
+
+# One row per timer per run: the device, its clocks and what it can do, measured in the run.
+CEILINGS = pa.schema([
+    ("schema_version", pa.int32()),
+    ("run_id", pa.string()),
+    ("backend", pa.string()),
+    ("device", pa.string()),
+    ("timer", pa.string()),
+    ("copy_bytes", pa.int64()),        # read + write of the copy
+    ("copy_gbps", pa.float64()),
+    ("gemm", pa.string()),             # e.g. "bf16 8192x8192x8192"
+    ("gemm_tflops", pa.float64()),
+    ("peak_bw_spec_gbps", pa.float64()),
+    ("cache_bytes", pa.int64()),       # L2 (GPU) or last-level cache (CPU)
+    ("ecc", pa.bool_()),
+    ("driver", pa.string()),
+    ("sm_clock_default_mhz", pa.float64()),
+    ("context", pa.string()),          # JSON: everything the timer reports
+])
+
+TABLES = {"runs": RUNS, "correctness": CORRECTNESS, "bench": BENCH, "ab": AB,
+          "ceilings": CEILINGS}

@@ -1,5 +1,5 @@
-"""`kparity`: one verb per use. `ops`, `cases`, `check`, `repro` (timing, A/B, compare and report
-verbs come with their issues).
+"""`kparity`: one verb per use. `ops`, `cases`, `check`, `repro`, `bench`, `ab` (compare and
+report verbs come with their issues).
 
 Exit codes: 0 success, 1 a check failed, 2 bad input (an unknown name lists the valid ones,
 closest first), 3 nothing could run (no backend here for what was asked).
@@ -96,21 +96,27 @@ def select_impls(args, need_available: bool) -> list:
         return sorted(chosen, key=lambda i: i.id)
     runnable, missing = [], {}
     for impl in chosen:
-        ok, why = _backend(impl.backend).available()
-        (runnable.append(impl) if ok else missing.setdefault(impl.backend, why))
-    for b, why in sorted(missing.items()):
-        console.print(f"[yellow]skipping backend {b}[/]: {escape(why)}")
+        backend_ok = _backend(impl.backend).available()[0]
+        ok, why = impl.available(_backend(impl.backend))
+        if ok:
+            runnable.append(impl)
+        else:
+            missing.setdefault(impl.backend if not backend_ok else impl.id, why)
+    for what, why in sorted(missing.items()):
+        kind = "backend" if what in gpu_impls.BACKENDS else "impl"
+        console.print(f"[yellow]skipping {kind} {what}[/]: {escape(why)}")
     if chosen and not runnable:
         console.print("[red]nothing to run: no backend for the selected impls is available here[/]")
         raise SystemExit(3)
     return sorted(runnable, key=lambda i: i.id)
 
 
-def check_presets(args) -> list[str]:
+def check_presets(args, source=gate_cases, extra=("edge", "violates")) -> list[str]:
+    """The --preset values, each checked against the labels of the cases `source(op)` makes."""
     presets = _split(args.preset)
     if presets:
-        labels = {c.label.split(":", 1)[-1] for op in op_registry() for c in gate_cases(op)}
-        labels |= {"edge", "violates"}
+        labels = {c.label.split(":", 1)[-1] for op in op_registry() for c in source(op)}
+        labels |= set(extra)
         for p in presets:
             if not any(p in label for label in labels):
                 raise unknown("preset", p, labels)
@@ -318,10 +324,22 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("case_id")
     rep.add_argument("--impl", action="append")
     rep.add_argument("--show-failures", type=int, default=20)
+    from runners.timing_verbs import add_parsers
+
+    add_parsers(sub, _filters)
     return p
 
 
-VERBS = {"ops": cmd_ops, "cases": cmd_cases, "check": cmd_check, "repro": cmd_repro}
+def _timing_verb(name: str):
+    def run(args):
+        from runners import timing_verbs
+
+        return getattr(timing_verbs, f"cmd_{name}")(args)
+    return run
+
+
+VERBS = {"ops": cmd_ops, "cases": cmd_cases, "check": cmd_check, "repro": cmd_repro,
+         "bench": _timing_verb("bench"), "ab": _timing_verb("ab")}
 
 
 def main(argv=None) -> int:

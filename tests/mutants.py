@@ -11,6 +11,8 @@ a `KPARITY_MUTANT_*` define (GPU gate).
 | mutant_weight_before_rounding  | claims rounding="normed", applies the weight before it      |
 | mutant_skip_lane               | one lane's elements never written (torch: every index = 1   |
 |                                | mod 32; CUDA: thread 1 of each block)                       |
+| mutant_kp_skip_lane            | the same in cuda:kp_rms_norm (thread 1's 16-byte vectors;   |
+|                                | a whole row where one thread holds a row)                   |
 """
 
 from __future__ import annotations
@@ -68,15 +70,18 @@ CUDA_MUTANTS = (
     ("cuda:mt_rms_norm", "mutant_drop_eps", "KPARITY_MUTANT_DROP_EPS"),
     ("cuda:mt_rms_norm", "mutant_round_before_weight", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT"),
     ("cuda:mt_rms_norm", "mutant_skip_lane", "KPARITY_MUTANT_SKIP_LANE"),
+    ("cuda:kp_rms_norm", "mutant_kp_skip_lane", "KPARITY_MUTANT_SKIP_LANE"),
 )
 
 _existing = impls()
 register(*(m for m in CPU_MUTANTS if m.id not in _existing))
 try:
+    from gpu_impls.cuda.kp_norms import mutant as kp_mutant
     from gpu_impls.cuda.norms import mutant as cuda_mutant
 except ImportError:  # the CUDA impls are optional for the CPU tests
     cuda_mutant = None
 if cuda_mutant is not None:
     for impl_id, name, define in CUDA_MUTANTS:
         if f"cuda:{name}" not in _existing and impl_id in _existing:
-            register(cuda_mutant(impl_id, name, define))
+            make = kp_mutant if impl_id.startswith("cuda:kp_") else cuda_mutant
+            register(make(impl_id, name, define))

@@ -40,7 +40,7 @@ def test_gate(work):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("mutant", ["mutant_drop_eps", "mutant_round_before_weight",
-                                    "mutant_skip_lane"])
+                                    "mutant_skip_lane", "mutant_kp_skip_lane"])
 def test_cuda_mutants_go_red(mutant):
     gpu_impls.load_plugin(str(MUTANTS))
     impl = gpu_impls.impls()[f"cuda:{mutant}"]

@@ -1,8 +1,10 @@
 """The launch layer: `.cu` sources in `kernels/` compiled with NVRTC (through CuPy) at first use.
 
-Every kernel is a template on a storage trait (`F32`, `F16`, `BF16` in `kernels/common.cuh`); one
-compiled instance per (source file, kernel, dtype, defines), cached for the process. `defines`
-are extra `-D` macros: empty for the real kernels, `KPARITY_MUTANT_...` for the test mutants.
+Every kernel is a template on a storage trait (`F32`, `F16`, `BF16` in `kernels/common.cuh`),
+optionally followed by more compile-time template arguments (`template_args`, e.g. the items and
+threads per row of `kp_rms_norm<T, ITEMS, TPR>`); one compiled instance per (source file, kernel,
+dtype, defines, template_args), cached for the process. `defines` are extra `-D` macros: empty
+for the real kernels, `KPARITY_MUTANT_...` for the test mutants.
 
 CuPy is imported inside `kernel` only, so importing this module (and registering impls) works on
 machines without it. CuPy also caches compiled modules on disk, keyed by the source text and the
@@ -25,12 +27,18 @@ def _source(source_file: str) -> str:
     return f"// common.cuh {header}\n" + (KERNEL_DIR / source_file).read_text()
 
 
+def name_expression(name: str, dtype: str, template_args: tuple = ()) -> str:
+    """`name<TRAIT, arg, ...>`: the instance to compile (`nvcc_check` spells it the same way)."""
+    return f"{name}<{', '.join((TRAIT[dtype], *map(str, template_args)))}>"
+
+
 @functools.lru_cache(maxsize=None)
-def kernel(source_file: str, name: str, dtype: str, defines: tuple = ()):
-    """The `cupy.RawKernel` for `name<TRAIT[dtype]>` from `kernels/source_file`."""
+def kernel(source_file: str, name: str, dtype: str, defines: tuple = (),
+           template_args: tuple = ()):
+    """The `cupy.RawKernel` for `name<TRAIT[dtype], *template_args>` from `kernels/source_file`."""
     import cupy
 
-    expression = f"{name}<{TRAIT[dtype]}>"
+    expression = name_expression(name, dtype, template_args)
     module = cupy.RawModule(
         code=_source(source_file),
         options=("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines)),

@@ -62,5 +62,16 @@ class CupyBackend(Backend):
 
         cupy.cuda.runtime.deviceSynchronize()
 
+    def timer(self):
+        global _TIMER
+        if _TIMER is None:
+            from gpu_impls.cuda._timer import CupyTimer
+
+            _TIMER = CupyTimer()
+        return _TIMER
+
+
+_TIMER = None
+
 
 BACKEND = CupyBackend()

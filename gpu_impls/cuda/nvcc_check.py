@@ -5,14 +5,19 @@
 No GPU and no CuPy needed. For each `.cu` in `kernels/`, a temporary translation unit includes
 the source and takes the address of every kernel template the wrapper modules list in their
 `KERNELS` (instantiated for F32, F16 and BF16), so the device code of every instance is really
-generated; then the same again once per test-mutant define. One line per file; exit status 1 on
-any failure (nvcc's error printed), or on a `.cu` file no wrapper lists.
+generated; then the same again once per test-mutant define. A `KERNELS` entry is
+`(source, kernel)`, or `(source, kernel, template_args)` for a kernel with more template
+parameters after the trait: `template_args` lists the argument tuples to instantiate (e.g.
+`[(4, 256), (3, 1024)]` -> `kernel<F32, 4, 256>`, ...), as `_module.kernel` compiles them. One
+line per file; exit status 1 on any failure (nvcc's error printed), or on a `.cu` file no
+wrapper lists.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import subprocess
 import sys
@@ -20,29 +25,35 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpu_impls.cuda._module import KERNEL_DIR, TRAIT
+from gpu_impls.cuda._module import KERNEL_DIR, TRAIT, name_expression
 
 MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT",
                   "KPARITY_MUTANT_SKIP_LANE")
 NOT_WRAPPERS = {"backend", "nvcc_check"}
 
 
-def listed_kernels() -> dict[str, list[str]]:
-    """source file -> kernel names, from every wrapper module's `KERNELS` list."""
+Kernel = tuple[str, tuple[tuple, ...]]  # (name, template-argument tuples after the trait)
+
+
+def listed_kernels() -> dict[str, list[Kernel]]:
+    """source file -> (kernel name, extra template-argument tuples), from every wrapper module's
+    `KERNELS` list; a 2-tuple entry has none (`((),)`: the trait alone)."""
     import gpu_impls.cuda as package
 
-    out: dict[str, list[str]] = {}
+    out: dict[str, list[Kernel]] = {}
     for mod in pkgutil.iter_modules(package.__path__):
         if mod.name in NOT_WRAPPERS or mod.name.startswith("_"):
             continue
         module = importlib.import_module(f"{package.__name__}.{mod.name}")
-        for source, name in getattr(module, "KERNELS", ()):
-            out.setdefault(source, []).append(name)
+        for source, name, *rest in getattr(module, "KERNELS", ()):
+            args = tuple(tuple(a) for a in rest[0]) if rest else ((),)
+            out.setdefault(source, []).append((name, args))
     return out
 
 
-def instantiation_unit(source: str, names: list[str]) -> str:
-    refs = "\n".join(f"    (void*)&{name}<{trait}>," for name in names for trait in TRAIT.values())
+def instantiation_unit(source: str, kernels: list[Kernel]) -> str:
+    refs = "\n".join(f"    (void*)&{name_expression(name, dtype, args)},"
+                     for name, arg_sets in kernels for dtype in TRAIT for args in arg_sets)
     return (f'#include "{source}"\n'
             "// Taking each instance's address makes nvcc generate its device code.\n"
             f"void* kparity_instances[] = {{\n{refs}\n}};\n")
@@ -60,16 +71,22 @@ def compile_unit(unit: str, arch: str, define: str | None) -> tuple[bool, str]:
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
 
 
-def check_file(path: Path, names: list[str], arch: str) -> tuple[bool, str]:
-    unit = instantiation_unit(path.name, names)
-    errors = []
-    for define in (None, *MUTANT_DEFINES):
-        ok, log = compile_unit(unit, arch, define)
-        if not ok:
-            errors.append(f"  [{define or 'no defines'}]\n{log}")
-    variants = 1 + len(MUTANT_DEFINES)
-    head = (f"{'ok  ' if not errors else 'FAIL'} {path.name}: {', '.join(names)} x "
-            f"{'/'.join(TRAIT.values())} x {variants} variants")
+def check_file(path: Path, kernels: list[Kernel], arch: str,
+               pool: ThreadPoolExecutor | None = None) -> tuple[bool, str]:
+    """Compile `path`'s unit once per variant (no define, then each mutant define), on `pool`
+    where given (nvcc runs as a subprocess, so threads compile in parallel)."""
+    unit = instantiation_unit(path.name, kernels)
+    defines = (None, *MUTANT_DEFINES)
+    if pool is None:
+        logs = [compile_unit(unit, arch, d) for d in defines]
+    else:
+        logs = [f.result() for f in [pool.submit(compile_unit, unit, arch, d) for d in defines]]
+    errors = [f"  [{define or 'no defines'}]\n{log}"
+              for define, (ok, log) in zip(defines, logs) if not ok]
+    names = ", ".join(name if args == ((),) else f"{name} ({len(args)} configs)"
+                      for name, args in kernels)
+    head = (f"{'ok  ' if not errors else 'FAIL'} {path.name}: {names} x "
+            f"{'/'.join(TRAIT.values())} x {len(defines)} variants")
     return not errors, "\n".join([head, *errors])
 
 
@@ -80,10 +97,16 @@ def main(argv: list[str] | None = None) -> int:
 
     listed = listed_kernels()
     sources = sorted(KERNEL_DIR.glob("*.cu"))
-    with ThreadPoolExecutor() as pool:
-        results = list(pool.map(
-            lambda p: check_file(p, listed[p.name], args.arch) if p.name in listed
-            else (False, f"FAIL {p.name}: no wrapper module lists it in KERNELS"), sources))
+    # One nvcc per core; the files with the most instances are queued first (the long pole).
+    order = sorted((p for p in sources if p.name in listed),
+                   key=lambda p: -sum(len(a) for _, a in listed[p.name]))
+    with ThreadPoolExecutor(os.cpu_count() or 1) as nvcc, \
+            ThreadPoolExecutor(len(order) or 1) as files:
+        futures = {p.name: files.submit(check_file, p, listed[p.name], args.arch, nvcc)
+                   for p in order}
+        results = [futures[p.name].result() if p.name in futures
+                   else (False, f"FAIL {p.name}: no wrapper module lists it in KERNELS")
+                   for p in sources]
     for _, text in results:
         print(text)
     missing = sorted(set(listed) - {p.name for p in sources})

@@ -56,5 +56,10 @@ class MlxBackend(Backend):
 
         mx.synchronize()
 
+    def timer(self):
+        from gpu_impls.mlx._timer import TIMER
+
+        return TIMER
+
 
 BACKEND = MlxBackend()

@@ -1,0 +1,140 @@
+"""The CUDA timer, written once over two APIs (CuPy, torch): events, graphs, the L2 flush.
+
+Everything runs on one non-default stream owned by the timer: impls launch on the current stream,
+and `stream()` makes it current. `sequence(calls)` captures the calls into one CUDA graph (the
+calls must already have run once, outside capture, so that compilation and allocation are done);
+`elapsed(fn)` records an event before and after `fn` on the stream and returns the device time
+between them. The flush writes a buffer of twice the L2 size (nvbench writes exactly the L2
+size; twice leaves no doubt) before the start event, so it is not timed.
+
+Clocks come from NVML, read at most every `CLOCK_PERIOD_S`: the SM and memory clock during each
+sample, and 75 % of the default SM clock as the throttle floor (nvbench's rule).
+"""
+
+from __future__ import annotations
+
+import time
+
+from gpu_impls import _nvml
+from gpu_impls.timer import Timer
+
+CLOCK_PERIOD_S = 0.01
+COPY_BYTES = 1 << 30      # the copy ceiling: >= 1 GiB, far beyond any L2
+GEMM_N = 8192             # the GEMM ceiling: bf16 8192^3 on random data
+
+
+class CudaTimer(Timer):
+    kind = "cuda_events"
+    modes = ("graph_rot", "cold", "eager")
+
+    def __init__(self):
+        self._stream = None
+        self._flush_buf = None
+        self._last_clock = (0.0, (None, None))
+
+    # --- the API-specific primitives --------------------------------------------------------
+    def _new_stream(self):
+        raise NotImplementedError
+
+    def _stream_context(self, stream):
+        raise NotImplementedError
+
+    def _capture(self, stream, calls):
+        """A zero-argument callable replaying a graph of `calls` on `stream`."""
+        raise NotImplementedError
+
+    def _events(self):
+        raise NotImplementedError
+
+    def _record(self, event, stream) -> None:
+        raise NotImplementedError
+
+    def _elapsed_ms(self, start, end) -> float:
+        raise NotImplementedError
+
+    def _fill(self, nbytes: int):
+        """A device buffer of `nbytes` and a callable that overwrites it (a memset)."""
+        raise NotImplementedError
+
+    def _copy_pair(self, nbytes: int):
+        """(copy callable, bytes) for a device-to-device copy of random data."""
+        raise NotImplementedError
+
+    def _gemm(self, n: int):
+        """(callable, dtype name) for an n^3 matrix product on random data, or (None, '')."""
+        return None, ""
+
+    def l2_bytes(self) -> int:
+        raise NotImplementedError
+
+    def free_bytes(self) -> int:
+        raise NotImplementedError
+
+    # --- the Timer interface ------------------------------------------------------------------
+    def _get_stream(self):
+        if self._stream is None:
+            self._stream = self._new_stream()
+        return self._stream
+
+    def stream(self):
+        return self._stream_context(self._get_stream())
+
+    def cache_bytes(self) -> int:
+        return self.l2_bytes()
+
+    def memory_budget(self) -> int:
+        return min(int(0.5 * self.free_bytes()), 16 << 30)
+
+    def sequence(self, calls: list):
+        return self._capture(self._get_stream(), calls)
+
+    def elapsed(self, fn) -> float:
+        stream = self._get_stream()
+        start, end = self._events()
+        with self._stream_context(stream):
+            self._record(start, stream)
+            fn()
+            self._record(end, stream)
+        end.synchronize()
+        return self._elapsed_ms(start, end) / 1e3
+
+    def flush(self) -> None:
+        if self._flush_buf is None:
+            self._flush_buf = self._fill(2 * self.l2_bytes())
+        with self._stream_context(self._get_stream()):
+            self._flush_buf[1]()
+
+    def clocks(self):
+        now = time.monotonic()
+        if now - self._last_clock[0] >= CLOCK_PERIOD_S:
+            self._last_clock = (now, (_nvml.clock_mhz(_nvml.NVML_CLOCK_SM),
+                                      _nvml.clock_mhz(_nvml.NVML_CLOCK_MEM)))
+        return self._last_clock[1]
+
+    def throttle_floor_mhz(self):
+        default = _nvml.default_sm_clock_mhz()
+        return 0.75 * default if default else None
+
+    def context(self) -> dict:
+        return {"l2_bytes": self.l2_bytes(), **_nvml.context()}
+
+    def _per_call(self, fn, calls: int, samples: int = 7) -> float:
+        """Median device seconds per call of a graph of `calls` calls of fn."""
+        with self._stream_context(self._get_stream()):
+            fn()  # warm: handles, workspaces
+        self._get_stream().synchronize()
+        graph = self.sequence([fn] * calls)
+        self.elapsed(graph)
+        times = sorted(self.elapsed(graph) / calls for _ in range(samples))
+        return times[len(times) // 2]
+
+    def ceilings(self) -> dict:
+        copy, nbytes = self._copy_pair(COPY_BYTES)
+        out = {"copy_bytes": nbytes, "copy_gbps": nbytes / self._per_call(copy, 5) / 1e9,
+               "gemm": "", "gemm_tflops": None}
+        del copy
+        gemm, dtype = self._gemm(GEMM_N)
+        if gemm is not None:
+            out["gemm"] = f"{dtype} {GEMM_N}x{GEMM_N}x{GEMM_N}"
+            out["gemm_tflops"] = 2 * GEMM_N ** 3 / self._per_call(gemm, 3) / 1e12
+        return out

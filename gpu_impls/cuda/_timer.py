@@ -1,0 +1,76 @@
+"""The CUDA timer over CuPy: CuPy events, stream capture into a `cupy.cuda.Graph`."""
+
+from __future__ import annotations
+
+from gpu_impls._cuda_timer import CudaTimer
+
+
+class CupyTimer(CudaTimer):
+    def _new_stream(self):
+        import cupy
+
+        return cupy.cuda.Stream(non_blocking=True)
+
+    def _stream_context(self, stream):
+        return stream  # a CuPy stream is its own context manager: `with stream:` makes it current
+
+    def _capture(self, stream, calls):
+        with stream:
+            stream.begin_capture()
+            try:
+                for call in calls:
+                    call()
+            finally:
+                graph = stream.end_capture()
+        graph.upload(stream)
+        return lambda: graph.launch(stream)
+
+    def _events(self):
+        import cupy
+
+        return cupy.cuda.Event(), cupy.cuda.Event()
+
+    def _record(self, event, stream):
+        event.record(stream)
+
+    def _elapsed_ms(self, start, end):
+        import cupy
+
+        return cupy.cuda.get_elapsed_time(start, end)
+
+    def _fill(self, nbytes):
+        import cupy
+
+        buf = cupy.empty(nbytes, dtype=cupy.uint8)
+        state = {"value": 0}
+
+        def overwrite():
+            state["value"] = (state["value"] + 1) % 251
+            buf.fill(state["value"])
+        return buf, overwrite
+
+    def _copy_pair(self, nbytes):
+        import cupy
+
+        src = cupy.random.default_rng(0).standard_normal(nbytes // 4, dtype=cupy.float32)
+        dst = cupy.empty_like(src)
+        return (lambda: cupy.copyto(dst, src)), 2 * src.nbytes
+
+    def _gemm(self, n):
+        import cupy
+
+        rng = cupy.random.default_rng(0)
+        a = rng.standard_normal((n, n), dtype=cupy.float32).astype(cupy.float16)
+        b = rng.standard_normal((n, n), dtype=cupy.float32).astype(cupy.float16)
+        c = cupy.empty((n, n), dtype=cupy.float16)
+        return (lambda: cupy.matmul(a, b, out=c)), "f16"
+
+    def l2_bytes(self):
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
+
+    def free_bytes(self):
+        import cupy
+
+        return int(cupy.cuda.runtime.memGetInfo()[0])

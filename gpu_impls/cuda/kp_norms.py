@@ -1,0 +1,200 @@
+"""RMSNorm family on CUDA, kparity's own design (`kernels/kp_rms_norm.cu`): built to stream at the
+HBM limit. Same math and argument conventions as the seeds (`norms.py`, `oracle/norms.py`):
+
+    inv   = rsqrt(sum_i x_i^2 / n + eps)
+    out_i = T(x_i * inv * (w_i + weight_offset))        f32 inside, one rounding at the store
+
+plus `residual + ...` (rms_norm_residual) and `s = a + b` with outputs T(s) and T(s*inv*w) from
+the unrounded f32 s (add_rms_norm). One kernel body, three entry points, instantiated per
+(ITEMS, TPR).
+
+Layout: a row is n / VEC 16-byte vectors (VEC = 16 / sizeof(T): 4 for f32, 8 for f16/bf16); TPR
+threads share a row, each holding ITEMS vectors in registers (x is read once); short rows pack
+several per block. The geometry is derived from n and the dtype alone (`pick`):
+
+    vectors = n / VEC
+    TPR     = min(1024, next_pow2(ceil(vectors / 4)))   aim at 4 vectors in flight per thread
+    ITEMS   = ceil(vectors / TPR)                        1..4 (3 or 4 once TPR >= 2)
+    block   = max(TPR, 128) threads, RPB = block / TPR rows per block, grid = ceil(rows / RPB)
+
+so the instances are the finite set `CONFIGS` (every pick over 1 <= vectors <= 4096). The
+contracts: n % VEC == 0 (whole 16-byte vectors, each row 16-byte aligned), n >= VEC, and
+n <= 4 * 1024 * VEC (16384 f32, 32768 f16/bf16: the row must fit in registers); the per-head impl
+puts them on head_dim. VEC depends on the dtype, which `Contract.geometry` reads from params["dtype"]; the derived
+namespace carries `vec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gpu_impls import register
+from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples, rounding_once
+from gpu_impls.cuda._module import kernel
+from gpu_impls.impl import Impl
+
+SOURCE = "kp_rms_norm.cu"
+VEC_BYTES = 16
+VEC = {"f32": 4, "f16": 8, "bf16": 8}  # elements per 16-byte vector
+ITEMS_TARGET = 4   # vectors per thread the heuristic aims at
+ITEMS_MAX = 4      # the kernel's register-resident limit (static_assert in the .cu)
+TPR_MAX = 1024     # threads per row: one block
+MIN_BLOCK = 128    # threads per block at least: short rows share a block
+
+
+def _next_pow2(v: int) -> int:
+    return 1 if v <= 1 else 1 << (v - 1).bit_length()
+
+
+def pick(vectors: int) -> tuple[int, int]:
+    """(ITEMS, TPR) for a row of `vectors` 16-byte vectors (see the module docstring)."""
+    tpr = min(TPR_MAX, _next_pow2(-(-vectors // ITEMS_TARGET)))
+    return -(-vectors // tpr), tpr
+
+
+# Every (ITEMS, TPR) the geometry can pick for a valid row: what nvcc_check instantiates.
+CONFIGS = tuple(sorted({pick(v) for v in range(1, ITEMS_MAX * TPR_MAX + 1)},
+                       key=lambda c: (c[1], c[0])))
+KERNELS = [
+    (SOURCE, "kp_rms_norm", CONFIGS),
+    (SOURCE, "kp_rms_norm_residual", CONFIGS),
+    (SOURCE, "kp_add_rms_norm", CONFIGS),
+]
+
+
+# --- geometry: derived from the dims and dtype alone -------------------------------------------
+
+def _geometry(rows: int, n: int, dtype: str) -> tuple[dict, Launch]:
+    vec = VEC[dtype]
+    vectors = n // vec
+    items, tpr = pick(vectors)
+    block = max(tpr, MIN_BLOCK)
+    rpb = block // tpr
+    derived = {"vec": vec, "vectors": vectors, "items": items, "tpr": tpr, "rpb": rpb,
+               "block": block, "rows": rows}
+    return derived, Launch(grid=(-(-rows // rpb), 1, 1), block=(block, 1, 1),
+                           extra={"rows": rows, "n": n, "items": items, "tpr": tpr, "rpb": rpb})
+
+
+def _row_geometry(dims, params):
+    return _geometry(dims["rows"], dims["n"], params["dtype"])
+
+
+def _per_head_geometry(dims, params):
+    """rows = batch*tokens*heads, n = head_dim; the one weight [head_dim] is shared by all."""
+    rows = dims["batch"] * dims["tokens"] * dims["heads"]
+    return _geometry(rows, dims["head_dim"], params["dtype"])
+
+
+# --- invariants ---------------------------------------------------------------------------------
+
+def _max_n(ns) -> int:
+    return ITEMS_MAX * TPR_MAX * ns["vec"]
+
+
+def _fix(dim: str, other: str = ""):
+    def fix(ns) -> str:
+        vec = ns["vec"]
+        near = nearest_multiples(ns[dim], vec, vec, _max_n(ns))
+        return (f"{dim} = {near} (a multiple of {vec}, at most {_max_n(ns)}, for "
+                f"{ns['dtype']}){other}")
+    return fix
+
+
+def _invariants(dim: str, other: str, big: dict) -> tuple[Invariant, ...]:
+    """The three rules on the row length `dim`; `big` breaks the cap for every dtype. Violations
+    are chosen to break only their own rule for every dtype (66 and 1026 are 2 mod 4 and mod 8)."""
+    fix = _fix(dim, other)
+    shows = (dim, "dtype", "vec")
+    odd = 66 if dim == "head_dim" else 1026
+    return (
+        Invariant(f"{dim} % vec == 0", lambda ns: ns[dim] % ns["vec"] == 0,
+                  "rows are read and written as 16-byte vectors of vec = 16/sizeof(T) elements: "
+                  "with a partial vector a row would not start 16-byte aligned (misaligned "
+                  "vector access faults) and its tail would be dropped",
+                  fix, {dim: odd}, shows),
+        Invariant(f"{dim} >= vec", lambda ns: ns[dim] >= ns["vec"],
+                  "a row needs at least one 16-byte vector (an empty row has nothing to "
+                  "normalise, and rsqrt(0/0 + eps) is NaN)",
+                  fix, {dim: 0}, shows),
+        Invariant(f"{dim} <= {ITEMS_MAX * TPR_MAX} * vec",
+                  lambda ns: ns[dim] <= ITEMS_MAX * TPR_MAX * ns["vec"],
+                  f"the row is held in registers, at most {ITEMS_MAX} vectors per thread and "
+                  f"{TPR_MAX} threads per row (no instance beyond)",
+                  fix, big, (*shows, "tpr", "items")),
+    )
+
+
+# Breaks the cap for every dtype (> 32768, a multiple of 8); per head with one row only, so that
+# the violating case's inputs stay small.
+BIG_N = 32776
+ONCE = rounding_once("torch:rms_norm_llama for rounding='normed'")
+RMS_NORM = Contract(
+    invariants=(*ONCE, *_invariants("n", ", or use cuda:mt_rms_norm_wide (any n)",
+                                    {"n": BIG_N})),
+    geometry=_row_geometry)
+ROW_OP = Contract(invariants=_invariants("n", "", {"n": BIG_N}), geometry=_row_geometry)
+PER_HEAD = Contract(
+    invariants=(*rounding_once("mlx:fast_rms_norm_per_head for rounding='normed'"),
+                *_invariants("head_dim", "", {"head_dim": BIG_N, "batch": 1, "tokens": 1,
+                                              "heads": 1})),
+    geometry=_per_head_geometry)
+
+
+# --- launch -----------------------------------------------------------------------------------
+
+def _launcher(name: str, ins: tuple[str, ...], outs: tuple[str, ...]):
+    """make(defines) -> run: launches `name<T, ITEMS, TPR>` on the `ins`, then the `outs`, then
+    eps, weight_offset, rows, n."""
+    def make(defines: tuple = ()):
+        def run(launch, inputs, outputs, case):
+            arrays = (*(inputs[k] for k in ins), *(outputs[k] for k in outs))
+            for key, a in zip((*ins, *outs), arrays):
+                if a.data.ptr % VEC_BYTES:
+                    raise ValueError(f"{key} is not {VEC_BYTES}-byte aligned: the kernel "
+                                     "reads and writes 16-byte vectors")
+            e = launch.extra
+            args = (*arrays, np.float32(case.params["eps"]),
+                    np.float32(case.params["weight_offset"]), np.int32(e["rows"]),
+                    np.int32(e["n"]))
+            k = kernel(SOURCE, name, case.dtype, defines, (e["items"], e["tpr"]))
+            k(launch.grid, launch.block, args)
+        return run
+    return make
+
+
+_MAKERS: dict[str, tuple[Impl, object]] = {}
+
+
+def _impl(name: str, op: str, contract: Contract, make, doc: str) -> Impl:
+    impl = Impl(op=op, backend="cuda", name=name, run=make(), contract=contract, doc=doc)
+    _MAKERS[impl.id] = (impl, make)
+    return impl
+
+
+def mutant(impl_id: str, name: str, define: str) -> Impl:
+    """A test-only copy of `impl_id` (same op and contract) named `name`, its kernel compiled
+    with `-D{define}` (KPARITY_MUTANT_DROP_EPS, _ROUND_BEFORE_WEIGHT or _SKIP_LANE)."""
+    impl, make = _MAKERS[impl_id]
+    return dataclasses.replace(impl, name=name, run=make((define,)),
+                               doc=f"test mutant of {impl_id}, compiled with -D{define}")
+
+
+X_W = ("x", "w")
+register(
+    _impl("kp_rms_norm", "rms_norm", RMS_NORM, _launcher("kp_rms_norm", X_W, ("out",)),
+          "kparity RMSNorm: 16-byte vectors, TPR threads x ITEMS vectors per row in registers, "
+          "short rows several per block; n % VEC == 0, n <= 4096 * VEC."),
+    _impl("kp_rms_norm_per_head", "rms_norm_per_head", PER_HEAD,
+          _launcher("kp_rms_norm", X_W, ("out",)),
+          "q_norm/k_norm on kp_rms_norm: rows = batch*tokens*heads, n = head_dim (head_dim 128 "
+          "bf16: 4 threads per head, 32 heads per block); one weight broadcast to every head."),
+    _impl("kp_rms_norm_residual", "rms_norm_residual", ROW_OP,
+          _launcher("kp_rms_norm_residual", ("x", "residual", "w"), ("out",)),
+          "kp_rms_norm fused with the residual add: residual + x*inv*w, one rounding."),
+    _impl("kp_add_rms_norm", "add_rms_norm", ROW_OP,
+          _launcher("kp_add_rms_norm", ("a", "b", "w"), ("residual_out", "normed_out")),
+          "kp_rms_norm fused with the pre-norm add: s = a+b in f32; T(s) and T(s*inv*w)."),
+)

@@ -1,0 +1,96 @@
+"""Timers: the device-side clock of a backend, and the primitives the timing modes are built from.
+
+A `Timer` knows how to run a list of calls as one unit (`sequence`: a CUDA graph on a GPU, a
+plain loop elsewhere), how long a unit took on the device (`elapsed`), how to evict the cache
+(`flush`), the device's clocks while it runs, and its ceilings (a large copy, a large GEMM).
+The modes themselves (`runners/timing.py`) are written once against this interface:
+
+    mode        timer          one sample
+    graph_rot   cuda_events    a graph of R calls over rotating input sets, replayed; time / R
+    cold        cuda_events    flush the L2, then one call between events
+    eager       cuda_events    one call between events, back to back: API-level (launch gaps)
+    wall        host_wall      R calls over rotating input sets on a synchronous CPU backend
+    wall_eval   host_wall      R >= 64 calls queued, then one `mx.eval` (MLX exposes no
+                               device timer: the per-eval sync is amortised over R)
+
+`HostTimer` is the CPU backends' timer (torch on CPU); CUDA and MLX timers live next to their
+backends (`gpu_impls/<backend>/_timer.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+
+
+def _cpu_cache_bytes() -> int:
+    """The largest CPU cache (L3 where there is one), from sysfs; 32 MiB if unreadable."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=32 << 20)
+
+
+class Timer:
+    kind = "host_wall"          # cuda_events | host_wall
+    modes: tuple[str, ...] = ("wall",)  # the first is the primary mode
+    min_calls = 50              # calls per sample in rotating modes (graph_rot: >= 50)
+
+    def cache_bytes(self) -> int:
+        """The cache that rotating input sets must overflow (x4)."""
+        return _cpu_cache_bytes()
+
+    def memory_budget(self) -> int:
+        """Bytes the rotating input sets may take."""
+        return 1 << 30
+
+    def stream(self):
+        """Context manager under which calls run on the timed stream."""
+        return nullcontext()
+
+    def sequence(self, calls: list):
+        """A callable that runs `calls` in order, once, synchronously for host timers."""
+        def run():
+            for call in calls:
+                call()
+        return run
+
+    def elapsed(self, fn) -> float:
+        """Seconds `fn` took; host wall clock (the backends using it are synchronous)."""
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def flush(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no cache flush")
+
+    def clocks(self) -> tuple[float | None, float | None]:
+        """(SM clock, memory clock) in MHz right now; None where the device does not say."""
+        return None, None
+
+    def throttle_floor_mhz(self) -> float | None:
+        """Samples taken while the SM clock is under this are dropped (75 % of default)."""
+        return None
+
+    def context(self) -> dict:
+        return {"cache_bytes": self.cache_bytes(), "cpu_count": os.cpu_count()}
+
+    def ceilings(self) -> dict:
+        """A large copy (GB/s, read + write) and, where cheap, a GEMM (TFLOP/s)."""
+        src = np.random.default_rng(0).standard_normal(32 << 20, dtype=np.float32)  # 128 MiB
+        dst = np.empty_like(src)
+        best = min(self.elapsed(lambda: np.copyto(dst, src)) for _ in range(5))
+        return {"copy_bytes": 2 * src.nbytes, "copy_gbps": 2 * src.nbytes / best / 1e9,
+                "gemm": "", "gemm_tflops": None}
+
+
+HOST_TIMER = Timer()

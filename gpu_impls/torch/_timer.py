@@ -1,0 +1,82 @@
+"""Timers for torch: the CUDA timer over torch's events and `torch.cuda.CUDAGraph` on a GPU, the
+host timer on CPU (torch CPU ops are synchronous)."""
+
+from __future__ import annotations
+
+from gpu_impls._cuda_timer import CudaTimer
+
+
+class TorchCudaTimer(CudaTimer):
+    def _new_stream(self):
+        import torch
+
+        return torch.cuda.Stream()
+
+    def _stream_context(self, stream):
+        import torch
+
+        return torch.cuda.stream(stream)
+
+    def _capture(self, stream, calls):
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for call in calls:
+                call()
+
+        def replay():
+            with torch.cuda.stream(stream):
+                graph.replay()
+        replay.graph = graph  # keep the graph (and its memory pool) alive with the callable
+        return replay
+
+    def _events(self):
+        import torch
+
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def _record(self, event, stream):
+        event.record(stream)
+
+    def _elapsed_ms(self, start, end):
+        return start.elapsed_time(end)
+
+    def _fill(self, nbytes):
+        import torch
+
+        buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        state = {"value": 0}
+
+        def overwrite():
+            state["value"] = (state["value"] + 1) % 251
+            buf.fill_(state["value"])
+        return buf, overwrite
+
+    def _copy_pair(self, nbytes):
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(0)
+        src = torch.randn(nbytes // 4, device="cuda", generator=g)
+        dst = torch.empty_like(src)
+        return (lambda: dst.copy_(src)), 2 * src.numel() * 4
+
+    def _gemm(self, n):
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(n, n, device="cuda", generator=g).bfloat16()
+        b = torch.randn(n, n, device="cuda", generator=g).bfloat16()
+        c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        return (lambda: torch.matmul(a, b, out=c)), "bf16"
+
+    def l2_bytes(self):
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).L2_cache_size)
+
+    def free_bytes(self):
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0])

@@ -1,0 +1,162 @@
+"""Timing of one impl on one case in one mode, as one `bench` row; the run's `ceilings` row.
+
+Order of events: contract check (before anything touches the device) -> correctness against the
+oracle on the same case (a wrong kernel is never timed; cases too large for a float64 oracle in
+reasonable time are marked `skipped:size`, and are covered at gate shapes by `kparity check`
+and, in an A/B, by A against B) -> k rotating input sets uploaded (fresh allocations every run)
+-> `runners.timing.measure` -> the work model.
+
+Work model (`OpSpec.bytes`, `OpSpec.flops`): GB/s = bytes / median, TFLOP/s = flops / median,
+% of the spec peak (2 x memory clock x bus width / 8, NVML) and % of the copy ceiling measured in
+the same run. Above 100 % of the peak (of the copy ceiling where the spec is unknown) the data
+must have come from a cache: the row is flagged `cache_resident`.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+import traceback
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from cases.generate import Work
+from cases.model import make_inputs
+from gpu_impls.contract import ContractError
+from runners.abstats import summarize
+from runners.correctness import check
+from runners.stopping import StdRel
+from runners.timing import measure, rotation_sets
+
+# The oracle check before timing runs up to this many elements over all inputs and outputs
+# (about 2.5 s of float64 NumPy per impl and case on one core); larger cases are `skipped:size`.
+CHECK_MAX_ELEMS = 1 << 25
+
+
+@dataclass
+class StopRule:
+    """The stopping-rule settings of a sweep (CLI flags); a fresh `StdRel` per measurement."""
+
+    max_noise: float = 0.005
+    min_time_s: float = 0.5
+    min_samples: int = 10
+    timeout_s: float = 15.0
+
+    def new(self) -> StdRel:
+        return StdRel(max_noise=self.max_noise, min_time_s=self.min_time_s,
+                      min_samples=self.min_samples, timeout_s=self.timeout_s)
+
+
+def elements(case) -> int:
+    spec = case.spec
+    return sum(int(np.prod(t.shape(case.dims))) for t in spec.inputs + spec.outputs)
+
+
+def correctness(impl, backend, case, check_max_elems: int = CHECK_MAX_ELEMS) -> tuple[str, float | None, str]:
+    """(pass | fail | error | skipped:size, budget, message) of the oracle check before timing."""
+    if elements(case) > check_max_elems:
+        return "skipped:size", None, ""
+    row = check(Work(impl, case, "valid"), backend)
+    status = row["status"] if row["status"] in ("pass", "fail") else "error"
+    return status, row["budget"], row["message"]
+
+
+def ceilings_row(run_id: str, backend_name: str, backend) -> dict:
+    timer = backend.timer()
+    ctx = timer.context()
+    c = timer.ceilings()
+    return {"run_id": run_id, "backend": backend_name, "device": backend.device(),
+            "timer": timer.kind, "copy_bytes": c["copy_bytes"], "copy_gbps": c["copy_gbps"],
+            "gemm": c["gemm"], "gemm_tflops": c["gemm_tflops"],
+            "peak_bw_spec_gbps": ctx.get("peak_bw_spec_gbps"),
+            "cache_bytes": timer.cache_bytes(), "ecc": ctx.get("ecc"),
+            "driver": ctx.get("driver"), "sm_clock_default_mhz": ctx.get("sm_clock_default_mhz"),
+            "context": json.dumps(ctx, sort_keys=True, default=str)}
+
+
+def _base_row(impl, backend, case, mode, run_id) -> dict:
+    return {"run_id": run_id, "case_id": case.id, "impl": impl.id, "op": case.op,
+            "backend": impl.backend, "device": backend.device(), "dtype": case.dtype,
+            "dist": case.dist, "dims": json.dumps(case.dims, sort_keys=True),
+            "params": json.dumps(case.params, sort_keys=True), "label": case.label,
+            "case_json": case.to_json(), "mode": mode, "timer": backend.timer().kind,
+            "status": "error", "message": "", "ab_id": "", "arm": "", "rep": 0,
+            "correct": "", "budget": None, "samples_ns": [],
+            "bytes_model": int(case.spec.bytes(case)), "flops_model": int(case.spec.flops(case))}
+
+
+def _input_sets(impl, backend, case, host_inputs: dict, k: int) -> list:
+    """k independent device copies of the inputs, each with its own (poisoned) outputs."""
+    sets = []
+    for _ in range(k):
+        ins = {name: backend.to_device(v) for name, v in host_inputs.items()}
+        outs = None
+        if backend.writes_in_place:
+            outs = {t.name: backend.poisoned(t.shape(case.dims), t.dtype(case.dtype))
+                    for t in case.spec.outputs}
+        sets.append((ins, outs))
+    backend.synchronize()
+    return sets
+
+
+def work_model(row: dict, median_s: float, ceilings: dict | None) -> None:
+    row["gbps"] = row["bytes_model"] / median_s / 1e9
+    row["tflops"] = row["flops_model"] / median_s / 1e12
+    peak = (ceilings or {}).get("peak_bw_spec_gbps")
+    copy = (ceilings or {}).get("copy_gbps")
+    row["pct_peak_spec"] = 100 * row["gbps"] / peak if peak else None
+    row["pct_copy_ceiling"] = 100 * row["gbps"] / copy if copy else None
+    limit = peak or copy
+    row["cache_resident"] = bool(limit and row["gbps"] > limit)
+
+
+def bench_one(impl, backend, case, mode: str, stop: StopRule, ceilings: dict | None = None,
+              run_id: str = "", host_inputs: dict | None = None, verify: bool = True,
+              progress=None) -> dict:
+    """One measurement of `impl` on `case` in `mode`; never raises (errors are rows)."""
+    row = _base_row(impl, backend, case, mode, run_id)
+    t0 = time.perf_counter()
+    sets = calls = None
+    try:
+        launch = impl.contract.check(impl.id, case)
+        if verify:
+            row["correct"], row["budget"], msg = correctness(impl, backend, case)
+            if row["correct"] in ("fail", "error"):
+                row["status"] = "fail"
+                row["message"] = f"not timed: wrong results against the oracle ({msg})"
+                return row
+        timer = backend.timer()
+        host_inputs = host_inputs if host_inputs is not None else make_inputs(case)
+        k = rotation_sets(row["bytes_model"], timer) if mode not in ("cold", "eager") else 1
+        sets = _input_sets(impl, backend, case, host_inputs, k)
+        calls = [partial(impl.run, launch, ins, outs, case) for ins, outs in sets]
+        m = measure(timer, mode, calls, stop.new(), progress=progress)
+        row.update({"n_sets": m.n_sets, "calls_per_sample": m.calls_per_sample,
+                    "n_warmup": m.n_warmup, "warmup_s": m.warmup_s,
+                    "n_samples": len(m.samples_s), "n_dropped": m.n_dropped,
+                    "stop_reason": m.stop_reason,
+                    "samples_ns": [float(s * 1e9) for s in m.samples_s],
+                    "sm_clock_mhz": m.sm_clock_mhz, "mem_clock_mhz": m.mem_clock_mhz})
+        if not m.samples_s:
+            row["message"] = f"no samples kept: {m.n_dropped} dropped under the throttle floor"
+            return row
+        s = summarize(m.samples_s)
+        row.update({"median_ns": s["median"] * 1e9, "mean_ns": s["mean"] * 1e9,
+                    "min_ns": s["min"] * 1e9, "q1_ns": s["q1"] * 1e9, "q3_ns": s["q3"] * 1e9,
+                    "rel_iqr": s["rel_iqr"], "rel_std": s["rel_std"]})
+        work_model(row, s["median"], ceilings)
+        row["status"] = "ok"
+    except ContractError as e:
+        row["status"] = "rejected"
+        row["message"] = str(e)
+    except Exception as e:  # the impl (or the device) is under suspicion: the error is data
+        row["status"] = "error"
+        row["message"] = f"{type(e).__name__}: {e} | {traceback.format_exc(limit=3)[-400:]}"
+    finally:
+        sets = calls = None
+        gc.collect()  # free the rotating sets before the next measurement allocates its own
+        row["seconds"] = time.perf_counter() - t0
+    return row
