@@ -44,6 +44,10 @@ class Timer:
     kind = "host_wall"          # cuda_events | host_wall
     modes: tuple[str, ...] = ("wall",)  # the first is the primary mode
     min_calls = 50              # calls per sample in rotating modes (graph_rot: >= 50)
+    # Rotating sets at most: a host sample runs every set once, so 4x a 32 MiB L3 over a 16 KiB
+    # decode case (8192 sets) would make one sample last a second; small host cases therefore
+    # run partly cache-resident (the row records n_sets). GPU timers replay a graph: no cap.
+    max_sets = 1024
 
     def cache_bytes(self) -> int:
         """The cache that rotating input sets must overflow (x4)."""

@@ -355,10 +355,10 @@ def main(argv=None) -> int:
                     raise UsageError(f"--plugin {module}: cannot import ({e})") from None
         return VERBS[args.verb](args)
     except UsageError as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
+        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     except StoreError as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
+        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
 
 

@@ -12,7 +12,7 @@ set, all computing the same case) into per-call samples:
   default SM clock) is dropped and counted, and sampling pauses 50 ms to let the clock recover.
 
 Rotating sets: `rotation_sets` picks k input sets so that k * bytes >= 4 x the cache, within the
-timer's memory budget; a rotating sample of R calls runs set i % k on call i, R = max(k,
+timer's memory budget (and its `max_sets`); a rotating sample of R calls runs set i % k on call i, R = max(k,
 min_calls) rounded up to a multiple of k (graph_rot: >= 50 calls; wall_eval: >= 64).
 """
 
@@ -50,7 +50,7 @@ def rotation_sets(bytes_per_call: int, timer) -> int:
     """k input sets with k * bytes >= 4 x the cache, capped by the timer's memory budget."""
     want = max(1, math.ceil(4 * timer.cache_bytes() / max(bytes_per_call, 1)))
     fit = max(1, timer.memory_budget() // max(bytes_per_call, 1))
-    return int(min(want, fit))
+    return int(min(want, fit, timer.max_sets))
 
 
 def _warm(timer, fn, calls_each: int) -> tuple[int, float]:

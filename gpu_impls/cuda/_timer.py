@@ -22,7 +22,6 @@ class CupyTimer(CudaTimer):
                     call()
             finally:
                 graph = stream.end_capture()
-        graph.upload(stream)
         return lambda: graph.launch(stream)
 
     def _events(self):

@@ -4,6 +4,11 @@
 offset the weight `1 + w` is formed in f32 first, since forming it in T would add a rounding);
 `torch:rms_norm_llama` is the HF Llama formulation `w * (x·r).to(T)`. The rest are composed from
 f32 ops with one rounding at the end, as the kernel contracts specify.
+
+Baselines return fresh tensors, as a user's call does (copying into the runner's buffer would
+add a pass over the output to every timing). The `*_compiled` impls are `torch.compile` of the
+same functions (static shapes: one compile per case shape; Inductor fuses each into one Triton
+kernel on a GPU); they need a CUDA device and Triton, and run only there.
 """
 
 from __future__ import annotations
@@ -25,16 +30,63 @@ def _inv(x32, eps):
     return torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def _rms_norm(launch, inputs, outputs, case):
+def rms_norm_fn(x, w, eps: float, offset: float):
     import torch.nn.functional as F
 
-    x, w = inputs["x"], inputs["w"]
-    offset = case.params["weight_offset"]
     if offset:
-        y = F.rms_norm(x.float(), (x.shape[-1],), w.float() + offset, _eps(case))
-    else:
-        y = F.rms_norm(x, (x.shape[-1],), w, _eps(case))
-    outputs["out"].copy_(y)
+        return F.rms_norm(x.float(), (x.shape[-1],), w.float() + offset, eps).to(x.dtype)
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def residual_fn(x, residual, w, eps: float, offset: float):
+    x = x.float()
+    return (residual.float() + (w.float() + offset) * x * _inv(x, eps)).to(residual.dtype)
+
+
+def add_fn(a, b, w, eps: float, offset: float):
+    s = a.float() + b.float()
+    return s.to(a.dtype), (s * _inv(s, eps) * (w.float() + offset)).to(a.dtype)
+
+
+def _rms_norm(launch, inputs, outputs, case, fn=rms_norm_fn):
+    return {"out": fn(inputs["x"], inputs["w"], _eps(case), case.params["weight_offset"])}
+
+
+def _rms_norm_residual(launch, inputs, outputs, case, fn=residual_fn):
+    return {"out": fn(inputs["x"], inputs["residual"], inputs["w"], _eps(case),
+                      case.params["weight_offset"])}
+
+
+def _add_rms_norm(launch, inputs, outputs, case, fn=add_fn):
+    s, normed = fn(inputs["a"], inputs["b"], inputs["w"], _eps(case),
+                   case.params["weight_offset"])
+    return {"residual_out": s, "normed_out": normed}
+
+
+def _needs_gpu_and_triton() -> tuple[bool, str]:
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "torch.compile baselines run on CUDA only (no GPU here)"
+    if importlib.util.find_spec("triton") is None:
+        return False, "torch.compile needs triton (not installed)"
+    return True, ""
+
+
+def _compiled(run, fn):
+    """`run` with `fn` replaced by torch.compile(fn): static shapes, compiled once per shape."""
+    state = {}
+
+    def compiled_run(launch, inputs, outputs, case):
+        if "fn" not in state:
+            import torch
+
+            torch._dynamo.config.cache_size_limit = 1024  # one entry per case shape and dtype
+            state["fn"] = torch.compile(fn, dynamic=False)
+        return run(launch, inputs, outputs, case, fn=state["fn"])
+    return compiled_run
 
 
 def _rms_norm_llama(launch, inputs, outputs, case):
@@ -42,19 +94,6 @@ def _rms_norm_llama(launch, inputs, outputs, case):
     normed = (x.float() * _inv(x.float(), _eps(case))).to(x.dtype)
     weight = w + case.params["weight_offset"] if case.params["weight_offset"] else w
     outputs["out"].copy_(weight * normed)
-
-
-def _rms_norm_residual(launch, inputs, outputs, case):
-    x = inputs["x"].float()
-    w = inputs["w"].float() + case.params["weight_offset"]
-    outputs["out"].copy_(inputs["residual"].float() + w * x * _inv(x, _eps(case)))
-
-
-def _add_rms_norm(launch, inputs, outputs, case):
-    s = inputs["a"].float() + inputs["b"].float()
-    w = inputs["w"].float() + case.params["weight_offset"]
-    outputs["residual_out"].copy_(s)
-    outputs["normed_out"].copy_(s * _inv(s, _eps(case)) * w)
 
 
 def _gated_mixer_norm(launch, inputs, outputs, case):
@@ -88,4 +127,15 @@ register(
     Impl("gated_mixer_norm", "torch", "gated_mixer_norm", _gated_mixer_norm,
          doc="composed f32: y * rsqrt(mean(y^2) + eps) * w * silu(z)"),
     Impl("rms_inv", "torch", "rms_inv", _rms_inv, doc="rsqrt(mean(x^2) + eps) in f32"),
+    Impl("rms_norm", "torch", "rms_norm_compiled", _compiled(_rms_norm, rms_norm_fn), _ONCE,
+         doc="torch.compile(F.rms_norm), static shapes", requires=_needs_gpu_and_triton),
+    Impl("rms_norm_per_head", "torch", "rms_norm_per_head_compiled",
+         _compiled(_rms_norm, rms_norm_fn),
+         Contract(invariants=rounding_once("mlx:fast_rms_norm_per_head for rounding='normed'")),
+         doc="torch.compile(F.rms_norm) over head_dim", requires=_needs_gpu_and_triton),
+    Impl("rms_norm_residual", "torch", "rms_norm_residual_compiled",
+         _compiled(_rms_norm_residual, residual_fn),
+         doc="torch.compile of the composed residual norm", requires=_needs_gpu_and_triton),
+    Impl("add_rms_norm", "torch", "add_rms_norm_compiled", _compiled(_add_rms_norm, add_fn),
+         doc="torch.compile of the composed add + norm", requires=_needs_gpu_and_triton),
 )
