@@ -28,7 +28,7 @@ from results.store import RowWriter, Store, StoreError
 from runners.correctness import check, is_failure
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 
 class UsageError(Exception):

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Regenerates benchmarks/ (issue 3) on a CUDA machine, in stages that each fit one device call:
+#   bash scripts/gpu_bench.sh aa        A/A for three impls, harness cold vs triton do_bench
+#   bash scripts/gpu_bench.sh norm      kp_rms_norm against torch eager and torch.compile
+#   bash scripts/gpu_bench.sh family    per-head, residual and add variants against torch
+# Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
+set -u
+STAGE=${1:?stage: aa, norm or family}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STORE=$OUT/store-$STAGE
+K="python3 -m runners.cli --store $STORE"
+T="--min-time 0.25"   # per run; the A/B replicates runs, not samples
+LOG=$OUT/$STAGE.log
+run() { echo "\$ kparity ${*}" | sed "s|--store [^ ]* ||" >> "$LOG"; $K "$@" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,ecc.mode.current --format=csv > "$LOG"
+case $STAGE in
+aa)
+  for impl in cuda:kp_rms_norm torch:rms_norm cuda:mt_rms_norm_wide; do
+    run ab $impl $impl --preset hbm-16384x8192,prefill-2048x4096 --dtype bf16 $T
+  done
+  echo "\$ python3 scripts/cold_vs_do_bench.py" >> "$LOG"
+  python3 scripts/cold_vs_do_bench.py --preset hbm-16384x8192 hbm-65536x4096 prefill-2048x4096 >> "$LOG" 2>&1
+  ;;
+norm)
+  run ab torch:rms_norm cuda:kp_rms_norm --preset hbm,decode-1x4096,decode-64x4096 $T
+  run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset hbm,decode-1x4096,decode-64x4096 $T
+  ;;
+family)
+  run ab torch:rms_norm_per_head cuda:kp_rms_norm_per_head $T
+  run ab torch:rms_norm_per_head_compiled cuda:kp_rms_norm_per_head $T
+  for op in rms_norm_residual add_rms_norm; do
+    run ab torch:${op} cuda:kp_${op} --preset hbm-16384x8192,decode-1x4096 --dtype bf16 $T
+    run ab torch:${op}_compiled cuda:kp_${op} --preset hbm-16384x8192,decode-1x4096 --dtype bf16 $T
+  done
+  ;;
+esac
+tar czf "$OUT/store-$STAGE.tgz" -C "$OUT" "store-$STAGE" && rm -rf "$STORE"
+grep -E "^\\$|ceilings|verdict|│|rc=|impl  |ratio" "$LOG" | grep -v "━" | cut -c1-150 | tail -80
