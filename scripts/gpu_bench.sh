@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Regenerates benchmarks/ (issue 3) on a CUDA machine, in stages that each fit one device call:
 #   bash scripts/gpu_bench.sh aa        A/A for three impls, harness cold vs triton do_bench
-#   bash scripts/gpu_bench.sh norm      kp_rms_norm against torch eager and torch.compile
+#   bash scripts/gpu_bench.sh eager     kp_rms_norm against torch eager (F.rms_norm)
+#   bash scripts/gpu_bench.sh compiled  kp_rms_norm against torch.compile(F.rms_norm)
 #   bash scripts/gpu_bench.sh family    per-head, residual and add variants against torch
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
-STAGE=${1:?stage: aa, norm or family}
+STAGE=${1:?stage: aa, eager, compiled or family}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STORE=$OUT/store-$STAGE
 K="python3 -m runners.cli --store $STORE"
@@ -21,8 +22,10 @@ aa)
   echo "\$ python3 scripts/cold_vs_do_bench.py" >> "$LOG"
   python3 scripts/cold_vs_do_bench.py --preset hbm-16384x8192 hbm-65536x4096 prefill-2048x4096 >> "$LOG" 2>&1
   ;;
-norm)
+eager)
   run ab torch:rms_norm cuda:kp_rms_norm --preset hbm,decode-1x4096,decode-64x4096 $T
+  ;;
+compiled)
   run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset hbm,decode-1x4096,decode-64x4096 $T
   ;;
 family)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from gpu_impls._cuda_timer import CudaTimer
 
 
@@ -36,6 +38,16 @@ class CupyTimer(CudaTimer):
         import cupy
 
         return cupy.cuda.get_elapsed_time(start, end)
+
+    def _spin(self, cycles):
+        import cupy
+
+        if not hasattr(self, "_spin_kernel"):
+            self._spin_kernel = cupy.RawKernel(
+                "extern \"C\" __global__ void kparity_spin(long long cycles) {"
+                " long long t0 = clock64(); while (clock64() - t0 < cycles) {} }",
+                "kparity_spin")
+        self._spin_kernel((1,), (1,), (np.int64(cycles),))
 
     def _fill(self, nbytes):
         import cupy

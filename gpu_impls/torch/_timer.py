@@ -43,6 +43,11 @@ class TorchCudaTimer(CudaTimer):
     def _elapsed_ms(self, start, end):
         return start.elapsed_time(end)
 
+    def _spin(self, cycles):
+        import torch
+
+        torch.cuda._sleep(cycles)
+
     def _fill(self, nbytes):
         import torch
 
