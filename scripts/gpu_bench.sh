@@ -4,6 +4,7 @@
 #   bash scripts/gpu_bench.sh eager     kp_rms_norm against torch eager (F.rms_norm)
 #   bash scripts/gpu_bench.sh compiled  kp_rms_norm against torch.compile(F.rms_norm)
 #   bash scripts/gpu_bench.sh family    per-head, residual and add variants against torch
+#   bash scripts/gpu_bench.sh perhead   kp gate, per-head and decode against torch.compile again
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -35,6 +36,12 @@ family)
     run ab torch:${op} cuda:kp_${op} --preset hbm-16384x8192,decode-1x4096 --dtype bf16 $T
     run ab torch:${op}_compiled cuda:kp_${op} --preset hbm-16384x8192,decode-1x4096 --dtype bf16 $T
   done
+  ;;
+perhead)  # after the SMALL_WORK geometry change: gate the kp impls again, then re-measure
+  timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider -k "kp_" >> "$LOG" 2>&1; echo "gate rc=$?" >> "$LOG"
+  tail -2 "$LOG"
+  run ab torch:rms_norm_per_head_compiled cuda:kp_rms_norm_per_head $T
+  run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset decode-1x4096,decode-64x4096 --dtype bf16 $T
   ;;
 esac
 tar czf "$OUT/store-$STAGE.tgz" -C "$OUT" "store-$STAGE" && rm -rf "$STORE"

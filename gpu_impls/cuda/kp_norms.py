@@ -13,9 +13,10 @@ threads share a row, each holding ITEMS vectors in registers (x is read once); s
 several per block. The geometry is derived from n and the dtype alone (`pick`):
 
     vectors = n / VEC
-    TPR     = min(1024, next_pow2(ceil(vectors / 4)))   aim at 4 vectors in flight per thread
-    ITEMS   = ceil(vectors / TPR)                        1..4 (3 or 4 once TPR >= 2)
-    block   = max(TPR, 128) threads, RPB = block / TPR rows per block, grid = ceil(rows / RPB)
+    target  = 4 vectors in flight per thread, or 1 when rows * vectors < SMALL_WORK (few blocks)
+    TPR     = min(1024, next_pow2(ceil(vectors / target)))
+    ITEMS   = ceil(vectors / TPR)                        1..4
+    block   = max(TPR, 64) threads, RPB = block / TPR rows per block, grid = ceil(rows / RPB)
 
 so the instances are the finite set `CONFIGS` (every pick over 1 <= vectors <= 4096). The
 contracts: n % VEC == 0 (whole 16-byte vectors, each row 16-byte aligned), n >= VEC, and
@@ -38,25 +39,31 @@ from gpu_impls.impl import Impl
 SOURCE = "kp_rms_norm.cu"
 VEC_BYTES = 16
 VEC = {"f32": 4, "f16": 8, "bf16": 8}  # elements per 16-byte vector
-ITEMS_TARGET = 4   # vectors per thread the heuristic aims at
+ITEMS_TARGET = 4   # vectors per thread the heuristic aims at, when there is work enough
+# Below this many vectors in the whole tensor (2 MiB), ITEMS = 4 leaves most SMs idle (1024
+# heads of 128 bf16: 32 blocks on 132 SMs): aim at 1 vector per thread, 4x the blocks. Measured
+# on an H100: kp_rms_norm_per_head at 1024 x {64,128,256} was up to 15 % slower than
+# torch.compile with ITEMS = 4 everywhere.
+SMALL_WORK = 1 << 17
 ITEMS_MAX = 4      # the kernel's register-resident limit (static_assert in the .cu)
 TPR_MAX = 1024     # threads per row: one block
-MIN_BLOCK = 128    # threads per block at least: short rows share a block
+MIN_BLOCK = 64     # threads per block at least: short rows share a block (kernel: KP_BLOCK)
 
 
 def _next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
 
 
-def pick(vectors: int) -> tuple[int, int]:
-    """(ITEMS, TPR) for a row of `vectors` 16-byte vectors (see the module docstring)."""
-    tpr = min(TPR_MAX, _next_pow2(-(-vectors // ITEMS_TARGET)))
+def pick(vectors: int, rows: int) -> tuple[int, int]:
+    """(ITEMS, TPR) for `rows` rows of `vectors` 16-byte vectors (see the module docstring)."""
+    target = 1 if rows * vectors < SMALL_WORK else ITEMS_TARGET
+    tpr = min(TPR_MAX, _next_pow2(-(-vectors // target)))
     return -(-vectors // tpr), tpr
 
 
 # Every (ITEMS, TPR) the geometry can pick for a valid row: what nvcc_check instantiates.
-CONFIGS = tuple(sorted({pick(v) for v in range(1, ITEMS_MAX * TPR_MAX + 1)},
-                       key=lambda c: (c[1], c[0])))
+CONFIGS = tuple(sorted({pick(v, rows) for v in range(1, ITEMS_MAX * TPR_MAX + 1)
+                        for rows in (1, SMALL_WORK)}, key=lambda c: (c[1], c[0])))
 KERNELS = [
     (SOURCE, "kp_rms_norm", CONFIGS),
     (SOURCE, "kp_rms_norm_residual", CONFIGS),
@@ -69,7 +76,7 @@ KERNELS = [
 def _geometry(rows: int, n: int, dtype: str) -> tuple[dict, Launch]:
     vec = VEC[dtype]
     vectors = n // vec
-    items, tpr = pick(vectors)
+    items, tpr = pick(vectors, rows)
     block = max(tpr, MIN_BLOCK)
     rpb = block // tpr
     derived = {"vec": vec, "vectors": vectors, "items": items, "tpr": tpr, "rpb": rpb,
@@ -189,8 +196,8 @@ register(
           "short rows several per block; n % VEC == 0, n <= 4096 * VEC."),
     _impl("kp_rms_norm_per_head", "rms_norm_per_head", PER_HEAD,
           _launcher("kp_rms_norm", X_W, ("out",)),
-          "q_norm/k_norm on kp_rms_norm: rows = batch*tokens*heads, n = head_dim (head_dim 128 "
-          "bf16: 4 threads per head, 32 heads per block); one weight broadcast to every head."),
+          "q_norm/k_norm on kp_rms_norm: rows = batch*tokens*heads, n = head_dim (1024 heads of "
+          "128 bf16: 16 threads per head, 4 heads per block); one weight broadcast to every head."),
     _impl("kp_rms_norm_residual", "rms_norm_residual", ROW_OP,
           _launcher("kp_rms_norm_residual", ("x", "residual", "w"), ("out",)),
           "kp_rms_norm fused with the residual add: residual + x*inv*w, one rounding."),

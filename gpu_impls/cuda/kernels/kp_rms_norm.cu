@@ -14,7 +14,7 @@
 // 8 for f16/bf16), loaded and stored as raw uint4 and (un)packed in registers. TPR threads
 // (a power of two, 1..1024) share a row; thread t of the row owns vectors t + i*TPR for
 // i < ITEMS, so at every i a warp touches consecutive 16-byte chunks (coalesced). The block is
-// BLOCK = max(TPR, 128) threads holding RPB = BLOCK / TPR rows (RPB > 1 only for TPR < 128);
+// BLOCK = max(TPR, 64) threads holding RPB = BLOCK / TPR rows (RPB > 1 only for TPR < 64);
 // grid = ceil(rows / RPB). Threads of a row index >= rows still take part in the shuffles and
 // the barrier but neither load nor store.
 //
@@ -132,7 +132,7 @@ __device__ __forceinline__ void kp_row(const typename T::storage* __restrict__ x
                                        float eps, float weight_offset, int rows, int n) {
     typedef Vec<T> V;
     constexpr int VEC = V::N;
-    constexpr int BLOCK = TPR > 128 ? TPR : 128;
+    constexpr int BLOCK = TPR > 64 ? TPR : 64;
     constexpr int RPB = BLOCK / TPR;
     static_assert(TPR >= 1 && TPR <= 1024 && (TPR & (TPR - 1)) == 0, "TPR: a power of two");
     static_assert(ITEMS >= 1 && ITEMS <= 4, "ITEMS: 1..4 vectors per thread");
@@ -224,7 +224,7 @@ __device__ __forceinline__ void kp_row(const typename T::storage* __restrict__ x
 
 }  // namespace kp
 
-#define KP_BLOCK(TPR) ((TPR) > 128 ? (TPR) : 128)
+#define KP_BLOCK(TPR) ((TPR) > 64 ? (TPR) : 64)
 
 template <typename T, int ITEMS, int TPR>
 __global__ void __launch_bounds__(KP_BLOCK(TPR), 1024 / KP_BLOCK(TPR))
