@@ -12,6 +12,8 @@ The modes themselves (`runners/timing.py`) are written once against this interfa
     wall        host_wall      R calls over rotating input sets on a synchronous CPU backend
     wall_eval   host_wall      R >= 64 calls queued, then one `mx.eval` (MLX exposes no
                                device timer: the per-eval sync is amortised over R)
+    metal_ts    metal_gpu_...  R >= 64 PyObjC-dispatched calls over rotating sets, each one
+                               command buffer; sum of GPUEndTime - GPUStartTime / R (macOS)
 
 `HostTimer` is the CPU backends' timer (torch on CPU); CUDA and MLX timers live next to their
 backends (`gpu_impls/<backend>/_timer.py`).

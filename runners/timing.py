@@ -28,7 +28,7 @@ WARMUP_CALLS = 3
 WARMUP_S = 0.1
 HOST_SAMPLE_S = 0.01      # `wall` mode: a sample should last at least this long
 THROTTLE_PAUSE_S = 0.05
-ROTATING = ("graph_rot", "wall", "wall_eval")
+ROTATING = ("graph_rot", "wall", "wall_eval", "metal_ts")
 
 
 @dataclass

@@ -288,3 +288,33 @@ def test_bench_unknown_preset_lists_bench_presets(tmp_path, capsys):
     rc = main(["--store", str(tmp_path), "bench", "--impl", "torch:rms_norm", "--preset", "hbn"])
     out = capsys.readouterr().out
     assert rc == 2 and "hbm-65536x4096" in out
+
+
+class _CommandBuffer:
+    """Stands in for a committed MTLCommandBuffer: 2 us of GPU time, once waited on."""
+
+    def __init__(self, start):
+        self.start, self.waited = start, False
+
+    def waitUntilCompleted(self):
+        self.waited = True
+
+    def GPUStartTime(self):
+        return self.start
+
+    def GPUEndTime(self):
+        assert self.waited, "read the timestamps before the buffer completed"
+        return self.start + 2e-6
+
+
+def test_metal_timer_sums_command_buffer_gpu_windows():
+    from gpu_impls.metal._timer import MetalCommandBufferTimer
+
+    made = []
+
+    def call():
+        made.append(_CommandBuffer(start=100.0 + len(made)))
+        return made[-1]
+    m = measure(MetalCommandBufferTimer(), "metal_ts", [call, call], _stop())
+    assert m.calls_per_sample == 64 and m.timer == "metal_gpu_timestamps"
+    assert all(s == pytest.approx(2e-6) for s in m.samples_s)  # GPUEndTime asserts the wait
