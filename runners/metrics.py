@@ -41,9 +41,9 @@ def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarr
     nonfinite_mismatch = (nan_o != nan_r) | (inf_o != inf_r) | (inf_o & inf_r & (o != r))
     finite = np.isfinite(o) & np.isfinite(r)
 
-    diff = np.where(finite, np.abs(o - r), 0.0)
-    err = np.where(finite, np.abs(o - e), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf - inf where both are inf
+        diff = np.where(finite, np.abs(o - r), 0.0)
+        err = np.where(finite, np.abs(o - e), 0.0)
         ratio = np.where(err == 0, 0.0, err / b)
     ratio = np.where(nonfinite_mismatch, np.inf, ratio)
 
