@@ -313,7 +313,7 @@ def test_metal_timer_sums_command_buffer_gpu_windows():
     made = []
 
     def call():
-        made.append(_CommandBuffer(start=100.0 + len(made)))
+        made.append(_CommandBuffer(start=0.25))  # seconds on the mach_absolute_time base
         return made[-1]
     m = measure(MetalCommandBufferTimer(), "metal_ts", [call, call], _stop())
     assert m.calls_per_sample == 64 and m.timer == "metal_gpu_timestamps"
