@@ -45,6 +45,7 @@ ITEMS_TARGET = 4   # vectors per thread the heuristic aims at, when there is wor
 # on an H100: kp_rms_norm_per_head at 1024 x {64,128,256} was up to 15 % slower than
 # torch.compile with ITEMS = 4 everywhere.
 SMALL_WORK = 1 << 17
+SMALL_TARGET = 1   # vectors per thread aimed at below SMALL_WORK
 ITEMS_MAX = 4      # the kernel's register-resident limit (static_assert in the .cu)
 TPR_MAX = 1024     # threads per row: one block
 MIN_BLOCK = 64     # threads per block at least: short rows share a block (kernel: KP_BLOCK)
@@ -54,9 +55,9 @@ def _next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
 
 
-def pick(vectors: int, rows: int) -> tuple[int, int]:
+def pick(vectors: int, rows: int, small_target: int = SMALL_TARGET) -> tuple[int, int]:
     """(ITEMS, TPR) for `rows` rows of `vectors` 16-byte vectors (see the module docstring)."""
-    target = 1 if rows * vectors < SMALL_WORK else ITEMS_TARGET
+    target = small_target if rows * vectors < SMALL_WORK else ITEMS_TARGET
     tpr = min(TPR_MAX, _next_pow2(-(-vectors // target)))
     return -(-vectors // tpr), tpr
 
@@ -73,10 +74,11 @@ KERNELS = [
 
 # --- geometry: derived from the dims and dtype alone -------------------------------------------
 
-def _geometry(rows: int, n: int, dtype: str) -> tuple[dict, Launch]:
+def _geometry(rows: int, n: int, dtype: str, small_target: int = SMALL_TARGET
+              ) -> tuple[dict, Launch]:
     vec = VEC[dtype]
     vectors = n // vec
-    items, tpr = pick(vectors, rows)
+    items, tpr = pick(vectors, rows, small_target)
     block = max(tpr, MIN_BLOCK)
     rpb = block // tpr
     derived = {"vec": vec, "vectors": vectors, "items": items, "tpr": tpr, "rpb": rpb,
@@ -85,14 +87,14 @@ def _geometry(rows: int, n: int, dtype: str) -> tuple[dict, Launch]:
                            extra={"rows": rows, "n": n, "items": items, "tpr": tpr, "rpb": rpb})
 
 
-def _row_geometry(dims, params):
-    return _geometry(dims["rows"], dims["n"], params["dtype"])
+def _row_geometry(dims, params, small_target: int = SMALL_TARGET):
+    return _geometry(dims["rows"], dims["n"], params["dtype"], small_target)
 
 
-def _per_head_geometry(dims, params):
+def _per_head_geometry(dims, params, small_target: int = SMALL_TARGET):
     """rows = batch*tokens*heads, n = head_dim; the one weight [head_dim] is shared by all."""
     rows = dims["batch"] * dims["tokens"] * dims["heads"]
-    return _geometry(rows, dims["head_dim"], params["dtype"])
+    return _geometry(rows, dims["head_dim"], params["dtype"], small_target)
 
 
 # --- invariants ---------------------------------------------------------------------------------
