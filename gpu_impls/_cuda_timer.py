@@ -113,7 +113,8 @@ class CudaTimer(Timer):
             self._flush_buf = self._fill(2 * self.l2_bytes())
         with self._stream_context(self._get_stream()):
             self._flush_buf[1]()
-            self._spin(int(HOLD_US * (self.clocks()[0] or 2000)))
+            # cycles at the default clock: at any lower clock the hold only lasts longer
+            self._spin(int(HOLD_US * (self._default_mhz() or 2000)))
 
     def clocks(self):
         now = time.monotonic()
@@ -122,8 +123,13 @@ class CudaTimer(Timer):
                                       _nvml.clock_mhz(_nvml.NVML_CLOCK_MEM)))
         return self._last_clock[1]
 
+    def _default_mhz(self):
+        if not hasattr(self, "_default"):
+            self._default = _nvml.default_sm_clock_mhz()
+        return self._default
+
     def throttle_floor_mhz(self):
-        default = _nvml.default_sm_clock_mhz()
+        default = self._default_mhz()
         return 0.75 * default if default else None
 
     def context(self) -> dict:
