@@ -23,6 +23,9 @@ from runners.cli import (UsageError, _backend, _impls, _split, check_presets, co
                          select_impls, unknown)
 
 
+MIN_RUNS = 5
+
+
 def _stop_rule(args) -> StopRule:
     return StopRule(max_noise=args.max_noise, min_time_s=args.min_time,
                     min_samples=args.min_samples, timeout_s=args.timeout)
@@ -155,6 +158,9 @@ def _resolve(name: str):
 
 
 def cmd_ab(args) -> int:
+    if args.runs < MIN_RUNS:
+        raise UsageError(f"--runs {args.runs}: the verdict needs at least {MIN_RUNS} runs per arm "
+                         f"(runs, not samples, are the unit of replication); pass --runs {MIN_RUNS}")
     a, b = _resolve(args.impl_a), _resolve(args.impl_b)
     if a.op != b.op:
         raise UsageError(f"{a.id} implements {a.op} and {b.id} implements {b.op}: an A/B needs "

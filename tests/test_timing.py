@@ -318,3 +318,8 @@ def test_metal_timer_sums_command_buffer_gpu_windows():
     m = measure(MetalCommandBufferTimer(), "metal_ts", [call, call], _stop())
     assert m.calls_per_sample == 64 and m.timer == "metal_gpu_timestamps"
     assert all(s == pytest.approx(2e-6) for s in m.samples_s)  # GPUEndTime asserts the wait
+
+
+def test_ab_needs_five_runs_per_arm(tmp_path, capsys):
+    rc = main(["--store", str(tmp_path), "ab", "torch:rms_norm", "torch:rms_norm", "--runs", "3"])
+    assert rc == 2 and "--runs 5" in capsys.readouterr().out
