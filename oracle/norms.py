@@ -97,9 +97,11 @@ def f32_noise(n: int, k: float) -> float:
 
 def store_bound(exact: np.ndarray, dtype: str, scale: np.ndarray, n: int, k: float,
                 amplify: np.ndarray | float = 0.0) -> np.ndarray:
-    """half an ULP of `dtype` at |exact| + f32 noise relative to `scale` + subnormal slack."""
+    """half an ULP of `dtype` at |exact| + f32 noise relative to `scale` + subnormal slack.
+    Where `scale` is 0 (an all-zero row: every term of the computation is an exact zero) the
+    bound is exactly 0."""
     return (0.5 * spacing(exact, dtype) * (exact != 0) + f32_noise(n, k) * np.abs(scale)
-            + SUBNORMAL_ERR32 * amplify)
+            + SUBNORMAL_ERR32 * amplify * (scale != 0))
 
 
 def _subnormal_err(case) -> float:

@@ -107,9 +107,6 @@ def test_zero_rows_bound_admits_only_zero_in_half_dtypes(dtype):
     assert np.all(bound["out"][1] > 0)
 
 
-@pytest.mark.xfail(strict=True, reason="oracle/norms.py docstring says all-zero rows give bound "
-                   "0, but store_bound adds SUBNORMAL_ERR32 * amplify (~1e-42, or ~1e-35 with ftz) "
-                   "there too; see the report")
 def test_zero_rows_bound_is_exactly_zero():
     """The module docstring: 'All-zero rows give bound 0: out must be exactly 0' (f32)."""
     case = next(c for c in gate_cases("rms_norm") if c.dist == "zero_rows" and c.dtype == "f32")
