@@ -1,4 +1,4 @@
-"""Statistics for timings: per-run summaries and the A/B verdict (`reference/measurement.md` §4.5, §9).
+"""Statistics for timings: per-run summaries and the A/B verdict (`measurement.md` §4.5, §9).
 
 The unit of replication is the *run* (one full measurement: fresh buffers, fresh graph, its own
 stopping rule), not the sample. Samples inside a run are correlated (placement, clocks, TLB), so

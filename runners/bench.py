@@ -55,7 +55,8 @@ def elements(case) -> int:
     return sum(int(np.prod(t.shape(case.dims))) for t in spec.inputs + spec.outputs)
 
 
-def correctness(impl, backend, case, check_max_elems: int = CHECK_MAX_ELEMS) -> tuple[str, float | None, str]:
+def correctness(impl, backend, case,
+                check_max_elems: int = CHECK_MAX_ELEMS) -> tuple[str, float | None, str]:
     """(pass | fail | error | skipped:size, budget, message) of the oracle check before timing."""
     if elements(case) > check_max_elems:
         return "skipped:size", None, ""

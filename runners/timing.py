@@ -12,8 +12,9 @@ set, all computing the same case) into per-call samples:
   default SM clock) is dropped and counted, and sampling pauses 50 ms to let the clock recover.
 
 Rotating sets: `rotation_sets` picks k input sets so that k * bytes >= 4 x the cache, within the
-timer's memory budget (and its `max_sets`); a rotating sample of R calls runs set i % k on call i, R = max(k,
-min_calls) rounded up to a multiple of k (graph_rot: >= 50 calls; wall_eval: >= 64).
+timer's memory budget (and its `max_sets`); a rotating sample of R calls runs set i % k on
+call i, R = max(k, min_calls) rounded up to a multiple of k (graph_rot: >= 50 calls;
+wall_eval: >= 64).
 """
 
 from __future__ import annotations

@@ -96,8 +96,8 @@ def cmd_bench(args) -> int:
     with RowWriter(store, "bench", run_id, every=20) as writer, _progress() as progress:
         task = progress.add_task("bench", total=len(items), detail="")
         for w, mode in items:
-            progress.update(task, description=f"{w.impl.id} {_case_text({'label': w.case.label, 'dims': ''})} "
-                                              f"{w.case.dtype} {mode}")
+            label = w.case.label.split(":", 1)[-1]
+            progress.update(task, description=f"{w.impl.id} {label} {w.case.dtype} {mode}")
             if w.case.id not in inputs:
                 inputs = {w.case.id: make_inputs(w.case)}  # one case's inputs held at a time
 

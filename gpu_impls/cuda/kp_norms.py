@@ -21,8 +21,8 @@ several per block. The geometry is derived from n and the dtype alone (`pick`):
 so the instances are the finite set `CONFIGS` (every pick over 1 <= vectors <= 4096). The
 contracts: n % VEC == 0 (whole 16-byte vectors, each row 16-byte aligned), n >= VEC, and
 n <= 4 * 1024 * VEC (16384 f32, 32768 f16/bf16: the row must fit in registers); the per-head impl
-puts them on head_dim. VEC depends on the dtype, which `Contract.geometry` reads from params["dtype"]; the derived
-namespace carries `vec`.
+puts them on head_dim. VEC depends on the dtype, which `Contract.geometry` reads from
+params["dtype"]; the derived namespace carries `vec`.
 """
 
 from __future__ import annotations
