@@ -15,7 +15,11 @@ A distribution fills a tensor viewed as rows (last axis = the reduction axis of 
 | `constant_rows` | each row one constant c_r ~ N(0, 1): closed form c*rsqrt(c^2+eps)*w         |
 
 Non-data tensors are drawn by role: `weight` around 1 (around 0 when the op adds `weight_offset=1`,
-Gemma's `(1 + w)` convention), `gate` N(0, 2^2) so silu sees both tails.
+Gemma's `(1 + w)` convention), `gate` N(0, 2^2) so silu sees both tails. Quantized GEMV inputs:
+`activation` is a data draw scaled by 1/sqrt(n) (a GEMV input of unit-order output), `codes` are
+uniformly random uint32 words (every code of every bit width uniform: only the consumer of the
+packed weights is under test), `qscale` and `qbias` a group's scale and bias at a typical
+weight's size (scale of random sign, as MLX's quantizer makes them).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 from oracle.dtypes import tiny
 
 DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows")
+DATA_INITS = ("data", "activation")  # the inits the case's distribution applies to
 
 
 def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -40,6 +45,14 @@ def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.rando
         return base + 0.1 * rng.standard_normal(shape)
     if init == "gate":
         return 2.0 * rng.standard_normal(shape)
+    if init == "codes":
+        return rng.integers(0, 1 << 32, shape, dtype=np.uint64).astype(np.float64)
+    if init == "qscale":
+        return 0.004 * rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
+    if init == "qbias":
+        return 0.03 * rng.standard_normal(shape)
+    if init == "activation":
+        return draw("data", dist, shape, dtype, rng, params) / np.sqrt(shape[-1])
     if init != "data":
         raise ValueError(f"unknown tensor init {init!r}")
     if dist not in DISTRIBUTIONS:

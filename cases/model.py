@@ -81,14 +81,14 @@ class Case:
 
 def make_inputs(case: Case) -> dict[str, np.ndarray]:
     """Deterministic inputs for `case`, each rounded to its storage dtype."""
-    from cases.distributions import draw
+    from cases.distributions import DATA_INITS, draw
 
     rng = np.random.default_rng(int(case.id, 16))
     inputs = {}
     for t in case.spec.inputs:
         dtype = t.dtype(case.dtype)
         shape = t.shape(case.dims)
-        values = draw(t.init, case.dist if t.init == "data" else "normal", shape, dtype, rng,
+        values = draw(t.init, case.dist if t.init in DATA_INITS else "normal", shape, dtype, rng,
                       case.params)
         inputs[t.name] = round_to(values, dtype).astype(storage_dtype(dtype), copy=False)
     return inputs

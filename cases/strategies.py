@@ -21,10 +21,16 @@ settings.register_profile("nightly", max_examples=1000, deadline=None,
                                                  HealthCheck.too_slow])
 
 # Upper bounds per dim name keep drawn cases cheap on a CPU oracle.
-DIM_MAX = {"rows": 9, "n": 9000, "batch": 2, "tokens": 3, "heads": 8, "head_dim": 600}
+DIM_MAX = {"rows": 9, "n": 9000, "batch": 2, "tokens": 3, "heads": 8, "head_dim": 600,
+           "out": 40, "in": 2048}
+# Dims that are layout choices, drawn from the values a layout has (plus one that no layout has,
+# so contracts still see invalid ones).
+DIM_CHOICES = {"bits": (2, 3, 4, 5, 6, 8, 7), "group_size": (32, 64, 128, 48)}
 
 
 def _dim(name: str):
+    if name in DIM_CHOICES:
+        return st.sampled_from(DIM_CHOICES[name])
     hi = DIM_MAX.get(name, 64)
     aligned = st.integers(1, max(hi // 32, 1)).map(lambda k: 32 * k)
     return st.one_of(aligned, st.integers(1, hi))

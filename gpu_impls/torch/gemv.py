@@ -1,0 +1,38 @@
+"""torch baseline for the quantized GEMV: unpack the codes, dequantize in f32, `F.linear` in f32,
+one rounding to T. What a user without a quantized kernel would run."""
+
+from __future__ import annotations
+
+from gpu_impls import register
+from gpu_impls.contract import Contract
+from gpu_impls.impl import Impl
+from gpu_impls.quant_layout import LAYOUT
+
+
+def unpack_codes(words, bits: int, n: int):
+    """uint32 [out, n*bits/32] -> int64 codes [out, n], LSB-first (as `oracle.quant.unpack`)."""
+    import torch
+
+    w = words.to(torch.int64)
+    if 32 % bits == 0:  # power-of-2 widths: 32/bits whole codes per word
+        shifts = torch.arange(0, 32, bits, device=w.device)
+        return ((w[..., None] >> shifts) & ((1 << bits) - 1)).reshape(w.shape[0], n)
+    stream = (w[..., None] >> torch.arange(32, device=w.device)) & 1  # the row's bit stream
+    stream = stream.reshape(w.shape[0], n, bits)
+    return (stream << torch.arange(bits, device=w.device)).sum(-1)
+
+
+def _dequant_linear(launch, inputs, outputs, case):
+    import torch.nn.functional as F
+
+    bits, group, n = case.dims["bits"], case.dims["group_size"], case.dims["in"]
+    q = unpack_codes(inputs["w"], bits, n).float()
+    s = inputs["scales"].float().repeat_interleave(group, dim=-1)
+    b = inputs["biases"].float().repeat_interleave(group, dim=-1)
+    x = inputs["x"]
+    return {"out": F.linear(x.float(), q * s + b).to(x.dtype)}
+
+
+register(Impl("dequant_gemv", "torch", "dequant_linear", _dequant_linear,
+              Contract(invariants=LAYOUT),
+              doc="unpack + dequantize in f32, then F.linear in f32, rounded to T"))
