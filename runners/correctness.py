@@ -58,6 +58,16 @@ def run_impl(impl, backend, case, inputs: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def nondeterministic_outputs(impl, backend, case, inputs: dict | None = None) -> list[str]:
+    """Outputs whose bits differ between two runs on the same inputs (fresh buffers each run).
+    An impl declaring `deterministic=True` must return []."""
+    inputs = inputs if inputs is not None else make_inputs(case)
+    first = run_impl(impl, backend, case, inputs)
+    second = run_impl(impl, backend, case, inputs)
+    return [name for name in first
+            if first[name].tobytes() != second[name].tobytes()]
+
+
 def check(work: Work, backend, run_id: str = "") -> dict:
     impl, case = work.impl, work.case
     spec = case.spec

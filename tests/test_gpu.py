@@ -12,7 +12,7 @@ import pytest
 
 import gpu_impls
 from cases.generate import plan
-from runners.correctness import check, is_failure, repro_command
+from runners.correctness import check, is_failure, nondeterministic_outputs, repro_command
 
 pytestmark = pytest.mark.gpu
 MUTANTS = Path(__file__).with_name("mutants.py")
@@ -66,3 +66,21 @@ def test_cuda_mutants_go_red(mutant):
             if w.case.dist in ("normal", "tiny", "zero_rows")]
     rows = [check(w, gpu_impls.backend("cuda")) for w in work]
     assert any(r["status"] == "fail" for r in rows), f"{impl.id} passed every case"
+
+
+def _determinism_work():
+    """Per deterministic accelerator impl: one valid case per dtype (the first of each)."""
+    out = []
+    for w in _gpu_work():
+        if w.expect == "valid" and w.impl.deterministic and w.case.dist == "normal" and not any(
+                o.impl.id == w.impl.id and o.case.dtype == w.case.dtype for o in out):
+            out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("work", _determinism_work(), ids=lambda w: f"{w.impl.id}-{w.case.id}")
+def test_deterministic_impls_are_bit_identical_run_to_run(work):
+    differ = nondeterministic_outputs(work.impl, gpu_impls.backend(work.impl.backend), work.case)
+    assert not differ, (f"{work.impl.id} declares deterministic=True but outputs {differ} differ "
+                        f"between two runs of case {work.case.id}\n"
+                        f"repro: {repro_command(work.impl.id, work.case.id)}")
