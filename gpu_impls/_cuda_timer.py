@@ -36,6 +36,7 @@ class CudaTimer(Timer):
     def __init__(self):
         self._stream = None
         self._flush_buf = None
+        self._flushes = 0
         self._last_clock = (0.0, (None, None))
 
     # --- the API-specific primitives --------------------------------------------------------
@@ -62,8 +63,12 @@ class CudaTimer(Timer):
         """Queue a kernel that spins for `cycles` SM clock cycles and touches no memory."""
         raise NotImplementedError
 
-    def _fill(self, nbytes: int):
-        """A device buffer of `nbytes` and a callable that overwrites it (a memset)."""
+    def _alloc_bytes(self, nbytes: int):
+        """A device buffer of `nbytes` bytes."""
+        raise NotImplementedError
+
+    def _memset(self, buf, value: int) -> None:
+        """Overwrite every byte of `buf` with `value`, on the current stream."""
         raise NotImplementedError
 
     def _copy_pair(self, nbytes: int):
@@ -110,11 +115,12 @@ class CudaTimer(Timer):
 
     def flush(self) -> None:
         if self._flush_buf is None:
-            self._flush_buf = self._fill(2 * self.l2_bytes())
+            self._flush_buf = self._alloc_bytes(2 * self.l2_bytes())
+        self._flushes += 1
         with self._stream_context(self._get_stream()):
-            self._flush_buf[1]()
+            self._memset(self._flush_buf, self._flushes % 251)  # a new value each time
             # cycles at the default clock: at any lower clock the hold only lasts longer
-            self._spin(int(HOLD_US * (self._default_mhz() or 2000)))
+            self._spin(int(HOLD_US * (_nvml.default_sm_clock_mhz() or 2000)))
 
     def clocks(self):
         now = time.monotonic()
@@ -123,13 +129,8 @@ class CudaTimer(Timer):
                                       _nvml.clock_mhz(_nvml.NVML_CLOCK_MEM)))
         return self._last_clock[1]
 
-    def _default_mhz(self):
-        if not hasattr(self, "_default"):
-            self._default = _nvml.default_sm_clock_mhz()
-        return self._default
-
     def throttle_floor_mhz(self):
-        default = self._default_mhz()
+        default = _nvml.default_sm_clock_mhz()
         return 0.75 * default if default else None
 
     def context(self) -> dict:

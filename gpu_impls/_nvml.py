@@ -53,6 +53,7 @@ def clock_mhz(which: int) -> int | None:
     return _uint_query("nvmlDeviceGetClockInfo", ctypes.c_int(which))
 
 
+@functools.lru_cache(maxsize=None)
 def default_sm_clock_mhz() -> int | None:
     """The SM clock the board runs at by default (the throttle reference, as nvbench's)."""
     return (_uint_query("nvmlDeviceGetDefaultApplicationsClock", ctypes.c_int(NVML_CLOCK_SM))

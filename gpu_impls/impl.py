@@ -27,6 +27,9 @@ class Impl:
     # What the impl needs beyond its backend (e.g. torch.compile needs a GPU and Triton):
     # () -> (ok, why not). None: the backend being available is enough.
     requires: Callable[[], tuple[bool, str]] | None = None
+    # An impl that compiles once per case shape (torch.compile: seconds each) runs the GPU gate
+    # on at most this many valid normal-distribution cases, spread over dtypes. None: all.
+    gate_cases_max: int | None = None
 
     def available(self, backend) -> tuple[bool, str]:
         ok, why = backend.available()

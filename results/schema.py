@@ -24,7 +24,8 @@ RUNS = pa.schema([
     ("filters", pa.string()),          # JSON of the CLI filters
 ])
 
-CORRECTNESS = pa.schema([
+# Who ran which case: the leading columns of every per-(impl, case) table.
+CASE_ROW = [
     ("schema_version", pa.int32()),
     ("run_id", pa.string()),
     ("case_id", pa.string()),          # stable content hash of the case
@@ -38,6 +39,10 @@ CORRECTNESS = pa.schema([
     ("params", pa.string()),           # JSON (eps, weight_offset, ...)
     ("label", pa.string()),            # preset:..., edge, violates:<invariant>
     ("case_json", pa.string()),        # the whole case, for `kparity repro`
+]
+
+CORRECTNESS = pa.schema([
+    *CASE_ROW,
     ("expect", pa.string()),           # valid | rejected
     ("status", pa.string()),           # pass fail rejected error timeout crash unsupported
     ("message", pa.string()),
@@ -56,19 +61,7 @@ CORRECTNESS = pa.schema([
 
 # One row per (impl, case, mode) measurement; an A/B writes one per run of each arm.
 BENCH = pa.schema([
-    ("schema_version", pa.int32()),
-    ("run_id", pa.string()),
-    ("case_id", pa.string()),
-    ("impl", pa.string()),
-    ("op", pa.string()),
-    ("backend", pa.string()),
-    ("device", pa.string()),
-    ("dtype", pa.string()),
-    ("dist", pa.string()),
-    ("dims", pa.string()),             # JSON
-    ("params", pa.string()),           # JSON
-    ("label", pa.string()),            # bench:decode-..., bench:hbm-...
-    ("case_json", pa.string()),
+    *CASE_ROW,                         # label: bench:decode-..., bench:hbm-...
     ("mode", pa.string()),             # graph_rot | cold | eager | wall | wall_eval
     ("timer", pa.string()),            # cuda_events | host_wall
     ("status", pa.string()),           # ok | fail (wrong results: not timed) | rejected | error

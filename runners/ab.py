@@ -42,7 +42,7 @@ def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs) -> tuple[
     return max_abs, max_ulp
 
 
-def ab_case(impl_a, backend_a, impl_b, backend_b, case, mode: str, runs: int, stop,
+def ab_case(impl_a, backend_a, impl_b, backend_b, case, mode: str, runs: int, new_stop,
             ceilings: dict | None, run_id: str, on_row=None, progress=None) -> dict:
     """Run the A/B of `case`; `on_row(bench_row)` receives each run's row as it lands."""
     ab_id = secrets.token_hex(6)
@@ -64,7 +64,7 @@ def ab_case(impl_a, backend_a, impl_b, backend_b, case, mode: str, runs: int, st
         medians = {"A": [], "B": []}
         for rep in range(runs):
             for arm, impl, backend in (("A", impl_a, backend_a), ("B", impl_b, backend_b)):
-                b = bench_one(impl, backend, case, mode, stop, ceilings, run_id,
+                b = bench_one(impl, backend, case, mode, new_stop, ceilings, run_id,
                               host_inputs=host_inputs, verify=False, progress=progress)
                 b.update({"ab_id": ab_id, "arm": arm, "rep": rep,
                           "correct": row[f"correct_{arm.lower()}"]})

@@ -18,7 +18,6 @@ import gc
 import json
 import time
 import traceback
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -28,26 +27,11 @@ from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from runners.abstats import summarize
 from runners.correctness import check
-from runners.stopping import StdRel
 from runners.timing import measure, rotation_sets
 
 # The oracle check before timing runs up to this many elements over all inputs and outputs
 # (about 2.5 s of float64 NumPy per impl and case on one core); larger cases are `skipped:size`.
 CHECK_MAX_ELEMS = 1 << 25
-
-
-@dataclass
-class StopRule:
-    """The stopping-rule settings of a sweep (CLI flags); a fresh `StdRel` per measurement."""
-
-    max_noise: float = 0.005
-    min_time_s: float = 0.5
-    min_samples: int = 10
-    timeout_s: float = 15.0
-
-    def new(self) -> StdRel:
-        return StdRel(max_noise=self.max_noise, min_time_s=self.min_time_s,
-                      min_samples=self.min_samples, timeout_s=self.timeout_s)
 
 
 def elements(case) -> int:
@@ -114,10 +98,11 @@ def work_model(row: dict, median_s: float, ceilings: dict | None) -> None:
     row["cache_resident"] = bool(limit and row["gbps"] > limit)
 
 
-def bench_one(impl, backend, case, mode: str, stop: StopRule, ceilings: dict | None = None,
+def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = None,
               run_id: str = "", host_inputs: dict | None = None, verify: bool = True,
               progress=None) -> dict:
-    """One measurement of `impl` on `case` in `mode`; never raises (errors are rows)."""
+    """One measurement of `impl` on `case` in `mode`; never raises (errors are rows).
+    `new_stop()` makes the measurement's stopping rule (a fresh `runners.stopping.StdRel`)."""
     row = _base_row(impl, backend, case, mode, run_id)
     t0 = time.perf_counter()
     sets = calls = None
@@ -134,7 +119,7 @@ def bench_one(impl, backend, case, mode: str, stop: StopRule, ceilings: dict | N
         k = rotation_sets(row["bytes_model"], timer) if mode not in ("cold", "eager") else 1
         sets = _input_sets(impl, backend, case, host_inputs, k)
         calls = [partial(impl.run, launch, ins, outs, case) for ins, outs in sets]
-        m = measure(timer, mode, calls, stop.new(), progress=progress)
+        m = measure(timer, mode, calls, new_stop(), progress=progress)
         row.update({"n_sets": m.n_sets, "calls_per_sample": m.calls_per_sample,
                     "n_warmup": m.n_warmup, "warmup_s": m.warmup_s,
                     "n_samples": len(m.samples_s), "n_dropped": m.n_dropped,

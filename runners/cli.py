@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cases.distributions import DISTRIBUTIONS
 from cases.generate import Work, gate_cases, plan, valid_cases, violating_cases
 from cases.model import Case
 from oracle.dtypes import FLOAT_DTYPES

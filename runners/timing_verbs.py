@@ -8,6 +8,7 @@ per run of each arm) and, for `ab`, one `ab` row per case with the verdict.
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -18,17 +19,19 @@ from cases.model import make_inputs
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store
 from runners.ab import ab_case
-from runners.bench import StopRule, bench_one, ceilings_row
+from runners.bench import bench_one, ceilings_row
 from runners.cli import (UsageError, _backend, _impls, _split, check_presets, console,
                          select_impls, unknown)
+from runners.stopping import StdRel
 
 
 MIN_RUNS = 5
 
 
-def _stop_rule(args) -> StopRule:
-    return StopRule(max_noise=args.max_noise, min_time_s=args.min_time,
-                    min_samples=args.min_samples, timeout_s=args.timeout)
+def _stop_rule(args):
+    """A factory of fresh stopping rules with the CLI's settings."""
+    return partial(StdRel, max_noise=args.max_noise, min_time_s=args.min_time,
+                   min_samples=args.min_samples, timeout_s=args.timeout)
 
 
 def _modes(args, backend) -> list[str]:

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_impls  # noqa: E402
 from cases.generate import bench_cases  # noqa: E402
 from cases.model import make_inputs  # noqa: E402
-from runners.bench import StopRule, bench_one  # noqa: E402
+from runners.bench import bench_one  # noqa: E402
+from runners.stopping import StdRel  # noqa: E402
 
 
 def main() -> int:
@@ -41,7 +42,7 @@ def main() -> int:
             if case.dtype != args.dtype or label not in args.preset:
                 continue
             inputs = make_inputs(case)
-            row = bench_one(impl, backend, case, "cold", StopRule(), host_inputs=inputs,
+            row = bench_one(impl, backend, case, "cold", StdRel, host_inputs=inputs,
                             verify=False)
             launch = impl.contract.check(impl.id, case)
             dev_in = {k: backend.to_device(v) for k, v in inputs.items()}

@@ -76,12 +76,10 @@ CUDA_MUTANTS = (
 _existing = impls()
 register(*(m for m in CPU_MUTANTS if m.id not in _existing))
 try:
-    from gpu_impls.cuda.kp_norms import mutant as kp_mutant
-    from gpu_impls.cuda.norms import mutant as cuda_mutant
+    from gpu_impls.cuda._module import mutant as cuda_mutant
 except ImportError:  # the CUDA impls are optional for the CPU tests
     cuda_mutant = None
 if cuda_mutant is not None:
     for impl_id, name, define in CUDA_MUTANTS:
         if f"cuda:{name}" not in _existing and impl_id in _existing:
-            make = kp_mutant if impl_id.startswith("cuda:kp_") else cuda_mutant
-            register(make(impl_id, name, define))
+            register(cuda_mutant(impl_id, name, define))

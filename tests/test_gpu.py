@@ -18,22 +18,18 @@ pytestmark = pytest.mark.gpu
 MUTANTS = Path(__file__).with_name("mutants.py")
 
 
-# torch.compile baselines compile once per case shape (seconds each): the gate runs them on this
-# many normal-distribution cases per impl (every dtype among them), plus their violating cases.
-COMPILED_GATE_CASES = 9
-
-
 def _on_accelerator(impl) -> bool:
     be = gpu_impls.backend(impl.backend)
     return impl.available(be)[0] and be.accelerator
 
 
-def _compiled_subset(work):
+def _sampled(work, most: int):
+    """At most `most` valid normal cases spread over dtypes, plus every violating case."""
     valid = [w for w in work if w.expect == "valid" and w.case.dist == "normal"]
     by_dtype = {}
     for w in sorted(valid, key=lambda w: w.case.id):
         by_dtype.setdefault(w.case.dtype, []).append(w)
-    keep = [w for ws in by_dtype.values() for w in ws[:COMPILED_GATE_CASES // len(by_dtype)]]
+    keep = [w for ws in by_dtype.values() for w in ws[:most // len(by_dtype)]]
     return keep + [w for w in work if w.expect == "rejected"]
 
 
@@ -43,7 +39,7 @@ def _gpu_work():
     work = []
     for impl in sorted(impls, key=lambda i: i.id):
         items = plan([impl])
-        work += _compiled_subset(items) if impl.name.endswith("_compiled") else items
+        work += items if impl.gate_cases_max is None else _sampled(items, impl.gate_cases_max)
     return work
 
 

@@ -14,6 +14,7 @@ options but not by included headers; the source is therefore prefixed with a has
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from pathlib import Path
@@ -44,3 +45,25 @@ def kernel(source_file: str, name: str, dtype: str, defines: tuple = (),
         options=("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines)),
         name_expressions=[expression])
     return module.get_function(expression)
+
+
+# --- impls built from a maker, so that test mutants can recompile them with defines -----------
+
+_MAKERS: dict[str, tuple[object, object]] = {}
+
+
+def cuda_impl(name: str, op: str, contract, make, doc: str):
+    """Impl `cuda:name` whose run is `make()`; `make(defines)` rebuilds it with `-D` macros."""
+    from gpu_impls.impl import Impl
+
+    impl = Impl(op=op, backend="cuda", name=name, run=make(), contract=contract, doc=doc)
+    _MAKERS[impl.id] = (impl, make)
+    return impl
+
+
+def mutant(impl_id: str, name: str, define: str):
+    """A test-only copy of `impl_id` (same op and contract) named `name`, its kernels compiled
+    with `-D{define}` (KPARITY_MUTANT_DROP_EPS, _ROUND_BEFORE_WEIGHT or _SKIP_LANE)."""
+    impl, make = _MAKERS[impl_id]
+    return dataclasses.replace(impl, name=name, run=make((define,)),
+                               doc=f"test mutant of {impl_id}, compiled with -D{define}")

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from gpu_impls._cuda_timer import CudaTimer
+
+
+@functools.lru_cache(maxsize=None)
+def _spin_kernel():
+    """One thread spinning `cycles` SM clock cycles; touches no memory."""
+    import cupy
+
+    return cupy.RawKernel(
+        'extern "C" __global__ void kparity_spin(long long cycles) {'
+        " long long t0 = clock64(); while (clock64() - t0 < cycles) {} }", "kparity_spin")
 
 
 class CupyTimer(CudaTimer):
@@ -40,25 +52,15 @@ class CupyTimer(CudaTimer):
         return cupy.cuda.get_elapsed_time(start, end)
 
     def _spin(self, cycles):
+        _spin_kernel()((1,), (1,), (np.int64(cycles),))
+
+    def _alloc_bytes(self, nbytes):
         import cupy
 
-        if not hasattr(self, "_spin_kernel"):
-            self._spin_kernel = cupy.RawKernel(
-                "extern \"C\" __global__ void kparity_spin(long long cycles) {"
-                " long long t0 = clock64(); while (clock64() - t0 < cycles) {} }",
-                "kparity_spin")
-        self._spin_kernel((1,), (1,), (np.int64(cycles),))
+        return cupy.empty(nbytes, dtype=cupy.uint8)
 
-    def _fill(self, nbytes):
-        import cupy
-
-        buf = cupy.empty(nbytes, dtype=cupy.uint8)
-        state = {"value": 0}
-
-        def overwrite():
-            state["value"] = (state["value"] + 1) % 251
-            buf.fill(state["value"])
-        return buf, overwrite
+    def _memset(self, buf, value):
+        buf.fill(value)
 
     def _copy_pair(self, nbytes):
         import cupy

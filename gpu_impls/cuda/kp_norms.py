@@ -27,14 +27,12 @@ params["dtype"]; the derived namespace carries `vec`.
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples, rounding_once
-from gpu_impls.cuda._module import kernel
-from gpu_impls.impl import Impl
+from gpu_impls.cuda._module import cuda_impl, kernel
 
 SOURCE = "kp_rms_norm.cu"
 VEC_BYTES = 16
@@ -174,36 +172,19 @@ def _launcher(name: str, ins: tuple[str, ...], outs: tuple[str, ...]):
     return make
 
 
-_MAKERS: dict[str, tuple[Impl, object]] = {}
-
-
-def _impl(name: str, op: str, contract: Contract, make, doc: str) -> Impl:
-    impl = Impl(op=op, backend="cuda", name=name, run=make(), contract=contract, doc=doc)
-    _MAKERS[impl.id] = (impl, make)
-    return impl
-
-
-def mutant(impl_id: str, name: str, define: str) -> Impl:
-    """A test-only copy of `impl_id` (same op and contract) named `name`, its kernel compiled
-    with `-D{define}` (KPARITY_MUTANT_DROP_EPS, _ROUND_BEFORE_WEIGHT or _SKIP_LANE)."""
-    impl, make = _MAKERS[impl_id]
-    return dataclasses.replace(impl, name=name, run=make((define,)),
-                               doc=f"test mutant of {impl_id}, compiled with -D{define}")
-
-
 X_W = ("x", "w")
 register(
-    _impl("kp_rms_norm", "rms_norm", RMS_NORM, _launcher("kp_rms_norm", X_W, ("out",)),
+    cuda_impl("kp_rms_norm", "rms_norm", RMS_NORM, _launcher("kp_rms_norm", X_W, ("out",)),
           "kparity RMSNorm: 16-byte vectors, TPR threads x ITEMS vectors per row in registers, "
           "short rows several per block; n % VEC == 0, n <= 4096 * VEC."),
-    _impl("kp_rms_norm_per_head", "rms_norm_per_head", PER_HEAD,
+    cuda_impl("kp_rms_norm_per_head", "rms_norm_per_head", PER_HEAD,
           _launcher("kp_rms_norm", X_W, ("out",)),
           "q_norm/k_norm on kp_rms_norm: rows = batch*tokens*heads, n = head_dim (1024 heads of "
           "128 bf16: 16 threads per head, 4 heads per block); one weight broadcast to every head."),
-    _impl("kp_rms_norm_residual", "rms_norm_residual", ROW_OP,
+    cuda_impl("kp_rms_norm_residual", "rms_norm_residual", ROW_OP,
           _launcher("kp_rms_norm_residual", ("x", "residual", "w"), ("out",)),
           "kp_rms_norm fused with the residual add: residual + x*inv*w, one rounding."),
-    _impl("kp_add_rms_norm", "add_rms_norm", ROW_OP,
+    cuda_impl("kp_add_rms_norm", "add_rms_norm", ROW_OP,
           _launcher("kp_add_rms_norm", ("a", "b", "w"), ("residual_out", "normed_out")),
           "kp_rms_norm fused with the pre-norm add: s = a+b in f32; T(s) and T(s*inv*w)."),
 )

@@ -13,14 +13,12 @@ evenly, TPG must be whole warps (at least one) and at most 1024; `_wide` strides
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples, rounding_once
-from gpu_impls.cuda._module import kernel
-from gpu_impls.impl import Impl
+from gpu_impls.cuda._module import cuda_impl, kernel
 
 # (source file in kernels/, kernel template): what `nvcc_check` instantiates for F32, F16, BF16.
 KERNELS = [
@@ -178,45 +176,28 @@ def _per_head_pick(launch):
     return KERNELS[0] if launch.extra["per_thread"] == 4 else KERNELS[1]
 
 
-_MAKERS: dict[str, tuple[Impl, object]] = {}
-
-
-def _impl(name: str, op: str, contract: Contract, make, doc: str) -> Impl:
-    impl = Impl(op=op, backend="cuda", name=name, run=make(), contract=contract, doc=doc)
-    _MAKERS[impl.id] = (impl, make)
-    return impl
-
-
-def mutant(impl_id: str, name: str, define: str) -> Impl:
-    """A test-only copy of `impl_id` (same op and contract) named `name`, its kernels compiled
-    with `-D{define}` (KPARITY_MUTANT_DROP_EPS, _ROUND_BEFORE_WEIGHT or _SKIP_LANE)."""
-    impl, make = _MAKERS[impl_id]
-    return dataclasses.replace(impl, name=name, run=make((define,)),
-                               doc=f"test mutant of {impl_id}, compiled with -D{define}")
-
-
 X_W = ("x", "w")
 register(
-    _impl("mt_rms_norm", "rms_norm", RMS_NORM,
+    cuda_impl("mt_rms_norm", "rms_norm", RMS_NORM,
           _launcher(_fixed(*KERNELS[0]), X_W, ("out",)),
           "metaltile mt_rms_norm: TPG = n/4, 4 elements per thread in registers."),
-    _impl("mt_rms_norm_small", "rms_norm", SMALL,
+    cuda_impl("mt_rms_norm_small", "rms_norm", SMALL,
           _launcher(_fixed(*KERNELS[1]), X_W, ("out",)),
           "metaltile mt_rms_norm_small: TPG = n/2, 2 elements per thread (head_dim 64)."),
-    _impl("mt_rms_norm_wide", "rms_norm", WIDE,
+    cuda_impl("mt_rms_norm_wide", "rms_norm", WIDE,
           _launcher(_fixed(*KERNELS[2]), X_W, ("out",)),
           "metaltile mt_rms_norm_wide: TPG = 1024, strided two-pass, any n."),
-    _impl("mt_rms_norm_per_head", "rms_norm_per_head", PER_HEAD,
+    cuda_impl("mt_rms_norm_per_head", "rms_norm_per_head", PER_HEAD,
           _launcher(_per_head_pick, X_W, ("out",)),
           "q_norm/k_norm: mt_rms_norm over head_dim (TPG = head_dim/4) when head_dim % 128 == 0, "
           "else mt_rms_norm_small (TPG = head_dim/2); one weight broadcast to every head."),
-    _impl("mt_gated_mixer_norm", "gated_mixer_norm", QUAD,
+    cuda_impl("mt_gated_mixer_norm", "gated_mixer_norm", QUAD,
           _launcher(_fixed(*KERNELS[3]), ("y", "z", "w"), ("out",)),
           "metaltile mt_gated_mixer_norm: (y*inv*w)*silu(z), y f32, TPG = n/4."),
-    _impl("ffai_rms_norm_residual", "rms_norm_residual", QUAD,
+    cuda_impl("ffai_rms_norm_residual", "rms_norm_residual", QUAD,
           _launcher(_fixed(*KERNELS[4]), ("x", "residual", "w"), ("out",)),
           "FFAI ffai_rms_norm_residual: residual + x*inv*w, TPG = n/4."),
-    _impl("mt_add_rms_norm", "add_rms_norm", QUAD,
+    cuda_impl("mt_add_rms_norm", "add_rms_norm", QUAD,
           _launcher(_fixed(*KERNELS[5]), ("a", "b", "w"), ("residual_out", "normed_out")),
           "metaltile mt_add_rms_norm: s = a+b; T(s) and T(s*inv*w) from the f32 s, TPG = n/4."),
 )

@@ -48,16 +48,13 @@ class TorchCudaTimer(CudaTimer):
 
         torch.cuda._sleep(cycles)
 
-    def _fill(self, nbytes):
+    def _alloc_bytes(self, nbytes):
         import torch
 
-        buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        state = {"value": 0}
+        return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
-        def overwrite():
-            state["value"] = (state["value"] + 1) % 251
-            buf.fill_(state["value"])
-        return buf, overwrite
+    def _memset(self, buf, value):
+        buf.fill_(value)
 
     def _copy_pair(self, nbytes):
         import torch

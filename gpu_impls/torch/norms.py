@@ -13,6 +13,8 @@ kernel on a GPU); they need a CUDA device and Triton, and run only there.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from gpu_impls import register
@@ -63,6 +65,9 @@ def _add_rms_norm(launch, inputs, outputs, case, fn=add_fn):
     return {"residual_out": s, "normed_out": normed}
 
 
+COMPILED_GATE_CASES = 9  # compiling once per shape costs seconds: see Impl.gate_cases_max
+
+
 def _needs_gpu_and_triton() -> tuple[bool, str]:
     import importlib.util
 
@@ -110,32 +115,36 @@ def _rms_inv(launch, inputs, outputs, case):
 
 _ONCE = Contract(invariants=rounding_once("torch:rms_norm_llama for rounding='normed'"))
 
+RMS_NORM = Impl("rms_norm", "torch", "rms_norm", _rms_norm, _ONCE,
+                doc="torch.nn.functional.rms_norm")
+PER_HEAD = Impl("rms_norm_per_head", "torch", "rms_norm_per_head", _rms_norm,
+                Contract(invariants=rounding_once(
+                    "mlx:fast_rms_norm_per_head for rounding='normed'")),
+                doc="F.rms_norm over head_dim (Qwen3 q_norm/k_norm)")
+RESIDUAL = Impl("rms_norm_residual", "torch", "rms_norm_residual", _rms_norm_residual,
+                doc="composed f32: residual + w * x * rsqrt(mean(x^2) + eps)")
+ADD = Impl("add_rms_norm", "torch", "add_rms_norm", _add_rms_norm,
+           doc="composed f32: s = a + b; (s, s * rsqrt(mean(s^2) + eps) * w)")
+
+
+def compiled_twin(eager: Impl, fn) -> Impl:
+    """`torch:<name>_compiled`: the eager impl with `fn` run through torch.compile."""
+    return dataclasses.replace(eager, name=f"{eager.name}_compiled",
+                               run=_compiled(eager.run, fn),
+                               doc=f"torch.compile of {eager.id} ({eager.doc}), static shapes",
+                               requires=_needs_gpu_and_triton,
+                               gate_cases_max=COMPILED_GATE_CASES)
+
+
 register(
-    Impl("rms_norm", "torch", "rms_norm", _rms_norm, _ONCE,
-         doc="torch.nn.functional.rms_norm"),
+    RMS_NORM, PER_HEAD, RESIDUAL, ADD,
     Impl("rms_norm", "torch", "rms_norm_llama", _rms_norm_llama,
          Contract(invariants=(param_is("rounding", "normed",
                                        "torch:rms_norm for rounding='once'"),)),
          doc="HF LlamaRMSNorm: w * (x.float() * rsqrt(mean(x^2) + eps)).to(T)"),
-    Impl("rms_norm_per_head", "torch", "rms_norm_per_head", _rms_norm,
-         Contract(invariants=rounding_once("mlx:fast_rms_norm_per_head for rounding='normed'")),
-         doc="F.rms_norm over head_dim (Qwen3 q_norm/k_norm)"),
-    Impl("rms_norm_residual", "torch", "rms_norm_residual", _rms_norm_residual,
-         doc="composed f32: residual + w * x * rsqrt(mean(x^2) + eps)"),
-    Impl("add_rms_norm", "torch", "add_rms_norm", _add_rms_norm,
-         doc="composed f32: s = a + b; (s, s * rsqrt(mean(s^2) + eps) * w)"),
     Impl("gated_mixer_norm", "torch", "gated_mixer_norm", _gated_mixer_norm,
          doc="composed f32: y * rsqrt(mean(y^2) + eps) * w * silu(z)"),
     Impl("rms_inv", "torch", "rms_inv", _rms_inv, doc="rsqrt(mean(x^2) + eps) in f32"),
-    Impl("rms_norm", "torch", "rms_norm_compiled", _compiled(_rms_norm, rms_norm_fn), _ONCE,
-         doc="torch.compile(F.rms_norm), static shapes", requires=_needs_gpu_and_triton),
-    Impl("rms_norm_per_head", "torch", "rms_norm_per_head_compiled",
-         _compiled(_rms_norm, rms_norm_fn),
-         Contract(invariants=rounding_once("mlx:fast_rms_norm_per_head for rounding='normed'")),
-         doc="torch.compile(F.rms_norm) over head_dim", requires=_needs_gpu_and_triton),
-    Impl("rms_norm_residual", "torch", "rms_norm_residual_compiled",
-         _compiled(_rms_norm_residual, residual_fn),
-         doc="torch.compile of the composed residual norm", requires=_needs_gpu_and_triton),
-    Impl("add_rms_norm", "torch", "add_rms_norm_compiled", _compiled(_add_rms_norm, add_fn),
-         doc="torch.compile of the composed add + norm", requires=_needs_gpu_and_triton),
+    compiled_twin(RMS_NORM, rms_norm_fn), compiled_twin(PER_HEAD, rms_norm_fn),
+    compiled_twin(RESIDUAL, residual_fn), compiled_twin(ADD, add_fn),
 )
