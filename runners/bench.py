@@ -87,6 +87,24 @@ def _input_sets(impl, backend, case, host_inputs: dict, k: int) -> list:
     return sets
 
 
+class _SetCall:
+    """The call of one rotating set. An impl that returns fresh outputs (torch baselines, MLX)
+    has them kept alive here until this set's next call, so that each of the k sets writes its
+    own output memory, as an impl writing into the set's preallocated outputs does. Otherwise
+    the allocator hands every call the block the previous call just freed: one L2-resident,
+    TLB-warm output shared by all k sets, an advantage no in-place impl gets (measured on an
+    H100 at 1024 heads x 128: see benchmarks/README.md)."""
+
+    def __init__(self, run):
+        self.run = run
+        self.last = None
+
+    def __call__(self):
+        self.last = None  # free this set's previous outputs first: the new ones may reuse them
+        self.last = self.run()
+        return self.last
+
+
 def work_model(row: dict, median_s: float, ceilings: dict | None) -> None:
     row["gbps"] = row["bytes_model"] / median_s / 1e9
     row["tflops"] = row["flops_model"] / median_s / 1e12
@@ -118,7 +136,7 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
         host_inputs = host_inputs if host_inputs is not None else make_inputs(case)
         k = rotation_sets(row["bytes_model"], timer) if mode not in ("cold", "eager") else 1
         sets = _input_sets(impl, backend, case, host_inputs, k)
-        calls = [partial(impl.run, launch, ins, outs, case) for ins, outs in sets]
+        calls = [_SetCall(partial(impl.run, launch, ins, outs, case)) for ins, outs in sets]
         m = measure(timer, mode, calls, new_stop(), progress=progress)
         row.update({"n_sets": m.n_sets, "calls_per_sample": m.calls_per_sample,
                     "n_warmup": m.n_warmup, "warmup_s": m.warmup_s,

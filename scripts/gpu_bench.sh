@@ -5,6 +5,9 @@
 #   bash scripts/gpu_bench.sh compiled  kp_rms_norm against torch.compile(F.rms_norm)
 #   bash scripts/gpu_bench.sh family    per-head, residual and add variants against torch
 #   bash scripts/gpu_bench.sh perhead   kp gate, per-head and decode against torch.compile again
+#   bash scripts/gpu_bench.sh small-compiled  per-head and decode, all dtypes, against torch.compile
+#   bash scripts/gpu_bench.sh small-eager     the same against torch eager
+#     (the two `small-*` stages: after torch's fresh outputs were made to rotate like the inputs)
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -42,6 +45,14 @@ perhead)  # after the SMALL_WORK geometry change: gate the kp impls again, then 
   tail -2 "$LOG"
   run ab torch:rms_norm_per_head_compiled cuda:kp_rms_norm_per_head $T
   run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset decode-1x4096,decode-64x4096 --dtype bf16 $T
+  ;;
+small-compiled)
+  run ab torch:rms_norm_per_head_compiled cuda:kp_rms_norm_per_head $T
+  run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset decode-1x4096,decode-64x4096 $T
+  ;;
+small-eager)
+  run ab torch:rms_norm_per_head cuda:kp_rms_norm_per_head $T
+  run ab torch:rms_norm cuda:kp_rms_norm --preset decode-1x4096,decode-64x4096 $T
   ;;
 esac
 tar czf "$OUT/store-$STAGE.tgz" -C "$OUT" "store-$STAGE" && rm -rf "$STORE"

@@ -1,7 +1,9 @@
 """Plugin (`kparity --plugin scripts/kp_variants.py ...`): kp impls with another small-tensor
-geometry, for A/B-ing a geometry change before adopting it (same kernels, other (ITEMS, TPR)).
+geometry, for A/B-ing a geometry change before adopting it (same kernels, other launch shape).
 
     cuda:kp_rms_norm_t2, cuda:kp_rms_norm_per_head_t2: 2 vectors per thread below SMALL_WORK
+    cuda:kp_rms_norm{,_per_head}_b{32,128,256}: at least that many threads per block (short
+        rows: more rows per block, fewer blocks), instead of MIN_BLOCK = 64
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from gpu_impls import impls, register
 from gpu_impls.cuda import kp_norms as kp
 
 
-def variant(impl_id: str, geometry, small_target: int):
+def variant(impl_id: str, geometry, suffix: str, **knobs):
     impl = impls()[impl_id]
-    contract = dataclasses.replace(impl.contract, geometry=partial(geometry,
-                                                                   small_target=small_target))
-    return dataclasses.replace(impl, name=f"{impl.name}_t{small_target}", contract=contract,
-                               doc=f"{impl.doc} [small-tensor target {small_target}]")
+    contract = dataclasses.replace(impl.contract, geometry=partial(geometry, **knobs))
+    return dataclasses.replace(impl, name=f"{impl.name}_{suffix}", contract=contract,
+                               doc=f"{impl.doc} [geometry {knobs}]")
 
 
-register(variant("cuda:kp_rms_norm", kp._row_geometry, 2),
-         variant("cuda:kp_rms_norm_per_head", kp._per_head_geometry, 2))
+for _impl, _geometry in (("cuda:kp_rms_norm", kp._row_geometry),
+                         ("cuda:kp_rms_norm_per_head", kp._per_head_geometry)):
+    register(variant(_impl, _geometry, "t2", small_target=2),
+             *(variant(_impl, _geometry, f"b{b}", min_block=b) for b in (32, 128, 256)))

@@ -323,3 +323,29 @@ def test_metal_timer_sums_command_buffer_gpu_windows():
 def test_ab_needs_five_runs_per_arm(tmp_path, capsys):
     rc = main(["--store", str(tmp_path), "ab", "torch:rms_norm", "torch:rms_norm", "--runs", "3"])
     assert rc == 2 and "--runs 5" in capsys.readouterr().out
+
+
+def test_rotating_sets_keep_their_own_fresh_outputs():
+    """An impl returning fresh outputs must not get one recycled (cache-hot) output block for
+    all k sets: each set's last outputs stay alive until that set runs again."""
+    import weakref
+
+    from runners.bench import _SetCall
+
+    class Out:
+        pass
+
+    made = []
+
+    def run():
+        out = Out()
+        made.append(weakref.ref(out))
+        return {"out": out}
+
+    calls = [_SetCall(run) for _ in range(3)]
+    for call in calls:
+        call()
+    assert all(ref() is not None for ref in made)  # three sets, three live outputs
+    calls[0]()
+    assert made[0]() is None                       # set 0's old output freed, not the others'
+    assert all(ref() is not None for ref in made[1:])

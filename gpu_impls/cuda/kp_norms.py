@@ -16,7 +16,8 @@ several per block. The geometry is derived from n and the dtype alone (`pick`):
     target  = 4 vectors in flight per thread, or 1 when rows * vectors < SMALL_WORK (few blocks)
     TPR     = min(1024, next_pow2(ceil(vectors / target)))
     ITEMS   = ceil(vectors / TPR)                        1..4
-    block   = max(TPR, 64) threads, RPB = block / TPR rows per block, grid = ceil(rows / RPB)
+    block   = max(TPR, min_block) threads (min_block = 64 by default, at most 256: the kernel's
+              launch bound), RPB = block / TPR rows per block, grid = ceil(rows / RPB)
 
 so the instances are the finite set `CONFIGS` (every pick over 1 <= vectors <= 4096). The
 contracts: n % VEC == 0 (whole 16-byte vectors, each row 16-byte aligned), n >= VEC, and
@@ -46,7 +47,8 @@ SMALL_WORK = 1 << 17
 SMALL_TARGET = 1   # vectors per thread aimed at below SMALL_WORK
 ITEMS_MAX = 4      # the kernel's register-resident limit (static_assert in the .cu)
 TPR_MAX = 1024     # threads per row: one block
-MIN_BLOCK = 64     # threads per block at least: short rows share a block (kernel: KP_BLOCK)
+MIN_BLOCK = 64     # threads per block at least: short rows share a block
+MAX_MIN_BLOCK = 256  # the kernel's launch bound for TPR <= 256 (KP_MAX_BLOCK)
 
 
 def _next_pow2(v: int) -> int:
@@ -72,12 +74,15 @@ KERNELS = [
 
 # --- geometry: derived from the dims and dtype alone -------------------------------------------
 
-def _geometry(rows: int, n: int, dtype: str, small_target: int = SMALL_TARGET
-              ) -> tuple[dict, Launch]:
+def _geometry(rows: int, n: int, dtype: str, small_target: int = SMALL_TARGET,
+              min_block: int = MIN_BLOCK) -> tuple[dict, Launch]:
+    if min_block not in (32, 64, 128, MAX_MIN_BLOCK):
+        raise ValueError(f"min_block={min_block}: use 32, 64, 128 or {MAX_MIN_BLOCK} "
+                         "(a power of two within the kernel's launch bound)")
     vec = VEC[dtype]
     vectors = n // vec
     items, tpr = pick(vectors, rows, small_target)
-    block = max(tpr, MIN_BLOCK)
+    block = max(tpr, min_block)
     rpb = block // tpr
     derived = {"vec": vec, "vectors": vectors, "items": items, "tpr": tpr, "rpb": rpb,
                "block": block, "rows": rows}
@@ -85,14 +90,14 @@ def _geometry(rows: int, n: int, dtype: str, small_target: int = SMALL_TARGET
                            extra={"rows": rows, "n": n, "items": items, "tpr": tpr, "rpb": rpb})
 
 
-def _row_geometry(dims, params, small_target: int = SMALL_TARGET):
-    return _geometry(dims["rows"], dims["n"], params["dtype"], small_target)
+def _row_geometry(dims, params, **knobs):
+    return _geometry(dims["rows"], dims["n"], params["dtype"], **knobs)
 
 
-def _per_head_geometry(dims, params, small_target: int = SMALL_TARGET):
+def _per_head_geometry(dims, params, **knobs):
     """rows = batch*tokens*heads, n = head_dim; the one weight [head_dim] is shared by all."""
     rows = dims["batch"] * dims["tokens"] * dims["heads"]
-    return _geometry(rows, dims["head_dim"], params["dtype"], small_target)
+    return _geometry(rows, dims["head_dim"], params["dtype"], **knobs)
 
 
 # --- invariants ---------------------------------------------------------------------------------

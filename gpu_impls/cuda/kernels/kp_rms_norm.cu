@@ -14,9 +14,9 @@
 // 8 for f16/bf16), loaded and stored as raw uint4 and (un)packed in registers. TPR threads
 // (a power of two, 1..1024) share a row; thread t of the row owns vectors t + i*TPR for
 // i < ITEMS, so at every i a warp touches consecutive 16-byte chunks (coalesced). The block is
-// BLOCK = max(TPR, 64) threads holding RPB = BLOCK / TPR rows (RPB > 1 only for TPR < 64);
-// grid = ceil(rows / RPB). Threads of a row index >= rows still take part in the shuffles and
-// the barrier but neither load nor store.
+// chosen by the launcher (blockDim.x: a multiple of TPR, at most MAX_BLOCK = max(TPR, 256))
+// and holds RPB = blockDim.x / TPR rows; grid = ceil(rows / RPB). Threads of a row index
+// >= rows still take part in the shuffles and the barrier but neither load nor store.
 //
 // Reduction. Each thread sums its squares into 4 independent accumulators (element k of a
 // vector goes to accumulator k % 4), adds them pairwise, then the row's threads combine by a
@@ -37,8 +37,9 @@
 //   - n >= VEC: at least one vector per row.
 //   - n <= 4 * 1024 * VEC (16384 f32, 32768 f16/bf16): at most ITEMS = 4 vectors per thread
 //     at TPR = 1024, so the row stays in registers.
-//   - TPR = min(1024, next_pow2(ceil(VECS / 4))), ITEMS = ceil(VECS / TPR): the pair picks
-//     the instantiation; blockDim.x must be BLOCK (the kernel is compiled for it).
+//   - TPR = min(1024, next_pow2(ceil(VECS / target))), ITEMS = ceil(VECS / TPR): the pair
+//     picks the instantiation; blockDim.x is a multiple of TPR and at most MAX_BLOCK (the
+//     launch bound it is compiled for).
 // Belt and braces: every vector index is also bounds-checked against VECS (loads read 0, stores
 // are skipped), so a mismatched (ITEMS, TPR) never touches memory outside its row.
 //
@@ -51,8 +52,8 @@
 // packed bits, 4 registers per vector, and widen twice: cheaper than 8 live floats for 16-bit
 // T, and an empty asm stops the compiler from keeping the widened copies instead; ADD keeps
 // the f32 sum s, which must not be rounded). Short rows (head_dim 64..256) take
-// several rows per 128-thread block instead of a block of 8 or 16 threads, so blocks stay big
-// enough for full occupancy. __launch_bounds__(BLOCK, 1024 / BLOCK) caps registers at 64 so at
+// several rows per block instead of a block of 8 or 16 threads, so blocks stay big enough for
+// full occupancy. __launch_bounds__(MAX_BLOCK, 1024 / MAX_BLOCK) caps registers at 64 so at
 // least 1024 threads fit per SM (sm_90: every instance fits, 23..64 registers, no spills, no
 // stack). Row offsets are size_t: rows * n may exceed 2^31 elements.
 #include "common.cuh"
@@ -101,7 +102,7 @@ struct Vec {
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
 // Sum of `v` over the TPR threads of each row, returned to all of them (same bits everywhere).
-template <int TPR, int BLOCK>
+template <int TPR, int MAX_BLOCK>
 __device__ __forceinline__ float row_sum(float v) {
     constexpr int WIDTH = TPR < 32 ? TPR : 32;
 #pragma unroll
@@ -109,7 +110,7 @@ __device__ __forceinline__ float row_sum(float v) {
         v += __shfl_xor_sync(0xffffffffu, v, offset);
     if constexpr (TPR > 32) {
         constexpr int WPR = TPR / 32;  // warps per row
-        __shared__ float partial[BLOCK / 32];
+        __shared__ float partial[MAX_BLOCK / 32];
         const int warp = threadIdx.x / 32;
         if ((threadIdx.x & 31) == 0) partial[warp] = v;
         __syncthreads();
@@ -132,13 +133,12 @@ __device__ __forceinline__ void kp_row(const typename T::storage* __restrict__ x
                                        float eps, float weight_offset, int rows, int n) {
     typedef Vec<T> V;
     constexpr int VEC = V::N;
-    constexpr int BLOCK = TPR > 64 ? TPR : 64;
-    constexpr int RPB = BLOCK / TPR;
+    constexpr int MAX_BLOCK = TPR > 256 ? TPR : 256;
     static_assert(TPR >= 1 && TPR <= 1024 && (TPR & (TPR - 1)) == 0, "TPR: a power of two");
     static_assert(ITEMS >= 1 && ITEMS <= 4, "ITEMS: 1..4 vectors per thread");
 
     const int t = threadIdx.x % TPR;
-    const int row = blockIdx.x * RPB + threadIdx.x / TPR;
+    const int row = blockIdx.x * (blockDim.x / TPR) + threadIdx.x / TPR;  // RPB rows per block
     const bool live = row < rows;
     const int vecs = n / VEC;
     const size_t base = (size_t)(live ? row : 0) * (size_t)n;
@@ -186,7 +186,7 @@ __device__ __forceinline__ void kp_row(const typename T::storage* __restrict__ x
         for (int i = 0; i < ITEMS; ++i)
             asm volatile("" : "+r"(xr[i].x), "+r"(xr[i].y), "+r"(xr[i].z), "+r"(xr[i].w));
     }
-    const float ssq = row_sum<TPR, BLOCK>((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    const float ssq = row_sum<TPR, MAX_BLOCK>((acc[0] + acc[1]) + (acc[2] + acc[3]));
     const float inv = rms_inv(ssq, n, eps);
 
 #ifdef KPARITY_MUTANT_SKIP_LANE
@@ -224,10 +224,10 @@ __device__ __forceinline__ void kp_row(const typename T::storage* __restrict__ x
 
 }  // namespace kp
 
-#define KP_BLOCK(TPR) ((TPR) > 64 ? (TPR) : 64)
+#define KP_MAX_BLOCK(TPR) ((TPR) > 256 ? (TPR) : 256)
 
 template <typename T, int ITEMS, int TPR>
-__global__ void __launch_bounds__(KP_BLOCK(TPR), 1024 / KP_BLOCK(TPR))
+__global__ void __launch_bounds__(KP_MAX_BLOCK(TPR), 1024 / KP_MAX_BLOCK(TPR))
 kp_rms_norm(const typename T::storage* __restrict__ x, const typename T::storage* __restrict__ w,
             typename T::storage* __restrict__ out, float eps, float weight_offset, int rows,
             int n) {
@@ -236,7 +236,7 @@ kp_rms_norm(const typename T::storage* __restrict__ x, const typename T::storage
 }
 
 template <typename T, int ITEMS, int TPR>
-__global__ void __launch_bounds__(KP_BLOCK(TPR), 1024 / KP_BLOCK(TPR))
+__global__ void __launch_bounds__(KP_MAX_BLOCK(TPR), 1024 / KP_MAX_BLOCK(TPR))
 kp_rms_norm_residual(const typename T::storage* __restrict__ x,
                      const typename T::storage* __restrict__ residual,
                      const typename T::storage* __restrict__ w,
@@ -247,7 +247,7 @@ kp_rms_norm_residual(const typename T::storage* __restrict__ x,
 }
 
 template <typename T, int ITEMS, int TPR>
-__global__ void __launch_bounds__(KP_BLOCK(TPR), 1024 / KP_BLOCK(TPR))
+__global__ void __launch_bounds__(KP_MAX_BLOCK(TPR), 1024 / KP_MAX_BLOCK(TPR))
 kp_add_rms_norm(const typename T::storage* __restrict__ a,
                 const typename T::storage* __restrict__ b,
                 const typename T::storage* __restrict__ w,
