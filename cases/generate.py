@@ -69,7 +69,8 @@ def plan(impls, dtypes=None, presets=None, invalid: bool = True, valid: bool = T
     """Work for `impls`, filtered by dtype and preset label (substring of the case label)."""
     out = []
     for impl in impls:
-        items = [Work(impl, c, "valid") for c in valid_cases(impl)] if valid else []
+        gated = valid and not impl.report_only  # a speed baseline's results are not the op's
+        items = [Work(impl, c, "valid") for c in valid_cases(impl)] if gated else []
         if invalid:
             items += violating_cases(impl)
         for w in items:

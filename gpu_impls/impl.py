@@ -30,6 +30,11 @@ class Impl:
     # An impl that compiles once per case shape (torch.compile: seconds each) runs the GPU gate
     # on at most this many valid normal-distribution cases, spread over dtypes. None: all.
     gate_cases_max: int | None = None
+    # Non-empty: why this impl is a speed baseline computing a neighbouring function, not the op
+    # (e.g. a dense bf16 F.linear standing in for a quantized GEMV: what a user would run
+    # instead). `check` runs only its contract's rejections; bench and ab record its oracle
+    # check as `report` and time it anyway.
+    report_only: str = ""
 
     def available(self, backend) -> tuple[bool, str]:
         ok, why = backend.available()

@@ -41,11 +41,14 @@ def elements(case) -> int:
 
 def correctness(impl, backend, case,
                 check_max_elems: int = CHECK_MAX_ELEMS) -> tuple[str, float | None, str]:
-    """(pass | fail | error | skipped:size, budget, message) of the oracle check before timing."""
+    """(pass | fail | error | skipped:size | report, budget, message) of the oracle check before
+    timing; `report` for a report-only speed baseline (`Impl.report_only`), whatever it got."""
     if elements(case) > check_max_elems:
         return "skipped:size", None, ""
     row = check(Work(impl, case, "valid"), backend)
     status = row["status"] if row["status"] in ("pass", "fail") else "error"
+    if impl.report_only and status != "error":
+        return "report", row["budget"], f"{status} (report only: {impl.report_only})"
     return status, row["budget"], row["message"]
 
 

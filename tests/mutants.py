@@ -13,6 +13,13 @@ a `KPARITY_MUTANT_*` define (GPU gate).
 |                                | mod 32; CUDA: thread 1 of each block)                       |
 | mutant_kp_skip_lane            | the same in cuda:kp_rms_norm (thread 1's 16-byte vectors;   |
 |                                | a whole row where one thread holds a row)                   |
+| mutant_gemv_nibble_order       | dequant_gemv: codes within each word read in reverse order  |
+| mutant_gemv_group_off_by_one   | the last code of each group takes the next group's s and b  |
+|                                | (kp: the chunk that ends a group)                           |
+| mutant_gemv_drop_bias          | w = q * s: the bias term is lost                            |
+| mutant_gemv_skip_last_group    | the last group of every row is never accumulated            |
+CUDA gemv mutants exist for cuda:dequant_gemv (`mutant_gemv_*`) and cuda:kp_qgemv
+(`mutant_kp_qgemv_*`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_impls import impls, register
-from gpu_impls.contract import Contract, param_is, rounding_once
+from gpu_impls.contract import Contract, Invariant, param_is, rounding_once
 from gpu_impls.impl import Impl
 
 ONCE = Contract(invariants=rounding_once("a non-mutant impl"))
@@ -60,17 +67,74 @@ def skip_lane(launch, inputs, outputs, case):
     outputs["out"][..., keep] = y[..., keep]
 
 
+def _gemv_parts(inputs, case):
+    """(torch, codes [out, in] as float, per-code scales, per-code biases, x) in f32."""
+    import torch
+
+    from gpu_impls.torch.gemv import unpack_codes
+
+    bits, group, n = case.dims["bits"], case.dims["group_size"], case.dims["in"]
+    q = unpack_codes(inputs["w"], bits, n).float()
+    s = inputs["scales"].float().repeat_interleave(group, dim=-1)
+    b = inputs["biases"].float().repeat_interleave(group, dim=-1)
+    return torch, q, s, b, inputs["x"].float()
+
+
+def _gemv_out(outputs, y):
+    outputs["out"].copy_(y)
+
+
+def gemv_nibble_order(launch, inputs, outputs, case):
+    torch, q, s, b, x = _gemv_parts(inputs, case)
+    per_word = 32 // case.dims["bits"]
+    q = q.reshape(q.shape[0], -1, per_word).flip(-1).reshape(q.shape)
+    _gemv_out(outputs, (q * s + b) @ x)
+
+
+def gemv_group_off_by_one(launch, inputs, outputs, case):
+    torch, q, s, b, x = _gemv_parts(inputs, case)
+    g = case.dims["group_size"]
+    last = torch.arange(g - 1, q.shape[1] - 1, g)  # each group's last code but the row's last
+    s[:, last], b[:, last] = s[:, last + 1], b[:, last + 1]
+    _gemv_out(outputs, (q * s + b) @ x)
+
+
+def gemv_drop_bias(launch, inputs, outputs, case):
+    torch, q, s, b, x = _gemv_parts(inputs, case)
+    _gemv_out(outputs, (q * s) @ x)
+
+
+def gemv_skip_last_group(launch, inputs, outputs, case):
+    torch, q, s, b, x = _gemv_parts(inputs, case)
+    keep = q.shape[1] - case.dims["group_size"]
+    _gemv_out(outputs, (q * s + b)[:, :keep] @ x[:keep])
+
+
+POW2_BITS = Contract(invariants=(Invariant(
+    "bits in (2, 4, 8)", lambda ns: ns["bits"] in (2, 4, 8),
+    "the mutant reverses whole words of codes", lambda ns: "bits = 4", {"bits": 3}, ("bits",)),))
+
 CPU_MUTANTS = (
     Impl("rms_norm", "torch", "mutant_drop_eps", drop_eps, ONCE),
     Impl("rms_norm", "torch", "mutant_round_before_weight", round_before_weight, ONCE),
     Impl("rms_norm", "torch", "mutant_weight_before_rounding", weight_before_rounding, NORMED),
     Impl("rms_norm", "torch", "mutant_skip_lane", skip_lane, ONCE),
+    Impl("dequant_gemv", "torch", "mutant_gemv_nibble_order", gemv_nibble_order, POW2_BITS),
+    Impl("dequant_gemv", "torch", "mutant_gemv_group_off_by_one", gemv_group_off_by_one),
+    Impl("dequant_gemv", "torch", "mutant_gemv_drop_bias", gemv_drop_bias),
+    Impl("dequant_gemv", "torch", "mutant_gemv_skip_last_group", gemv_skip_last_group),
 )
+GEMV_BUGS = (("nibble_order", "KPARITY_MUTANT_NIBBLE_ORDER"),
+             ("group_off_by_one", "KPARITY_MUTANT_GROUP_OFF_BY_ONE"),
+             ("drop_bias", "KPARITY_MUTANT_DROP_BIAS"),
+             ("skip_last_group", "KPARITY_MUTANT_SKIP_LAST_GROUP"))
 CUDA_MUTANTS = (
     ("cuda:mt_rms_norm", "mutant_drop_eps", "KPARITY_MUTANT_DROP_EPS"),
     ("cuda:mt_rms_norm", "mutant_round_before_weight", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT"),
     ("cuda:mt_rms_norm", "mutant_skip_lane", "KPARITY_MUTANT_SKIP_LANE"),
     ("cuda:kp_rms_norm", "mutant_kp_skip_lane", "KPARITY_MUTANT_SKIP_LANE"),
+    *((f"cuda:{impl}", f"{prefix}_{bug}", define) for bug, define in GEMV_BUGS
+      for impl, prefix in (("dequant_gemv", "mutant_gemv"), ("kp_qgemv", "mutant_kp_qgemv"))),
 )
 
 _existing = impls()

@@ -34,11 +34,14 @@ def test_check_writes_rows_readable_with_the_schema(tmp_path):
     assert json.loads(runs.to_pylist()[0]["devices"]) == {"torch": "cpu"}
 
 
-@pytest.mark.parametrize("mutant", ["mutant_drop_eps", "mutant_round_before_weight",
-                                    "mutant_weight_before_rounding", "mutant_skip_lane"])
-def test_each_mutant_fails_check(tmp_path, mutant, capsys):
+@pytest.mark.parametrize("mutant, presets", [
+    *((m, "qwen3-0.6b,edge") for m in ("mutant_drop_eps", "mutant_round_before_weight",
+                                       "mutant_weight_before_rounding", "mutant_skip_lane")),
+    *((f"mutant_gemv_{bug}", "int4-g64") for bug in ("nibble_order", "group_off_by_one",
+                                                     "drop_bias", "skip_last_group"))])
+def test_each_mutant_fails_check(tmp_path, mutant, presets, capsys):
     rc = run(tmp_path, "--plugin", MUTANTS, "check", "--impl", f"torch:{mutant}",
-             "--preset", "qwen3-0.6b,edge", "--show-failures", "1")
+             "--preset", presets, "--show-failures", "1")
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "repro: kparity --plugin" in out and f"--impl torch:{mutant}" in out

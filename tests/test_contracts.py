@@ -120,6 +120,9 @@ def test_every_planned_valid_case_is_admitted(impl_id):
     derives geometry); the plan also excludes every case the contract refuses."""
     impl = ALL[impl_id]
     work = plan([impl], invalid=False)
+    if impl.report_only:  # a speed baseline: `check` runs only its contract's rejections
+        assert not work and valid_cases(impl), impl_id
+        return
     assert work, f"{impl_id}: no valid gate cases at all"
     for w in work:
         assert w.expect == "valid"

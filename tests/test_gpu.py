@@ -54,7 +54,10 @@ def test_gate(work):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("mutant", ["mutant_drop_eps", "mutant_round_before_weight",
-                                    "mutant_skip_lane", "mutant_kp_skip_lane"])
+                                    "mutant_skip_lane", "mutant_kp_skip_lane",
+                                    *(f"{p}_{bug}" for bug in ("nibble_order", "group_off_by_one",
+                                                               "drop_bias", "skip_last_group")
+                                      for p in ("mutant_gemv", "mutant_kp_qgemv"))])
 def test_cuda_mutants_go_red(mutant):
     gpu_impls.load_plugin(str(MUTANTS))
     impl = gpu_impls.impls()[f"cuda:{mutant}"]

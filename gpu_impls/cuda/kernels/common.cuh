@@ -58,6 +58,45 @@ struct BF16 {
     static __device__ __forceinline__ float round(float v) { return to_f32(from_f32(v)); }
 };
 
+// --- 16-byte vectors: N elements of T, widened to f32 and packed back -------------------------
+
+template <typename T>
+struct Vec {
+    typedef typename T::storage storage;
+    static constexpr bool WIDE = sizeof(storage) == 4;    // f32: one element per 32-bit word
+    static constexpr int N = 16 / sizeof(storage);        // elements per 16-byte vector
+
+    // The N elements of a 16-byte vector, widened to f32 (exact); element 2k is the low half of
+    // word k for 16-bit T (little-endian, as in memory).
+    static __device__ __forceinline__ void unpack(const uint4 v, float (&f)[N]) {
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if constexpr (WIDE) {
+                f[k] = __uint_as_float(w[k]);
+            } else {
+                f[2 * k] = T::to_f32((unsigned short)(w[k] & 0xffffu));
+                f[2 * k + 1] = T::to_f32((unsigned short)(w[k] >> 16));
+            }
+        }
+    }
+
+    // N f32 values rounded to T (RNE, the trait's store rounding) and packed into 16 bytes.
+    static __device__ __forceinline__ uint4 pack(const float (&f)[N]) {
+        unsigned w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if constexpr (WIDE) {
+                w[k] = __float_as_uint(f[k]);
+            } else {
+                w[k] = (unsigned)T::from_f32(f[2 * k])
+                       | ((unsigned)T::from_f32(f[2 * k + 1]) << 16);
+            }
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+
 // --- block-wide sum ------------------------------------------------------------------------------
 
 // Sum of `v` over the block, returned to every thread. Requires blockDim.x a multiple of 32 (the

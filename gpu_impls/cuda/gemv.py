@@ -1,0 +1,151 @@
+"""Quantized GEMV on CUDA: the FFAI / metaltile seed kernels ported (`kernels/dequant_gemv.cu`),
+and kparity's own bandwidth-first kernel (`kernels/kp_qgemv.cu`). `reference/ops.md` §2.3.
+
+    out[r] = sum_d (q[r,d] * s[r, d // G] + b[r, d // G]) * x[d]     f32 inside, one rounding
+
+Impls and their dispatch contracts (checked before any launch; every rule has a violating case):
+
+* `cuda:dequant_gemv` (the seed's `dequant_gemv_int{2,3,4,5,6,8}`): one block of TPG = 64
+  threads per row (the seed tests' TPG; a multiple of 32 by construction), pack-strided for
+  bits 2, 4, 8 and element-strided over the bit stream for 3, 5, 6. Contract: the MLX layout
+  (`quant_layout.LAYOUT`); in % G == 0 with G >= 32 already makes in * bits a whole number of
+  words.
+* `cuda:dequant_gemv_int4_fast` (the seed's `dequant_gemv_int4_fast`, MLX `affine_qmv_fast`):
+  8 rows per block of 64 threads, 512 codes per warp step, algebraic split, mask without shift.
+  Contract: bits == 4, group_size == 64, in % 512 == 0, out % 8 == 0.
+* `cuda:kp_qgemv` (kparity): 16-byte weight chunks, ROWS = 4 rows per warp sharing each x load,
+  the next chunks in flight during the math, codes to f32 by PRMT instead of I2F. Contract:
+  bits in (4, 8). The kernel's own rules (whole 16-byte chunks of 128 / bits codes per row, a
+  chunk inside one group) follow from the layout: G in {32, 64, 128} is a multiple of 32 and 16,
+  and in % G == 0. Rows past `out` are bounds-checked, so any out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_impls import register
+from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
+from gpu_impls.cuda._module import cuda_impl, kernel
+from gpu_impls.quant_layout import LAYOUT
+from oracle.quant import BITS
+
+SEED = "dequant_gemv.cu"
+KP = "kp_qgemv.cu"
+SCALAR_TPG = 64        # threads per row block, as the seed's tests
+FAST_ROWS = 8          # rows per block of the fast kernel (2 warps x 4)
+FAST_BLOCK_K = 512     # codes per warp step of the fast kernel
+KP_ROWS = 4            # rows per warp of kp_qgemv
+KP_BLOCK = 128         # threads per block of kp_qgemv (KPQ_BLOCK in the .cu)
+KP_BITS = (4, 8)
+VEC_BYTES = 16
+
+KERNELS = [
+    (SEED, "dequant_gemv", [(b,) for b in BITS]),
+    (SEED, "dequant_gemv_int4_fast"),
+    (SEED, "dequant_gemv_int4_expert_indexed"),
+    (KP, "kp_qgemv", [(b, KP_ROWS) for b in KP_BITS]),
+]
+
+
+# --- geometry ------------------------------------------------------------------------------------
+
+def _scalar_geometry(dims, params):
+    return {"tpg": SCALAR_TPG}, Launch(grid=(dims["out"], 1, 1), block=(SCALAR_TPG, 1, 1))
+
+
+def _fast_geometry(dims, params):
+    return {"tpg": 64}, Launch(grid=(max(dims["out"] // FAST_ROWS, 1), 1, 1), block=(64, 1, 1))
+
+
+def _kp_geometry(dims, params):
+    rows_per_block = KP_BLOCK // 32 * KP_ROWS
+    return {}, Launch(grid=(-(-dims["out"] // rows_per_block), 1, 1), block=(KP_BLOCK, 1, 1))
+
+
+# --- contracts -----------------------------------------------------------------------------------
+
+def _is(name: str, value: int, why: str, bad: int) -> Invariant:
+    return Invariant(f"{name} == {value}", lambda ns: ns[name] == value, why,
+                     lambda ns: f"{name} = {value}, or use cuda:dequant_gemv (any MLX layout)",
+                     {name: bad}, (name,))
+
+
+def _multiple(name: str, m: int, why: str, bad: int) -> Invariant:
+    return Invariant(f"{name} % {m} == 0", lambda ns: ns[name] % m == 0, why,
+                     lambda ns: f"{name} = {nearest_multiples(ns[name], m, m)}, or use "
+                                "cuda:dequant_gemv (any MLX layout)",
+                     {name: bad}, (name,))
+
+
+SCALAR = Contract(invariants=LAYOUT, geometry=_scalar_geometry)
+FAST = Contract(
+    invariants=(*LAYOUT,
+                _is("bits", 4, "the kernel unpacks 8 nibbles per word: other widths misread "
+                    "every code", 8),
+                _is("group_size", 64, "a lane's 16 codes take one scale and bias, located as "
+                    "k0 / 64", 32),
+                _multiple("in", FAST_BLOCK_K, "a warp steps over 512 codes with no bounds check: "
+                          "a partial step reads past the row", 576),
+                _multiple("out", FAST_ROWS, "a block writes 8 rows with no bounds check: a "
+                          "partial block writes past the output", 12)),
+    geometry=_fast_geometry)
+KP_CONTRACT = Contract(
+    invariants=(*LAYOUT,
+                Invariant("bits in (4, 8)", lambda ns: ns["bits"] in KP_BITS,
+                          "codes are split into bytes (int8) or even/odd nibbles (int4) only",
+                          lambda ns: "bits = 4 or 8, or use cuda:dequant_gemv", {"bits": 2},
+                          ("bits",))),
+    geometry=_kp_geometry)
+
+
+# --- launch --------------------------------------------------------------------------------------
+
+def _args(inputs, outputs, case, aligned: bool = False):
+    arrays = (inputs["w"], inputs["scales"], inputs["biases"], inputs["x"], outputs["out"])
+    if aligned:
+        for key in ("w", "x"):
+            if inputs[key].data.ptr % VEC_BYTES:
+                raise ValueError(f"{key} is not {VEC_BYTES}-byte aligned: kp_qgemv reads "
+                                 "16-byte vectors")
+    return arrays
+
+
+def _scalar(defines: tuple = ()):
+    def run(launch, inputs, outputs, case):
+        d = case.dims
+        k = kernel(SEED, "dequant_gemv", case.dtype, defines, (d["bits"],))
+        k(launch.grid, launch.block, (*_args(inputs, outputs, case), np.int32(d["in"]),
+                                      np.int32(d["group_size"])))
+    return run
+
+
+def _fast(defines: tuple = ()):
+    def run(launch, inputs, outputs, case):
+        d = case.dims
+        k = kernel(SEED, "dequant_gemv_int4_fast", case.dtype, defines)
+        k(launch.grid, launch.block, (*_args(inputs, outputs, case), np.int32(d["in"]),
+                                      np.int32(d["group_size"])))
+    return run
+
+
+def _kp(defines: tuple = ()):
+    def run(launch, inputs, outputs, case):
+        d = case.dims
+        k = kernel(KP, "kp_qgemv", case.dtype, defines, (d["bits"], KP_ROWS))
+        k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
+                                      np.int32(d["out"]), np.int32(d["in"]),
+                                      np.int32(d["group_size"])))
+    return run
+
+
+register(
+    cuda_impl("dequant_gemv", "dequant_gemv", SCALAR, _scalar,
+              "seed dequant_gemv_int{2..8}: one 64-thread block per row, dequantize then dot"),
+    cuda_impl("dequant_gemv_int4_fast", "dequant_gemv", FAST, _fast,
+              "seed dequant_gemv_int4_fast (MLX qmv_fast): 8 rows per 64-thread block, "
+              "algebraic split, mask without shift; int4, g64, in % 512, out % 8"),
+    cuda_impl("kp_qgemv", "dequant_gemv", KP_CONTRACT, _kp,
+              "kparity GEMV: 16-byte weight chunks, 4 rows per warp share x, next chunks in "
+              "flight, PRMT code->f32; int4/int8"),
+)

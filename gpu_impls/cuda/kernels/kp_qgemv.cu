@@ -1,0 +1,154 @@
+// kp_qgemv<T, BITS, ROWS>: kparity's own quantized GEMV (M = 1) over MLX's affine layout, built
+// to stream the packed weights at the HBM limit. Same math and layout as dequant_gemv.cu:
+//     out[r] = sum_d (q[r,d] * s[r,g] + b[r,g]) * x[d]         g = d / group_size
+// in f32, one rounding to T at the store, computed per 16-byte chunk by the algebraic split
+//     sum_{d in chunk} (q s + b) x = s * sum q x + b * sum x   (a chunk never straddles a group)
+//
+// Layout. A row's packed words are CHUNKS = in * BITS / 128 chunks of 16 bytes, CODES = 128 / BITS
+// codes each (32 for int4, 16 for int8). A warp owns ROWS consecutive rows; lane l takes chunks
+// l, l + 32, ... of each, so at every step the warp reads 512 contiguous bytes per row
+// (coalesced LDG.128). The matching CODES values of x (CODES * sizeof(T) bytes: 2 or 4 16-byte
+// loads for bf16) are read once per step and shared by the ROWS rows. The next step's weight
+// chunks are loaded before the current step's math (software pipelining: 2 * ROWS 16-byte
+// weight loads in flight per lane). Blocks of 128 threads (4 warps, 4 * ROWS rows); rows past
+// `out` load row 0 and store nothing.
+//
+// Codes to f32 without I2F (16 conversions per clock per SM on sm_90: 4.2e12/s on an H100,
+// short of the ~6e12 int4 codes/s that 3 TB/s brings): a byte c placed under the exponent of 2^23 (0x4B000000 | c, one PRMT) is the float
+// 2^23 + c exactly, and subtracting 2^23 gives c. int4 splits a word into even and odd nibbles
+// first (w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F: byte m = code 2m, 2m + 1), int8 reads the bytes
+// directly. Per code: about 1.4 integer ops, one FADD and one FFMA.
+//
+// Error: per lane, each chunk's sum q x is 4 interleaved f32 chains of CODES / 4 FMAs and sum x
+// one chain of CODES adds; the lane's total is a chain of in / (32 CODES) chunk terms, then a
+// 5-level butterfly. So the longest chain is about in / 32 + CODES + 5 roundings, well inside the
+// oracle's budget eps32 * (in / 8 + 5) * sum (|q s| + |b|) |x| (oracle/gemv.py).
+//
+// DISPATCH INVARIANTS (gpu_impls/cuda/kp_gemv.py): BITS in (4, 8); in % CODES == 0 (whole
+// chunks: a row stays 16-byte aligned); group_size % CODES == 0 (a chunk has one scale and bias);
+// in % group_size == 0; 16-byte aligned w and x.
+//
+// Test-only mutants (tests/mutants.py): KPARITY_MUTANT_NIBBLE_ORDER (even and odd nibbles
+// swapped), KPARITY_MUTANT_DROP_BIAS, KPARITY_MUTANT_GROUP_OFF_BY_ONE (a chunk takes the next
+// group's scale and bias when it ends a group), KPARITY_MUTANT_SKIP_LAST_GROUP (the chunks of
+// the last group are skipped).
+#include "common.cuh"
+
+#define KPQ_BLOCK 128
+
+namespace kpq {
+
+__device__ __forceinline__ float byte_as_float(unsigned word, unsigned selector) {
+    // bytes: [word.byte(m), 0x00, 0x00, 0x4B] -> 2^23 + byte, exact; minus 2^23
+    return __uint_as_float(__byte_perm(word, 0x4B000000u, selector)) - 8388608.0f;
+}
+
+// sum_k q_k * xf[k] over one chunk's codes (4 interleaved chains).
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const uint4 chunk, const float* xf) {
+    const unsigned words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if constexpr (BITS == 4) {  // word j: codes 8j .. 8j + 7
+            unsigned even = words[j] & 0x0F0F0F0Fu, odd = (words[j] >> 4) & 0x0F0F0F0Fu;
+#ifdef KPARITY_MUTANT_NIBBLE_ORDER
+            const unsigned t = even; even = odd; odd = t;
+#endif
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                const unsigned sel = 0x7540u | (unsigned)m;
+                a[m] = fmaf(byte_as_float(even, sel), xf[8 * j + 2 * m], a[m]);
+                a[m] = fmaf(byte_as_float(odd, sel), xf[8 * j + 2 * m + 1], a[m]);
+            }
+        } else {  // BITS == 8, word j: codes 4j .. 4j + 3
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+                a[m] = fmaf(byte_as_float(words[j], 0x7540u | (unsigned)m), xf[4 * j + m], a[m]);
+        }
+    }
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+}  // namespace kpq
+
+template <typename T, int BITS, int ROWS>
+__global__ void __launch_bounds__(KPQ_BLOCK)
+kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
+         const typename T::storage* __restrict__ biases,
+         const typename T::storage* __restrict__ x, typename T::storage* __restrict__ out,
+         int out_dim, int in_dim, int group_size) {
+    static_assert(BITS == 4 || BITS == 8, "kp_qgemv: int4 or int8");
+    typedef Vec<T> V;
+    constexpr int CODES = 128 / BITS;     // codes per 16-byte chunk
+    constexpr int XV = CODES / V::N;      // 16-byte vectors of x per chunk
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * (KPQ_BLOCK / 32) + threadIdx.x / 32) * ROWS;
+    const int chunks = in_dim / CODES;
+    const int groups = in_dim / group_size;
+    const int chunks_per_group = group_size / CODES;
+#ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
+    const int used = chunks - chunks_per_group;
+#else
+    const int used = chunks;
+#endif
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+
+    size_t wrow[ROWS], grow[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int row = row0 + r < out_dim ? row0 + r : 0;
+        wrow[r] = (size_t)row * chunks;
+        grow[r] = (size_t)row * groups;
+    }
+
+    float acc[ROWS];
+    uint4 next[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r] = 0.0f;
+        next[r] = lane < used ? w[wrow[r] + lane] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    for (int c = lane; c < used; c += 32) {
+        uint4 cur[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            cur[r] = next[r];
+            if (c + 32 < used) next[r] = w[wrow[r] + c + 32];  // the next step, in flight now
+        }
+        float xf[CODES];
+        float xsum = 0.0f;
+#pragma unroll
+        for (int v = 0; v < XV; ++v) {
+            float f[V::N];
+            V::unpack(xv[(size_t)c * XV + v], f);
+#pragma unroll
+            for (int k = 0; k < V::N; ++k) {
+                xf[v * V::N + k] = f[k];
+                xsum += f[k];
+            }
+        }
+        int g = c / chunks_per_group;
+#ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
+        if ((c + 1) % chunks_per_group == 0 && g + 1 < groups) g += 1;
+#endif
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float s = T::load(scales, grow[r] + g);
+            const float dot = kpq::chunk_dot<BITS>(cur[r], xf);
+#ifdef KPARITY_MUTANT_DROP_BIAS
+            acc[r] = fmaf(s, dot, acc[r]);
+#else
+            const float b = T::load(biases, grow[r] + g);
+            acc[r] = fmaf(s, dot, fmaf(b, xsum, acc[r]));
+#endif
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        float v = acc[r];
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+        if (lane == r && row0 + r < out_dim) T::store(out, row0 + r, v);
+    }
+}
