@@ -370,10 +370,12 @@ TORCH_IMPLS = sorted(i for i, impl in impls().items()
 @given(data=st.data())
 def test_torch_impls_pass_on_fuzzed_valid_cases(impl_id, data):
     """Any case an impl's contract admits (fuzzed dims, dtype, distribution, seed) passes the
-    oracle on torch CPU."""
+    oracle on torch CPU. A report-only speed baseline computes another function (e.g. weights
+    rounded to T), so it only has to run: any status but `error`."""
     impl = impls()[impl_id]
     case = data.draw(valid_case(impl), label="case")
     row = check(Work(impl, case, "valid"), backend("torch"))
-    assert row["status"] == "pass", (
+    expected = {"pass", "fail"} if impl.report_only else {"pass"}
+    assert row["status"] in expected, (
         f"{impl_id} on case {case.id} ({case.short()}, params {case.params}): {row['status']}: "
         f"{row['message']}\nrepro: {repro_command(impl_id, case.id)}\ncase: {case.to_json()}")
