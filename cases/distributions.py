@@ -19,7 +19,8 @@ Gemma's `(1 + w)` convention), `gate` N(0, 2^2) so silu sees both tails. Quantiz
 `activation` is a data draw scaled by 1/sqrt(n) (a GEMV input of unit-order output), `codes` are
 uniformly random uint32 words (every code of every bit width uniform: only the consumer of the
 packed weights is under test), `qscale` and `qbias` a group's scale and bias at a typical
-weight's size (scale of random sign, as MLX's quantizer makes them).
+weight's size (scale of random sign, as MLX's quantizer makes them). `param:NAME` fills the
+tensor with the case's param NAME (an index the kernel reads from device memory).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.rando
         return 0.03 * rng.standard_normal(shape)
     if init == "activation":
         return draw("data", dist, shape, dtype, rng, params) / np.sqrt(shape[-1])
+    if init.startswith("param:"):  # a device-resident scalar the case names (an expert index)
+        return np.full(shape, params[init[len("param:"):]], dtype=np.float64)
     if init != "data":
         raise ValueError(f"unknown tensor init {init!r}")
     if dist not in DISTRIBUTIONS:

@@ -4,6 +4,10 @@ issue's model shapes at int4 g64 (timing). `reference/ops.md` §4 for the model 
 Gate shapes are small (out 8 and 24, in 512 and 1536): correctness depends on the layout (bits,
 group size, where groups and words fall), not on the matrix size. Distributions apply to x:
 normal, outlier (one x element 1000x), zero (x all zero: out must be exactly 0), constant.
+
+Expert-indexed: a stack of E = 4 experts at the gate shapes, the first, a middle and the last
+expert selected (an impl reading the wrong slab, or slab 0 always, fails); bench at the MoE slabs
+of Qwen3-30B-A3B (E = 128, gate/up 768 x 2048 and down 2048 x 768, `reference/ops.md` §4).
 """
 
 from __future__ import annotations
@@ -39,3 +43,27 @@ def dequant_gemv_bench():
     return [Case.make("dequant_gemv", {"out": out, "in": n, "bits": 4, "group_size": 64}, dtype,
                       label=f"bench:{name}")
             for (name, out, n), dtype in product(BENCH_SHAPES, FLOAT_DTYPES)]
+
+
+GATE_EXPERTS = 4
+
+
+@gate_cases("dequant_gemv_expert_indexed")
+def dequant_gemv_expert_indexed_cases():
+    cases = []
+    for (out, n), bits, group, dtype in product(GATE_SHAPES, BITS, GROUP_SIZES, FLOAT_DTYPES):
+        experts = (0, 2, GATE_EXPERTS - 1) if bits == 4 else (GATE_EXPERTS - 1,)
+        dims = {"experts": GATE_EXPERTS, "out": out, "in": n, "bits": bits, "group_size": group}
+        cases += [Case.make("dequant_gemv_expert_indexed", dims, dtype, "normal",
+                            params={"expert": e}, label=f"preset:int{bits}-g{group}")
+                  for e in experts]
+    return cases
+
+
+@bench_cases("dequant_gemv_expert_indexed")
+def dequant_gemv_expert_indexed_bench():
+    shapes = (("qwen3-30b-a3b-up", 768, 2048), ("qwen3-30b-a3b-down", 2048, 768))
+    return [Case.make("dequant_gemv_expert_indexed",
+                      {"experts": 128, "out": out, "in": n, "bits": 4, "group_size": 64},
+                      dtype, params={"expert": 77}, label=f"bench:{name}")
+            for (name, out, n), dtype in product(shapes, FLOAT_DTYPES)]

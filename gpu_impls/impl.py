@@ -16,6 +16,16 @@ from gpu_impls.contract import NO_CONTRACT, Contract, Launch
 
 
 @dataclass(frozen=True)
+class ExactPeer:
+    """An impl-vs-impl contract: this impl equals impl `peer` bit for bit (tolerance 0) on the
+    sub-problems `split(case, inputs)` lists, each `(label, own case, own inputs, peer case,
+    peer inputs)`; e.g. an expert-indexed GEMV and the plain GEMV on every expert's slab."""
+
+    peer: str
+    split: Callable[[object, dict], list[tuple[str, object, dict, object, dict]]]
+
+
+@dataclass(frozen=True)
 class Impl:
     op: str
     backend: str
@@ -35,6 +45,8 @@ class Impl:
     # instead). `check` runs only its contract's rejections; bench and ab record its oracle
     # check as `report` and time it anyway.
     report_only: str = ""
+    # Set: the impl must equal another impl bit for bit where `ExactPeer.split` says.
+    exact_peer: ExactPeer | None = None
 
     def available(self, backend) -> tuple[bool, str]:
         ok, why = backend.available()

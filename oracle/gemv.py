@@ -75,3 +75,54 @@ def _io_bytes(case) -> int:
     from oracle.spec import get_op
 
     return get_op("dequant_gemv").io_bytes(case)
+
+
+# --- expert-indexed ------------------------------------------------------------------------------
+
+def expert_slab(inputs: dict) -> dict:
+    """The dequant_gemv inputs of the selected expert: slab `expert_index[0]` of w, scales and
+    biases (the stacked [E, out, ...] arrays), and x."""
+    e = int(np.asarray(inputs["expert_index"]).reshape(-1)[0])
+    return {"w": inputs["w"][e], "scales": inputs["scales"][e], "biases": inputs["biases"][e],
+            "x": inputs["x"]}
+
+
+def dequant_gemv_expert_indexed(inputs: dict, case) -> dict:
+    """`dequant_gemv` on expert e's slab of stacked weights (MoE decode, one expert):
+
+        out[r] = sum_d (q[e, r, d] s[e, r, g] + b[e, r, g]) x[d],     e = expert_index[0]
+
+    w [E, out, in * bits / 32] uint32, scales and biases [E, out, in / G] in T, expert_index a
+    1-element uint32 device buffer (the case's param `expert`). Same rounding points, so the
+    same bound as dequant_gemv on that slab; an impl must also equal its plain GEMV on the slab
+    bit for bit when it says so (`Impl.exact_peer`)."""
+    return dequant_gemv(expert_slab(inputs), case)
+
+
+def _expert_tolerance(inputs: dict, exact: dict, case) -> dict:
+    return dequant_gemv_tolerance(expert_slab(inputs), exact, case)
+
+
+def _stacked(shape):
+    return lambda d: (d["experts"], *shape(d))
+
+
+def _expert_bytes(case) -> int:
+    """One slab (not the E stacked ones: the kernel reads only the selected expert) + x, out and
+    the 4-byte index."""
+    return _io_bytes(case) + 4
+
+
+register(OpSpec(
+    name="dequant_gemv_expert_indexed", family="quant_gemv",
+    dims=("experts", "out", "in", "bits", "group_size"),
+    inputs=(TensorSpec("w", _stacked(W_WORDS), role="u32", init="codes"),
+            TensorSpec("scales", _stacked(GROUPS), init="qscale"),
+            TensorSpec("biases", _stacked(GROUPS), init="qbias"),
+            TensorSpec("x", lambda d: (d["in"],), init="activation"),
+            TensorSpec("expert_index", lambda d: (1,), role="u32", init="param:expert")),
+    outputs=(TensorSpec("out", lambda d: (d["out"],)),),
+    oracle=dequant_gemv_expert_indexed, tolerance=_expert_tolerance,
+    bytes=_expert_bytes,
+    flops=lambda case: 2 * case.dims["out"] * case.dims["in"],
+    params={"expert": 0}, doc=dequant_gemv_expert_indexed.__doc__))

@@ -83,3 +83,25 @@ def test_deterministic_impls_are_bit_identical_run_to_run(work):
     assert not differ, (f"{work.impl.id} declares deterministic=True but outputs {differ} differ "
                         f"between two runs of case {work.case.id}\n"
                         f"repro: {repro_command(work.impl.id, work.case.id)}")
+
+
+def _exact_peer_work():
+    """Per accelerator impl with an `exact_peer`: every valid normal case of a distinct shape
+    and dtype (the split covers every expert of the case's stacked set)."""
+    seen, out = set(), []
+    for w in _gpu_work():
+        key = (w.impl.id, w.case.dtype, w.case.dim_items)
+        if w.impl.exact_peer and w.expect == "valid" and w.case.dist == "normal" and \
+                key not in seen:
+            seen.add(key)
+            out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("work", _exact_peer_work(), ids=lambda w: f"{w.impl.id}-{w.case.id}")
+def test_exact_peers_are_bit_identical(work):
+    from runners.impl_vs_impl import exact_peer_mismatches
+
+    differ = exact_peer_mismatches(work.impl, gpu_impls.backend(work.impl.backend), work.case)
+    assert not differ, (f"{work.impl.id} must equal {work.impl.exact_peer.peer} bit for bit: "
+                        f"{differ}\nrepro: {repro_command(work.impl.id, work.case.id)}")

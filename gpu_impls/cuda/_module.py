@@ -52,11 +52,13 @@ def kernel(source_file: str, name: str, dtype: str, defines: tuple = (),
 _MAKERS: dict[str, tuple[object, object]] = {}
 
 
-def cuda_impl(name: str, op: str, contract, make, doc: str):
-    """Impl `cuda:name` whose run is `make()`; `make(defines)` rebuilds it with `-D` macros."""
+def cuda_impl(name: str, op: str, contract, make, doc: str, **fields):
+    """Impl `cuda:name` whose run is `make()`; `make(defines)` rebuilds it with `-D` macros.
+    `fields`: further `Impl` fields (e.g. `exact_peer`)."""
     from gpu_impls.impl import Impl
 
-    impl = Impl(op=op, backend="cuda", name=name, run=make(), contract=contract, doc=doc)
+    impl = Impl(op=op, backend="cuda", name=name, run=make(), contract=contract, doc=doc,
+                **fields)
     _MAKERS[impl.id] = (impl, make)
     return impl
 

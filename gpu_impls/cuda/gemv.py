@@ -13,8 +13,13 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
 * `cuda:dequant_gemv_int4_fast` (the seed's `dequant_gemv_int4_fast`, MLX `affine_qmv_fast`):
   8 rows per block of 64 threads, 512 codes per warp step, algebraic split, mask without shift.
   Contract: bits == 4, group_size == 64, in % 512 == 0, out % 8 == 0.
-* `cuda:kp_qgemv` (kparity): 16-byte weight chunks, ROWS = 4 rows per warp sharing each x load,
-  the next chunks in flight during the math, codes to f32 by PRMT instead of I2F. Contract:
+* `cuda:dequant_gemv_int4_expert_indexed` (the seed's): the int4 scalar kernel on slab
+  `expert_index[0]` of stacked [E, out, ...] weights, bit-identical to `cuda:dequant_gemv` on
+  that slab (`exact_peer`). Contract: the layout, bits == 4, expert < experts (the kernel does
+  not check the device index; the wrapper checks the case's).
+* `cuda:kp_qgemv` (kparity): 16-byte weight chunks, ROWS = 4 rows per 128-thread block whose
+  warps split K, each x load shared by the ROWS rows, the next chunks in flight during the
+  math, codes to f32 by PRMT instead of I2F. Contract:
   bits in (4, 8). The kernel's own rules (whole 16-byte chunks of 128 / bits codes per row, a
   chunk inside one group) follow from the layout: G in {32, 64, 128} is a multiple of 32 and 16,
   and in % G == 0. Rows past `out` are bounds-checked, so any out.
@@ -27,7 +32,8 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel
-from gpu_impls.quant_layout import LAYOUT
+from gpu_impls.impl import ExactPeer
+from gpu_impls.quant_layout import EXPERT_IN_RANGE, LAYOUT, expert_slabs
 from oracle.quant import BITS
 
 SEED = "dequant_gemv.cu"
@@ -35,8 +41,10 @@ KP = "kp_qgemv.cu"
 SCALAR_TPG = 64        # threads per row block, as the seed's tests
 FAST_ROWS = 8          # rows per block of the fast kernel (2 warps x 4)
 FAST_BLOCK_K = 512     # codes per warp step of the fast kernel
-KP_ROWS = 4            # rows per warp of kp_qgemv
-KP_BLOCK = 128         # threads per block of kp_qgemv (KPQ_BLOCK in the .cu)
+KP_ROWS = 4            # rows per block of kp_qgemv (the 4 warps split K)
+KP_ROWS_CHOICES = (2, 4, 8)  # instantiated, for A/B-ing the choice (scripts/kp_variants.py)
+KP_BLOCK = 128         # threads per block of kp_qgemv at most (KPQ_BLOCK in the .cu)
+KP_STEPS = 8           # chunks per lane per row the geometry aims under (more: more warps)
 KP_BITS = (4, 8)
 VEC_BYTES = 16
 
@@ -44,7 +52,7 @@ KERNELS = [
     (SEED, "dequant_gemv", [(b,) for b in BITS]),
     (SEED, "dequant_gemv_int4_fast"),
     (SEED, "dequant_gemv_int4_expert_indexed"),
-    (KP, "kp_qgemv", [(b, KP_ROWS) for b in KP_BITS]),
+    (KP, "kp_qgemv", [(b, r) for b in KP_BITS for r in KP_ROWS_CHOICES]),
 ]
 
 
@@ -58,9 +66,16 @@ def _fast_geometry(dims, params):
     return {"tpg": 64}, Launch(grid=(max(dims["out"] // FAST_ROWS, 1), 1, 1), block=(64, 1, 1))
 
 
-def _kp_geometry(dims, params):
-    rows_per_block = KP_BLOCK // 32 * KP_ROWS
-    return {}, Launch(grid=(-(-dims["out"] // rows_per_block), 1, 1), block=(KP_BLOCK, 1, 1))
+def _kp_warps(dims) -> int:
+    """Warps splitting K: enough that each lane has at most KP_STEPS chunks per row, 1..4."""
+    chunks = dims["in"] * dims["bits"] // 128
+    return max(1, min(KP_BLOCK // 32, -(-chunks // (32 * KP_STEPS))))
+
+
+def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
+    warps = warps or _kp_warps(dims)
+    return {"warps": warps}, Launch(grid=(-(-dims["out"] // rows), 1, 1),
+                                    block=(32 * warps, 1, 1), extra={"rows": rows})
 
 
 # --- contracts -----------------------------------------------------------------------------------
@@ -90,6 +105,13 @@ FAST = Contract(
                 _multiple("out", FAST_ROWS, "a block writes 8 rows with no bounds check: a "
                           "partial block writes past the output", 12)),
     geometry=_fast_geometry)
+EXPERT = Contract(
+    invariants=(*LAYOUT, EXPERT_IN_RANGE,
+                Invariant("bits == 4", lambda ns: ns["bits"] == 4,
+                          "the seed ships only the int4 instance of the indexed kernel",
+                          lambda ns: "bits = 4, or run cuda:dequant_gemv on the expert's slab",
+                          {"bits": 8}, ("bits",))),
+    geometry=_scalar_geometry)
 KP_CONTRACT = Contract(
     invariants=(*LAYOUT,
                 Invariant("bits in (4, 8)", lambda ns: ns["bits"] in KP_BITS,
@@ -129,10 +151,21 @@ def _fast(defines: tuple = ()):
     return run
 
 
+def _expert(defines: tuple = ()):
+    def run(launch, inputs, outputs, case):
+        d = case.dims
+        k = kernel(SEED, "dequant_gemv_int4_expert_indexed", case.dtype, defines)
+        k(launch.grid, launch.block, (inputs["w"], inputs["scales"], inputs["biases"],
+                                      inputs["x"], inputs["expert_index"], outputs["out"],
+                                      np.int32(d["in"]), np.int32(d["group_size"]),
+                                      np.int32(d["out"])))
+    return run
+
+
 def _kp(defines: tuple = ()):
     def run(launch, inputs, outputs, case):
         d = case.dims
-        k = kernel(KP, "kp_qgemv", case.dtype, defines, (d["bits"], KP_ROWS))
+        k = kernel(KP, "kp_qgemv", case.dtype, defines, (d["bits"], launch.extra["rows"]))
         k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
                                       np.int32(d["out"]), np.int32(d["in"]),
                                       np.int32(d["group_size"])))
@@ -145,7 +178,11 @@ register(
     cuda_impl("dequant_gemv_int4_fast", "dequant_gemv", FAST, _fast,
               "seed dequant_gemv_int4_fast (MLX qmv_fast): 8 rows per 64-thread block, "
               "algebraic split, mask without shift; int4, g64, in % 512, out % 8"),
+    cuda_impl("dequant_gemv_int4_expert_indexed", "dequant_gemv_expert_indexed", EXPERT,
+              _expert, "seed dequant_gemv_int4_expert_indexed: the int4 scalar kernel on the "
+              "selected slab of stacked weights; index checked by the wrapper",
+              exact_peer=ExactPeer("cuda:dequant_gemv", expert_slabs)),
     cuda_impl("kp_qgemv", "dequant_gemv", KP_CONTRACT, _kp,
-              "kparity GEMV: 16-byte weight chunks, 4 rows per warp share x, next chunks in "
-              "flight, PRMT code->f32; int4/int8"),
+              "kparity GEMV: 16-byte weight chunks, 4 rows per block split over K, x shared "
+              "by the rows, next chunks in flight, PRMT code->f32; int4/int8"),
 )

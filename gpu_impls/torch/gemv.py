@@ -7,8 +7,8 @@ import weakref
 
 from gpu_impls import register
 from gpu_impls.contract import Contract
-from gpu_impls.impl import Impl
-from gpu_impls.quant_layout import LAYOUT
+from gpu_impls.impl import ExactPeer, Impl
+from gpu_impls.quant_layout import EXPERT_IN_RANGE, LAYOUT, expert_slabs
 
 
 def unpack_codes(words, bits: int, n: int):
@@ -24,38 +24,55 @@ def unpack_codes(words, bits: int, n: int):
     return (stream << torch.arange(bits, device=w.device)).sum(-1)
 
 
+def dequantize_f32(w, scales, biases, case):
+    """W_hat = q * s + b in f32, [..., out, in] (exact: s, b are T values, q small integers)."""
+    bits, group, n = case.dims["bits"], case.dims["group_size"], case.dims["in"]
+    q = unpack_codes(w, bits, n).float()
+    s = scales.float().repeat_interleave(group, dim=-1)
+    b = biases.float().repeat_interleave(group, dim=-1)
+    return q * s + b
+
+
 def _dequant_linear(launch, inputs, outputs, case):
     import torch.nn.functional as F
 
-    bits, group, n = case.dims["bits"], case.dims["group_size"], case.dims["in"]
-    q = unpack_codes(inputs["w"], bits, n).float()
-    s = inputs["scales"].float().repeat_interleave(group, dim=-1)
-    b = inputs["biases"].float().repeat_interleave(group, dim=-1)
     x = inputs["x"]
-    return {"out": F.linear(x.float(), q * s + b).to(x.dtype)}
+    w_hat = dequantize_f32(inputs["w"], inputs["scales"], inputs["biases"], case)
+    return {"out": F.linear(x.float(), w_hat).to(x.dtype)}
+
+
+def _dequant_linear_expert(launch, inputs, outputs, case):
+    """The selected slab by index_select on the device index (no host read: graph-capturable),
+    then exactly `_dequant_linear`."""
+    e = inputs["expert_index"].long()
+    slab = {k: inputs[k].index_select(0, e)[0] for k in ("w", "scales", "biases")}
+    return _dequant_linear(launch, {**slab, "x": inputs["x"]}, outputs, case)
 
 
 register(Impl("dequant_gemv", "torch", "dequant_linear", _dequant_linear,
               Contract(invariants=LAYOUT),
-              doc="unpack + dequantize in f32, then F.linear in f32, rounded to T"))
+              doc="unpack + dequantize in f32, then F.linear in f32, rounded to T"),
+         Impl("dequant_gemv_expert_indexed", "torch", "dequant_linear_expert",
+              _dequant_linear_expert,
+              Contract(invariants=(*LAYOUT, EXPERT_IN_RANGE)),
+              doc="index_select the expert's slab, then torch:dequant_linear's computation",
+              exact_peer=ExactPeer("torch:dequant_linear", expert_slabs)))
 
 
 # The dense weights of each input set, made once (outside any timing or graph capture: the
 # timing layer runs every call once first) and dropped with the set's packed weights.
-_DENSE = weakref.WeakKeyDictionary()
+_DENSE: dict[int, object] = {}  # id(packed w) -> dense W; a finalizer drops the entry
 
 
 def _linear_dense(launch, inputs, outputs, case):
     import torch.nn.functional as F
 
     x, w = inputs["x"], inputs["w"]
-    dense = _DENSE.get(w)
+    dense = _DENSE.get(id(w))
     if dense is None:
-        bits, group, n = case.dims["bits"], case.dims["group_size"], case.dims["in"]
-        q = unpack_codes(w, bits, n).float()
-        s = inputs["scales"].float().repeat_interleave(group, dim=-1)
-        b = inputs["biases"].float().repeat_interleave(group, dim=-1)
-        dense = _DENSE[w] = (q * s + b).to(x.dtype)
+        dense = _DENSE[id(w)] = dequantize_f32(w, inputs["scales"], inputs["biases"],
+                                               case).to(x.dtype)
+        weakref.finalize(w, _DENSE.pop, id(w), None)
     return {"out": F.linear(x, dense)}
 
 

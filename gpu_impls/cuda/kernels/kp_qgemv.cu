@@ -5,13 +5,16 @@
 //     sum_{d in chunk} (q s + b) x = s * sum q x + b * sum x   (a chunk never straddles a group)
 //
 // Layout. A row's packed words are CHUNKS = in * BITS / 128 chunks of 16 bytes, CODES = 128 / BITS
-// codes each (32 for int4, 16 for int8). A warp owns ROWS consecutive rows; lane l takes chunks
-// l, l + 32, ... of each, so at every step the warp reads 512 contiguous bytes per row
-// (coalesced LDG.128). The matching CODES values of x (CODES * sizeof(T) bytes: 2 or 4 16-byte
-// loads for bf16) are read once per step and shared by the ROWS rows. The next step's weight
+// codes each (32 for int4, 16 for int8). A block of WARPS warps (blockDim.x = 32 * WARPS,
+// WARPS in 1..4, chosen by the launcher) owns ROWS consecutive rows and splits K: thread t takes
+// chunks t, t + blockDim.x, ... of each row, so at every step the block reads 512 * WARPS
+// contiguous bytes per row (coalesced LDG.128). The matching CODES values of x (4 16-byte loads
+// for int4 bf16) are read once per step and shared by the ROWS rows. The next step's weight
 // chunks are loaded before the current step's math (software pipelining: 2 * ROWS 16-byte
-// weight loads in flight per lane). Blocks of 128 threads (4 warps, 4 * ROWS rows); rows past
-// `out` load row 0 and store nothing.
+// loads in flight per thread). Splitting K over more warps gives out / ROWS blocks of fewer
+// steps each (short rows: 1 warp and several steps to pipeline; long rows and few of them: more
+// warps, so every SM gets work). The warps' partial sums meet in shared memory, added in warp
+// order (deterministic). Rows past `out` load row 0 and store nothing.
 //
 // Codes to f32 without I2F (16 conversions per clock per SM on sm_90: 4.2e12/s on an H100,
 // short of the ~6e12 int4 codes/s that 3 TB/s brings): a byte c placed under the exponent of 2^23 (0x4B000000 | c, one PRMT) is the float
@@ -20,8 +23,9 @@
 // directly. Per code: about 1.4 integer ops, one FADD and one FFMA.
 //
 // Error: per lane, each chunk's sum q x is 4 interleaved f32 chains of CODES / 4 FMAs and sum x
-// one chain of CODES adds; the lane's total is a chain of in / (32 CODES) chunk terms, then a
-// 5-level butterfly. So the longest chain is about in / 32 + CODES + 5 roundings, well inside the
+// one chain of CODES adds; a thread's total is a chain of in / (128 CODES) chunk terms, then a
+// 5-level butterfly and 3 warp adds. So the longest chain is under in / 32 + CODES + 8
+// roundings, well inside the
 // oracle's budget eps32 * (in / 8 + 5) * sum (|q s| + |b|) |x| (oracle/gemv.py).
 //
 // DISPATCH INVARIANTS (gpu_impls/cuda/kp_gemv.py): BITS in (4, 8); in % CODES == 0 (whole
@@ -82,8 +86,10 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
     typedef Vec<T> V;
     constexpr int CODES = 128 / BITS;     // codes per 16-byte chunk
     constexpr int XV = CODES / V::N;      // 16-byte vectors of x per chunk
-    const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * (KPQ_BLOCK / 32) + threadIdx.x / 32) * ROWS;
+    constexpr int MAX_WARPS = KPQ_BLOCK / 32;
+    const int t = threadIdx.x;
+    const int threads = blockDim.x;  // 32 * warps, warps in 1..MAX_WARPS: they split K
+    const int row0 = blockIdx.x * ROWS;
     const int chunks = in_dim / CODES;
     const int groups = in_dim / group_size;
     const int chunks_per_group = group_size / CODES;
@@ -107,14 +113,14 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         acc[r] = 0.0f;
-        next[r] = lane < used ? w[wrow[r] + lane] : make_uint4(0u, 0u, 0u, 0u);
+        next[r] = t < used ? w[wrow[r] + t] : make_uint4(0u, 0u, 0u, 0u);
     }
-    for (int c = lane; c < used; c += 32) {
+    for (int c = t; c < used; c += threads) {
         uint4 cur[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             cur[r] = next[r];
-            if (c + 32 < used) next[r] = w[wrow[r] + c + 32];  // the next step, in flight now
+            if (c + threads < used) next[r] = w[wrow[r] + c + threads];  // in flight now
         }
         float xf[CODES];
         float xsum = 0.0f;
@@ -144,11 +150,19 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
 #endif
         }
     }
+    // Each warp's partial per row (butterfly), then the WARPS partials in warp order.
+    __shared__ float partial[MAX_WARPS][ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         float v = acc[r];
 #pragma unroll
         for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-        if (lane == r && row0 + r < out_dim) T::store(out, row0 + r, v);
+        if ((t & 31) == 0) partial[t / 32][r] = v;
+    }
+    __syncthreads();
+    if (t < ROWS && row0 + t < out_dim) {
+        float v = partial[0][t];
+        for (int j = 1; j < threads / 32; ++j) v += partial[j][t];
+        T::store(out, row0 + t, v);
     }
 }
