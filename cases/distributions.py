@@ -13,6 +13,11 @@ A distribution fills a tensor viewed as rows (last axis = the reduction axis of 
 |                 | eps term decides the result                                                |
 | `zero_rows`     | N(0, 1) with every third row all zero (row 0 included): out must be 0      |
 | `constant_rows` | each row one constant c_r ~ N(0, 1): closed form c*rsqrt(c^2+eps)*w         |
+| `near_tie`      | N(0, 1) data; an op with logits plants two top logits within one output ULP |
+|                 | (`OpSpec.plant`): an argmax flip there is a near-tie, not a failure        |
+| `clear_margin`  | N(0, 1) data; the op plants a top logit far above the rest: no flip allowed |
+| `quantized`     | N(0, 1) data; the op quantizes a drawn W (outlier columns) as a checkpoint |
+|                 | would: level-2 loss against the unquantized W is reported (`OpSpec.loss`)   |
 
 Non-data tensors are drawn by role: `weight` around 1 (around 0 when the op adds `weight_offset=1`,
 Gemma's `(1 + w)` convention), `gate` N(0, 2^2) so silu sees both tails. Quantized GEMV inputs:
@@ -30,6 +35,7 @@ import numpy as np
 from oracle.dtypes import tiny
 
 DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows")
+PLANTED = ("near_tie", "clear_margin", "quantized")  # normal data; the op's `plant` does the rest
 DATA_INITS = ("data", "activation")  # the inits the case's distribution applies to
 
 
@@ -58,8 +64,11 @@ def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.rando
         return np.full(shape, params[init[len("param:"):]], dtype=np.float64)
     if init != "data":
         raise ValueError(f"unknown tensor init {init!r}")
+    if dist in PLANTED:
+        dist = "normal"
     if dist not in DISTRIBUTIONS:
-        raise ValueError(f"unknown distribution {dist!r}; valid: {', '.join(DISTRIBUTIONS)}")
+        raise ValueError(f"unknown distribution {dist!r}; valid: "
+                         f"{', '.join(DISTRIBUTIONS + PLANTED)}")
 
     rows, n = _rows(shape)
     x = rng.standard_normal((rows, n))

@@ -3,7 +3,8 @@ issue's model shapes at int4 g64 (timing). `reference/ops.md` §4 for the model 
 
 Gate shapes are small (out 8 and 24, in 512 and 1536): correctness depends on the layout (bits,
 group size, where groups and words fall), not on the matrix size. Distributions apply to x:
-normal, outlier (one x element 1000x), zero (x all zero: out must be exactly 0), constant.
+normal, outlier (one x element 1000x), zero (x all zero: out must be exactly 0), constant;
+`quantized` draws W (outlier columns) and quantizes it as MLX does, for the level-2 report.
 
 Expert-indexed: a stack of E = 4 experts at the gate shapes, the first, a middle and the last
 expert selected (an impl reading the wrong slab, or slab 0 always, fails); bench at the MoE slabs
@@ -20,22 +21,37 @@ from oracle.dtypes import FLOAT_DTYPES
 from oracle.quant import BITS, GROUP_SIZES
 
 GATE_SHAPES = ((8, 512), (24, 1536))
-GATE_DISTS = ("normal", "outlier_rows", "zero_rows", "constant_rows")
+GATE_DISTS = ("normal", "outlier_rows", "zero_rows", "constant_rows", "quantized")
 # (preset, out, in): Llama-3-8B MLP up/down, Qwen2.5-32B MLP up, a 4096 square.
 BENCH_SHAPES = (("llama3-8b-up", 14336, 4096), ("llama3-8b-down", 4096, 14336),
-                ("qwen2.5-32b-up", 27648, 5120), ("square-4096", 4096, 4096))
+                ("qwen2.5-32b-up", 27648, 5120), ("square-4096", 4096, 4096),
+                ("qwen3-0.6b-lm_head", 151936, 1024))
 
 
 @gate_cases("dequant_gemv")
 def dequant_gemv_cases():
     cases = []
     for (out, n), bits, group, dtype in product(GATE_SHAPES, BITS, GROUP_SIZES, FLOAT_DTYPES):
-        dists = GATE_DISTS if bits == 4 else ("normal",)
+        dists = GATE_DISTS if bits == 4 else ("normal", "quantized")
         for dist in dists:
             cases.append(Case.make("dequant_gemv", {"out": out, "in": n, "bits": bits,
                                                     "group_size": group}, dtype, dist,
                                    label=f"preset:int{bits}-g{group}"))
-    return cases
+    return cases + lm_head_cases()
+
+
+# An lm_head (out = vocab) for the logit gate: Llama-2's 32000-token vocabulary over a 1024
+# hidden size (Qwen3-0.6B's; its 151936 vocabulary is the bench case: 10 GB of float64 oracle
+# intermediates is no gate). Normal logits, a planted near-tie, a planted clear margin.
+LM_HEAD_GATE = (32000, 1024)
+LM_HEAD_DISTS = ("normal", "near_tie", "clear_margin")
+
+
+def lm_head_cases():
+    out, n = LM_HEAD_GATE
+    return [Case.make("dequant_gemv", {"out": out, "in": n, "bits": 4, "group_size": 64}, dtype,
+                      dist, label="preset:lm_head-32k")
+            for dtype, dist in product(FLOAT_DTYPES, LM_HEAD_DISTS)]
 
 
 @bench_cases("dequant_gemv")

@@ -91,4 +91,6 @@ def make_inputs(case: Case) -> dict[str, np.ndarray]:
         values = draw(t.init, case.dist if t.init in DATA_INITS else "normal", shape, dtype, rng,
                       case.params)
         inputs[t.name] = round_to(values, dtype).astype(storage_dtype(dtype), copy=False)
+    if case.spec.plant is not None:
+        inputs = case.spec.plant(inputs, case)
     return inputs

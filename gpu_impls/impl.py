@@ -47,12 +47,21 @@ class Impl:
     report_only: str = ""
     # Set: the impl must equal another impl bit for bit where `ExactPeer.split` says.
     exact_peer: ExactPeer | None = None
+    # Row i of a batch equals the batch-of-1 result on row i bit for bit (`OpSpec.batch`): True
+    # on every device, or the `Backend.device()` prefixes where it was verified (e.g. ("cpu",)).
+    batch_invariant: bool | tuple[str, ...] = False
 
     def available(self, backend) -> tuple[bool, str]:
         ok, why = backend.available()
         if ok and self.requires is not None:
             ok, why = self.requires()
         return ok, why
+
+    def batch_invariant_on(self, device: str) -> bool:
+        """Whether the impl declares batch invariance on `device` (a `Backend.device()`)."""
+        if isinstance(self.batch_invariant, bool):
+            return self.batch_invariant
+        return device.startswith(self.batch_invariant)
 
     @property
     def id(self) -> str:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from oracle.dtypes import eps as dtype_eps
-from oracle.dtypes import spacing
-from oracle.quant import dequantize, unpack
+from oracle.dtypes import round_to, spacing
+from oracle.quant import dequantize, quantize_mlx, unpack
 from oracle.spec import OpSpec, TensorSpec, register
 
 EPS32 = dtype_eps("f32")
@@ -55,6 +55,67 @@ def dequant_gemv_tolerance(inputs: dict, exact: dict, case) -> dict:
     return {"out": 0.5 * spacing(y, case.dtype) * (y != 0) + EPS32 * (n / 8 + 5) * scale}
 
 
+CLEAR_MARGIN_BIAS = 0.05  # added to each bias of the top row, toward its group's sum of x
+
+
+def plant_logits(inputs: dict, case) -> dict:
+    """The lm_head cases' planted structure (`cases/distributions.py`), on rows of W:
+
+    * `near_tie`: row j = out/2 rows past the top row i becomes a copy of row i with its first
+      bias moved by one ULP of T (random direction), so logits i and j differ by
+      ulp(b) * sum_{d in group 0} x_d: within one output ULP. An impl may round both to one
+      value and take the lower index: a near-tie, not a failure.
+    * `clear_margin`: the top row's biases move by 0.05 toward the sign of their group's sum of
+      x, raising its logit by 0.05 * sum_g |sum_{d in g} x_d|, far beyond any bound: the
+      argmax must agree.
+    * `quantized`: W itself (`unquantized_weights`) quantized by MLX's quantizer: codes,
+      scales and biases as a real checkpoint's, so the level-2 loss is a real one.
+    Other distributions: unchanged."""
+    if case.dist == "quantized":
+        w, scales, biases = quantize_mlx(unquantized_weights(case), case.dims["bits"],
+                                         case.dims["group_size"], case.dtype)
+        return {**inputs, "w": w, "scales": scales.astype(inputs["scales"].dtype),
+                "biases": biases.astype(inputs["biases"].dtype)}
+    if case.dist not in ("near_tie", "clear_margin"):
+        return inputs
+    inputs = {k: v.copy() for k, v in inputs.items()}
+    w, scales, biases = inputs["w"], inputs["scales"], inputs["biases"]
+    i = int(np.argmax(dequant_gemv(inputs, case)["out"]))
+    b = biases.astype(np.float64)
+    if case.dist == "near_tie":
+        j = (i + case.dims["out"] // 2) % case.dims["out"]
+        w[j], scales[j] = w[i], scales[i]
+        step = spacing(b[i, 0], case.dtype) * (1 if int(w[i, 0]) % 2 else -1)
+        b[j] = b[i]
+        b[j, 0] += step
+    else:
+        group = case.dims["group_size"]
+        x = np.asarray(inputs["x"]).astype(np.float64).reshape(-1, group).sum(axis=1)
+        b[i] += CLEAR_MARGIN_BIAS * np.sign(x)
+    inputs["biases"] = round_to(b, case.dtype).astype(biases.dtype)
+    return inputs
+
+
+def unquantized_weights(case) -> np.ndarray:
+    """The W [out, in] (values of T) behind a `quantized` case: N(0, 0.02^2), typical of a
+    trained projection, with 1 in 64 input columns 8x larger (the outlier channels that make
+    group-wise quantization lossy). Deterministic from the case id."""
+    rng = np.random.default_rng([int(case.id, 16), 2])
+    out, n = case.dims["out"], case.dims["in"]
+    w = 0.02 * rng.standard_normal((out, n))
+    w[:, rng.choice(n, max(1, n // 64), replace=False)] *= 8.0
+    return round_to(w, case.dtype)
+
+
+def quantization_loss(inputs: dict, case) -> dict | None:
+    """Level 2 (report-only): out against x @ W with the unquantized W, float64, for the
+    `quantized` cases (None otherwise): what quantization costs, not what the kernel got wrong."""
+    if case.dist != "quantized":
+        return None
+    w = unquantized_weights(case).astype(np.float64)
+    return {"out": w @ np.asarray(inputs["x"]).astype(np.float64)}
+
+
 W_WORDS = lambda d: (d["out"], d["in"] * d["bits"] // 32)  # noqa: E731
 GROUPS = lambda d: (d["out"], d["in"] // d["group_size"])  # noqa: E731
 
@@ -64,11 +125,11 @@ register(OpSpec(
             TensorSpec("scales", GROUPS, init="qscale"),
             TensorSpec("biases", GROUPS, init="qbias"),
             TensorSpec("x", lambda d: (d["in"],), init="activation")),
-    outputs=(TensorSpec("out", lambda d: (d["out"],)),),
+    outputs=(TensorSpec("out", lambda d: (d["out"],), logits=True),),
     oracle=dequant_gemv, tolerance=dequant_gemv_tolerance,
     bytes=lambda case: _io_bytes(case),
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"],
-    params={}, doc=dequant_gemv.__doc__))
+    params={}, doc=dequant_gemv.__doc__, plant=plant_logits, loss=quantization_loss))
 
 
 def _io_bytes(case) -> int:

@@ -69,6 +69,10 @@ def unpack(words: np.ndarray, bits: int, k: int) -> np.ndarray:
     if words.shape[-1] != k * bits // 32:
         raise ValueError(f"{words.shape[-1]} words per row, expected K * bits / 32 = "
                          f"{k * bits // 32}")
+    if 32 % bits == 0:  # 32/bits whole codes per word, code 0 lowest (8x less memory)
+        shifts = np.arange(0, 32, bits, dtype=np.uint32)
+        codes = (words[..., :, None] >> shifts) & np.uint32(n_bins(bits))
+        return codes.reshape(*words.shape[:-1], k).astype(np.uint8)
     stream = (words[..., :, None] >> np.arange(32, dtype=np.uint32)) & 1
     stream = stream.reshape(*words.shape[:-1], k, bits)
     return (stream << np.arange(bits, dtype=np.uint32)).sum(axis=-1).astype(np.uint8)

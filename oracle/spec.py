@@ -40,11 +40,27 @@ class TensorSpec:
     shape: Callable[[Mapping[str, int]], tuple[int, ...]]
     role: str = "T"
     init: str = "data"
+    # An output that is a vector of logits (out = vocab): its check also records argmax
+    # agreement, the oracle's top-1 / top-2 margin and top-5 overlap (`runners/metrics.py`).
+    logits: bool = False
 
     def dtype(self, case_dtype: str) -> str:
         if self.role not in DTYPE_ROLES:
             raise ValueError(f"tensor {self.name}: unknown dtype role {self.role!r}")
         return case_dtype if self.role == "T" else self.role
+
+
+@dataclass(frozen=True)
+class BatchDim:
+    """The op is a batch of independent problems along dim `dim`: each tensor named in `inputs`
+    and `outputs` carries the batch as its leading axis, row i of every output depends only on
+    row i of those inputs, and the other inputs are shared by every row. What batch invariance
+    (`Impl.batch_invariant`) is checked over: row i of a batch of `dim` rows must equal the
+    batch-of-1 result on row i alone, bit for bit."""
+
+    dim: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,14 @@ class OpSpec:
     params: Mapping[str, object] = field(default_factory=dict)
     version: int = 1
     doc: str = ""
+    # Set: the op is a batch of independent rows along this dim (see BatchDim).
+    batch: BatchDim | None = None
+    # Set: `plant(inputs, case)` edits the drawn inputs to plant a structure the case's
+    # distribution names (e.g. two logits within one output ulp for `near_tie`).
+    plant: Callable[[dict, object], dict] | None = None
+    # Set: `loss(inputs, case)` returns level-2 references (e.g. x @ W unquantized) or None;
+    # the check reports the outputs' distance to them, never gates on it.
+    loss: Callable[[dict, object], dict | None] | None = None
 
     def output_dtype(self, name: str, case_dtype: str) -> str:
         return next(t for t in self.outputs if t.name == name).dtype(case_dtype)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: correctness.flags
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -57,6 +57,7 @@ CORRECTNESS = pa.schema([
     ("budget", pa.float64()),          # max |out - exact| / bound over the worst output
     ("outputs_json", pa.string()),     # per-output metrics
     ("seconds", pa.float64()),
+    ("flags", pa.string()),            # comma-separated, e.g. near_tie:out (a passing argmax flip)
 ])
 
 # One row per (impl, case, mode) measurement; an A/B writes one per run of each arm.

@@ -21,7 +21,7 @@ from cases.generate import Work
 from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from oracle.dtypes import storage_dtype
-from runners.metrics import compare
+from runners.metrics import compare, level2_metrics, logit_metrics
 
 FAILING = ("fail", "error", "timeout", "crash")
 
@@ -68,6 +68,25 @@ def nondeterministic_outputs(impl, backend, case, inputs: dict | None = None) ->
             if first[name].tobytes() != second[name].tobytes()]
 
 
+def batch_variant_rows(impl, backend, case, inputs: dict | None = None) -> list[int]:
+    """Rows i of the case's batch (`OpSpec.batch`) where the batch's output differs in any bit
+    from `impl` run on row i alone (the batch dim set to 1, the batched inputs sliced to row i,
+    the shared ones unchanged). An impl declaring `batch_invariant` must return []."""
+    batch = case.spec.batch
+    if batch is None:
+        raise ValueError(f"op {case.op} declares no batch dim (OpSpec.batch)")
+    inputs = inputs if inputs is not None else make_inputs(case)
+    whole = run_impl(impl, backend, case, inputs)
+    single = case.replace(**{batch.dim: 1})
+    differ = []
+    for i in range(case.dims[batch.dim]):
+        row_inputs = {k: v[i:i + 1] if k in batch.inputs else v for k, v in inputs.items()}
+        alone = run_impl(impl, backend, single, row_inputs)
+        if any(whole[k][i:i + 1].tobytes() != alone[k].tobytes() for k in batch.outputs):
+            differ.append(i)
+    return differ
+
+
 def check(work: Work, backend, run_id: str = "") -> dict:
     impl, case = work.impl, work.case
     spec = case.spec
@@ -79,7 +98,7 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         "case_json": case.to_json(), "expect": work.expect, "status": "error", "message": "",
         "worst_output": "", "outputs_json": "{}",
         "max_abs": None, "max_rel": None, "nmse": None, "cosine": None, "max_ulp": None,
-        "frac_within": None, "nonfinite_mismatch": None, "budget": None,
+        "frac_within": None, "nonfinite_mismatch": None, "budget": None, "flags": "",
     }
     t0 = time.perf_counter()
     try:
@@ -97,19 +116,34 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         out = run_impl(impl, backend, case, inputs)
         per_output = {t.name: compare(out[t.name], ref[t.name], exact[t.name], bounds[t.name],
                                       t.dtype(case.dtype)) for t in spec.outputs}
+        for t in spec.outputs:
+            if t.logits:
+                per_output[t.name].update(logit_metrics(out[t.name], exact[t.name],
+                                                        bounds[t.name]))
+        loss = spec.loss(inputs, case) if spec.loss is not None else None
+        for name, unquantized in (loss or {}).items():  # level 2: reported, never gated
+            per_output[name]["level2"] = level2_metrics(out[name], unquantized)
         worst = max(per_output, key=lambda k: per_output[k]["budget"])
         m = per_output[worst]
         row.update({k: m[k] for k in ("max_abs", "max_rel", "nmse", "cosine", "max_ulp",
                                       "frac_within", "nonfinite_mismatch", "budget")})
         row["worst_output"] = worst
         row["outputs_json"] = json.dumps(per_output, sort_keys=True)
+        row["flags"] = ",".join(f"near_tie:{k}" for k, v in per_output.items()
+                                if v.get("near_tie"))
         ok = all(v["budget"] <= 1.0 and v["nonfinite_mismatch"] == 0 for v in per_output.values())
-        row["status"] = "pass" if ok else "fail"
+        flipped = [k for k, v in per_output.items() if v.get("argmax_fail")]
+        row["status"] = "pass" if ok and not flipped else "fail"
         if not ok:
             row["message"] = (f"{worst}[{m['worst_index']}] = {m['worst_out']:.9g}, oracle "
                               f"{m['worst_exact']:.9g}, bound {m['worst_bound']:.3g} "
                               f"(budget {m['budget']:.3g}, {m['nonfinite_mismatch']} NaN/Inf "
                               f"mismatches)")
+        for k in flipped:
+            v = per_output[k]
+            row["message"] += (f"{'; ' if row['message'] else ''}{k}: argmax {v['argmax']}, "
+                               f"oracle's {v['argmax_oracle']}: the oracle's gap "
+                               f"{v['flip_gap']:.3g} exceeds the tolerance's {v['flip_allowed']:.3g}")
     except ContractError as e:
         row["status"] = "rejected"
         row["message"] = str(e)

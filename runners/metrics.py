@@ -18,6 +18,11 @@ float64 pre-store value, `bound` the op's element-wise tolerance on |out - exact
 
 NaN in the output where the oracle is finite is a mismatch: with outputs poisoned to NaN before
 the launch, that is how an unwritten element shows.
+
+Logit outputs (`TensorSpec.logits`) also get `logit_metrics`: argmax agreement, the oracle's
+top-1 / top-2 margin and top-5 overlap. The impl's argmax j may differ from the oracle's i
+legitimately when exact[i] - exact[j] <= bound[i] + bound[j] (both moved within their
+tolerance): a near-tie, recorded, not failed. Beyond that the flip fails.
 """
 
 from __future__ import annotations
@@ -80,3 +85,39 @@ def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarr
         "worst_exact": float(e[worst]) if e.size else 0.0,
         "worst_bound": float(b[worst]) if b.size else 0.0,
     }
+
+
+TOP_K = 5
+
+
+def logit_metrics(out: np.ndarray, exact: np.ndarray, bound: np.ndarray) -> dict:
+    """Argmax agreement on a logit vector: see the module docstring."""
+    o = np.asarray(out).astype(np.float64).ravel()
+    e = np.asarray(exact, dtype=np.float64).ravel()
+    b = np.broadcast_to(np.asarray(bound, dtype=np.float64), e.shape)
+    i, j = int(np.argmax(e)), int(np.nanargmax(o)) if np.isfinite(o).any() else -1
+    top = np.argsort(-e, kind="stable")[:TOP_K]
+    mine = np.argsort(-np.where(np.isnan(o), -np.inf, o), kind="stable")[:TOP_K]
+    flip = j != i
+    allowed = float(b[i] + b[j]) if j >= 0 else 0.0
+    gap = float(e[i] - e[j]) if j >= 0 else float("inf")  # the oracle's gap to the impl's pick
+    return {
+        "argmax": j, "argmax_oracle": i, "argmax_match": not flip,
+        "margin": float(e[top[0]] - e[top[1]]) if e.size > 1 else float("inf"),
+        "top5_overlap": len(set(top.tolist()) & set(mine.tolist())) / min(TOP_K, e.size),
+        "near_tie": bool(flip and gap <= allowed),
+        "argmax_fail": bool(flip and gap > allowed),
+        "flip_gap": gap if flip else 0.0, "flip_allowed": allowed if flip else 0.0,
+    }
+
+
+def level2_metrics(out: np.ndarray, reference: np.ndarray) -> dict:
+    """Distance to a level-2 reference (e.g. the unquantized weights' product): relative RMS
+    error, cosine and max relative error; reported, never gated."""
+    o = np.asarray(out).astype(np.float64).ravel()
+    r = np.asarray(reference, dtype=np.float64).ravel()
+    rms = float(np.sqrt(np.mean(r * r))) or 1.0
+    norm = float(np.linalg.norm(o) * np.linalg.norm(r))
+    return {"rel_rms": float(np.sqrt(np.mean((o - r) ** 2))) / rms,
+            "cosine": float(o @ r) / norm if norm else float(np.array_equal(o, r)),
+            "max_abs_over_rms": float(np.max(np.abs(o - r), initial=0.0)) / rms}

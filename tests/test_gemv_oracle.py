@@ -141,3 +141,118 @@ def test_exact_peer_check_catches_a_different_summation_order():
     case = _expert_case(1, "f32")
     assert check(Work(mutant, case, "valid"), backend("torch"))["status"] == "pass"
     assert exact_peer_mismatches(mutant, backend("torch"), case)
+
+
+# --- logit gate ----------------------------------------------------------------------------------
+
+def test_logit_metrics_tell_a_near_tie_from_a_flip():
+    from runners.metrics import logit_metrics
+
+    exact = np.array([0.0, 1.0, 0.999, -1.0, 0.5, 0.2, 0.1])
+    bound = np.full(7, 0.001)
+    same = logit_metrics(exact, exact, bound)
+    assert same["argmax_match"] and not same["near_tie"] and same["top5_overlap"] == 1.0
+    assert np.isclose(same["margin"], 0.001)
+    tie = logit_metrics(np.array([0.0, 0.9995, 0.9996, -1, 0.5, 0.2, 0.1]), exact, bound)
+    assert tie["near_tie"] and not tie["argmax_fail"] and tie["argmax"] == 2
+    wide = logit_metrics(exact, exact, np.full(7, 1e-5))
+    assert wide["argmax_match"]
+    flip = logit_metrics(np.array([0.0, 0.99, 1.0, -1, 0.5, 0.2, 0.1]), exact, np.full(7, 1e-4))
+    assert flip["argmax_fail"] and not flip["near_tie"]
+    shuffled = logit_metrics(np.array([9.0, 1.0, 0.999, 8, 0.5, 0.2, 7]), exact, bound)
+    assert shuffled["top5_overlap"] == 0.6
+
+
+def _planted(dist, dtype):
+    return Case.make("dequant_gemv", {"out": 2048, "in": 1024, "bits": 4, "group_size": 64},
+                     dtype, dist)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_planted_near_tie_is_within_one_output_ulp(dtype):
+    from oracle.dtypes import spacing
+
+    case = _planted("near_tie", dtype)
+    exact, _ = case.spec.reference(make_inputs(case), case)
+    e = exact["out"]
+    top = sorted(np.argsort(-e)[:2].tolist())
+    assert top[1] - top[0] == 1024  # the top row and its planted twin, out / 2 apart
+    margin = e[top].max() - e[top].min()
+    assert 0 < margin <= spacing(e.max(), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_planted_clear_margin_exceeds_the_tolerance(dtype):
+    case = _planted("clear_margin", dtype)
+    inputs = make_inputs(case)
+    exact, _ = case.spec.reference(inputs, case)
+    bound = case.spec.tolerance(inputs, exact, case)["out"]
+    e = exact["out"]
+    i, j = np.argsort(-e)[:2]
+    assert e[i] - e[j] > 10 * (bound[i] + bound[j])
+
+
+def _shifted_impl(shift):
+    """torch:dequant_linear with `shift(out_f32, bound_hint)` applied before the store."""
+    import dataclasses
+
+    from gpu_impls import impls
+    from gpu_impls.torch.gemv import dequantize_f32
+
+    def run(launch, inputs, outputs, case):
+        import torch.nn.functional as F
+
+        w_hat = dequantize_f32(inputs["w"], inputs["scales"], inputs["biases"], case)
+        y = F.linear(inputs["x"].float(), w_hat)
+        return {"out": shift(y).to(inputs["x"].dtype)}
+
+    return dataclasses.replace(impls()["torch:dequant_linear"], name="mutant_shift", run=run)
+
+
+def test_an_argmax_flip_past_the_tolerance_fails_and_within_it_is_a_near_tie():
+    import torch
+
+    from cases.generate import Work
+    from gpu_impls import backend
+    from runners.correctness import check
+
+    def swap_top_two(y):
+        i, j = torch.topk(y, 2).indices.tolist()
+        y = y.clone()
+        y[i], y[j] = y[j].item(), y[i].item()
+        return y
+
+    row = check(Work(_shifted_impl(swap_top_two), _planted("clear_margin", "f32"), "valid"),
+                backend("torch"))
+    assert row["status"] == "fail" and "argmax" in row["message"]
+
+    tie = _planted("near_tie", "f32")
+    exact, _ = tie.spec.reference(make_inputs(tie), tie)
+    first, second = np.argsort(-exact["out"])[:2].tolist()
+
+    def lift_the_twin(y):  # the oracle's second logit one f32 ULP above its first: in bound
+        y = y.clone()
+        y[second] = torch.nextafter(y[first], torch.tensor(float("inf")))
+        return y
+
+    row = check(Work(_shifted_impl(lift_the_twin), tie, "valid"), backend("torch"))
+    assert row["status"] == "pass" and row["flags"] == "near_tie:out", row["message"]
+
+
+# --- level 2: the quantization loss, reported --------------------------------------------------
+
+def test_level2_loss_is_reported_not_gated_and_shrinks_with_bits():
+    import json
+
+    from cases.generate import Work
+    from gpu_impls import backend, impls
+    from runners.correctness import check
+
+    loss = {}
+    for bits in (2, 4, 8):
+        case = Case.make("dequant_gemv", {"out": 64, "in": 512, "bits": bits,
+                                          "group_size": 64}, "f32", "quantized")
+        row = check(Work(impls()["torch:dequant_linear"], case, "valid"), backend("torch"))
+        assert row["status"] == "pass", row["message"]  # level 1 holds whatever level 2 says
+        loss[bits] = json.loads(row["outputs_json"])["out"]["level2"]["rel_rms"]
+    assert loss[8] < loss[4] < loss[2] and loss[2] > 0.05 and loss[8] < 0.05, loss

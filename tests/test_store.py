@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from results.schema import CORRECTNESS
+from results.schema import CORRECTNESS, SCHEMA_VERSION
 from results.store import RowWriter, Store
 
 
@@ -42,5 +42,20 @@ def test_read_uses_schema_and_version(tmp_path):
     store.write("correctness", [_row(1)], "r3", 0)
     table = store.read("correctness")
     assert table.schema.equals(CORRECTNESS, check_metadata=False)
-    assert table.column("schema_version").to_pylist() == [1]
+    assert table.column("schema_version").to_pylist() == [SCHEMA_VERSION]
     assert Store(tmp_path / "empty").read("correctness").num_rows == 0
+
+
+def test_version_1_files_read_back_with_flags_null(tmp_path):
+    """Schema 2 added correctness.flags: a part written before it still reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = pa.schema([f for f in CORRECTNESS if f.name != "flags"])
+    part = tmp_path / "correctness" / "date=2026-11-01"
+    part.mkdir(parents=True)
+    row = {**_row(1), "schema_version": 1}
+    pq.write_table(pa.Table.from_pylist([row], schema=old), part / "r0-0.parquet")
+    table = Store(tmp_path).read("correctness")
+    assert table.column("flags").to_pylist() == [None]
+    assert table.column("case_id").to_pylist() == [row["case_id"]]
