@@ -147,3 +147,58 @@ if cuda_mutant is not None:
     for impl_id, name, define in CUDA_MUTANTS:
         if f"cuda:{name}" not in _existing and impl_id in _existing:
             register(cuda_mutant(impl_id, name, define))
+
+
+# --- rms_norm_qgemv (fused RMSNorm + quantized GEMV) ------------------------------------------
+#
+# | mutant                              | bug                                                  |
+# |-------------------------------------|------------------------------------------------------|
+# | torch:mutant_rms_qgemv_round_normed | the normalised activation rounded to T before the    |
+# |                                     | GEMV (two kernels, or mx.fast.rms_norm's output)     |
+# | torch:mutant_rms_qgemv_drop_eps     | rsqrt(mean(x²)) without eps: an all-zero x gives NaN |
+# | cuda:mutant_rms_qgemv{,_fast,_int8}_{nibble_order, group_off_by_one, drop_bias,          |
+# |   skip_last_group, drop_eps}: the seed ports compiled with the KPARITY_MUTANT_* define    |
+
+
+def _rms_qgemv_parts(inputs, case, eps: float):
+    """(normed x in f32, dequantized W in f32) as torch:norm_dequant_linear forms them."""
+    from gpu_impls.torch.gemv import dequantize_f32
+    from gpu_impls.torch.rms_qgemv import normed_f32
+
+    normed = normed_f32(inputs["x"], inputs["norm_weight"], eps)
+    return normed, dequantize_f32(inputs["w"], inputs["scales"], inputs["biases"], case)
+
+
+def rms_qgemv_round_normed(launch, inputs, outputs, case):
+    import torch.nn.functional as F
+
+    normed, w_hat = _rms_qgemv_parts(inputs, case, float(np.float32(case.params["eps"])))
+    normed = normed.to(inputs["x"].dtype).float()
+    outputs["out"].copy_(F.linear(normed, w_hat))
+
+
+def rms_qgemv_drop_eps(launch, inputs, outputs, case):
+    import torch.nn.functional as F
+
+    normed, w_hat = _rms_qgemv_parts(inputs, case, 0.0)
+    outputs["out"].copy_(F.linear(normed, w_hat))
+
+
+RMS_QGEMV_CPU_MUTANTS = (
+    # rounding to f32 is a no-op: the mutant exists in the half dtypes only
+    Impl("rms_norm_qgemv", "torch", "mutant_rms_qgemv_round_normed", rms_qgemv_round_normed,
+         Contract(dtypes=("f16", "bf16"))),
+    Impl("rms_norm_qgemv", "torch", "mutant_rms_qgemv_drop_eps", rms_qgemv_drop_eps),
+)
+RMS_QGEMV_BUGS = (*GEMV_BUGS, ("drop_eps", "KPARITY_MUTANT_DROP_EPS"))
+RMS_QGEMV_CUDA_MUTANTS = tuple(
+    (f"cuda:{impl}", f"{prefix}_{bug}", define) for bug, define in RMS_QGEMV_BUGS
+    for impl, prefix in (("ffai_rms_norm_qgemv", "mutant_rms_qgemv"),
+                         ("ffai_rms_norm_qgemv_fast", "mutant_rms_qgemv_fast"),
+                         ("ffai_rms_norm_qgemv_int8_fast", "mutant_rms_qgemv_int8")))
+
+register(*(m for m in RMS_QGEMV_CPU_MUTANTS if m.id not in _existing))
+if cuda_mutant is not None:
+    for impl_id, name, define in RMS_QGEMV_CUDA_MUTANTS:
+        if f"cuda:{name}" not in _existing and impl_id in _existing:
+            register(cuda_mutant(impl_id, name, define))

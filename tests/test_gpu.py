@@ -57,7 +57,12 @@ def test_gate(work):
                                     "mutant_skip_lane", "mutant_kp_skip_lane",
                                     *(f"{p}_{bug}" for bug in ("nibble_order", "group_off_by_one",
                                                                "drop_bias", "skip_last_group")
-                                      for p in ("mutant_gemv", "mutant_kp_qgemv"))])
+                                      for p in ("mutant_gemv", "mutant_kp_qgemv")),
+                                    *(f"{p}_{bug}" for bug in ("nibble_order", "group_off_by_one",
+                                                               "drop_bias", "skip_last_group",
+                                                               "drop_eps")
+                                      for p in ("mutant_rms_qgemv", "mutant_rms_qgemv_fast",
+                                                "mutant_rms_qgemv_int8"))])
 def test_cuda_mutants_go_red(mutant):
     gpu_impls.load_plugin(str(MUTANTS))
     impl = gpu_impls.impls()[f"cuda:{mutant}"]
