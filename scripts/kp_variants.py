@@ -4,7 +4,7 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
     cuda:kp_rms_norm_t2, cuda:kp_rms_norm_per_head_t2: 2 vectors per thread below SMALL_WORK
     cuda:kp_rms_norm{,_per_head}_b{32,128,256}: at least that many threads per block (short
         rows: more rows per block, fewer blocks), instead of MIN_BLOCK = 64
-    cuda:kp_qgemv_r4, cuda:kp_qgemv_r8: 4 or 8 rows per block instead of KP_ROWS = 2
+    cuda:kp_qgemv_r2, cuda:kp_qgemv_r8: 2 or 8 rows per block instead of KP_ROWS = 4
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
 """
 
@@ -29,6 +29,6 @@ for _impl, _geometry in (("cuda:kp_rms_norm", kp._row_geometry),
                          ("cuda:kp_rms_norm_per_head", kp._per_head_geometry)):
     register(variant(_impl, _geometry, "t2", small_target=2),
              *(variant(_impl, _geometry, f"b{b}", min_block=b) for b in (32, 128, 256)))
-register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in (4, 8)),
+register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in (2, 8)),
          *(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}w{w}", rows=r, warps=w)
            for r in (4, 8) for w in (1, 2, 4)))

@@ -17,7 +17,7 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
   `expert_index[0]` of stacked [E, out, ...] weights, bit-identical to `cuda:dequant_gemv` on
   that slab (`exact_peer`). Contract: the layout, bits == 4, expert < experts (the kernel does
   not check the device index; the wrapper checks the case's).
-* `cuda:kp_qgemv` (kparity): 16-byte weight chunks, ROWS = 2 rows per block of 1 to 4 warps
+* `cuda:kp_qgemv` (kparity): 16-byte weight chunks, ROWS = 4 rows per block of 1 to 4 warps
   that split K (enough warps that a lane has at most 8 chunks per row), each x load shared by
   the ROWS rows, the next chunks in flight during the math, codes to f32 by PRMT instead of
   I2F. Contract: bits in (4, 8). The kernel's own rules (whole 16-byte chunks of 128 / bits codes per row, a
@@ -41,9 +41,10 @@ KP = "kp_qgemv.cu"
 SCALAR_TPG = 64        # threads per row block, as the seed's tests
 FAST_ROWS = 8          # rows per block of the fast kernel (2 warps x 4)
 FAST_BLOCK_K = 512     # codes per warp step of the fast kernel
-# Rows per block of kp_qgemv: 2 was the fastest of 2/4/8 (and of fixed warps 1/2/4) at the
-# three bench shapes on an H100, bf16 (benchmarks/h100-2026-11-23/gemv-kp-variants.log).
-KP_ROWS = 2
+# Rows per block of kp_qgemv: with scales and biases prefetched, 4 was the fastest of 2/4/8 at
+# the four bench shapes on an H100, bf16 (benchmarks/h100-2026-11-23/gemv-prefetch-scales.log;
+# before the prefetch 2 was: gemv-kp-variants.log).
+KP_ROWS = 4
 KP_ROWS_CHOICES = (2, 4, 8)  # instantiated, for A/B-ing the choice (scripts/kp_variants.py)
 KP_BLOCK = 128         # threads per block of kp_qgemv at most (KPQ_BLOCK in the .cu)
 KP_STEPS = 8           # chunks per lane per row the geometry aims under (more: more warps)
@@ -185,6 +186,6 @@ register(
               "selected slab of stacked weights; index checked by the wrapper",
               exact_peer=ExactPeer("cuda:dequant_gemv", expert_slabs)),
     cuda_impl("kp_qgemv", "dequant_gemv", KP_CONTRACT, _kp,
-              "kparity GEMV: 16-byte weight chunks, 2 rows per block split over K, x shared "
+              "kparity GEMV: 16-byte weight chunks, 4 rows per block split over K, x shared "
               "by the rows, next chunks in flight, PRMT code->f32; int4/int8"),
 )

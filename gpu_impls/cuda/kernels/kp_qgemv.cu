@@ -10,10 +10,11 @@
 // chunks t, t + blockDim.x, ... of each row, so at every step the block reads 512 * WARPS
 // contiguous bytes per row (coalesced LDG.128). The matching CODES values of x (4 16-byte loads
 // for int4 bf16) are read once per step and shared by the ROWS rows. The next step's weight
-// chunks are loaded before the current step's math (software pipelining: 2 * ROWS 16-byte
-// loads in flight per thread). Splitting K over more warps gives out / ROWS blocks of fewer
-// steps each (short rows: 1 warp and several steps to pipeline; long rows and few of them: more
-// warps, so every SM gets work). The warps' partial sums meet in shared memory, added in warp
+// chunks, with their scales and biases, are loaded before the current step's math (software
+// pipelining: the scale and bias of a chunk sit in a different HBM line than its codes, so an
+// unprefetched group load would stall every step for a full memory latency). Splitting K over
+// more warps gives out / ROWS blocks of fewer steps each (short rows: 1 warp and several steps
+// to pipeline; long rows and few of them: more warps, so every SM gets work). The warps' partial sums meet in shared memory, added in warp
 // order (deterministic). Rows past `out` load row 0 and store nothing.
 //
 // Codes to f32 without I2F (16 conversions per clock per SM on sm_90: 4.2e12/s on an H100,
@@ -108,19 +109,41 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
         grow[r] = (size_t)row * groups;
     }
 
+    // Group of chunk c (and the mutant moving each group's last chunk into the next group).
+    auto group_of = [&](int c) {
+        int g = c / chunks_per_group;
+#ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
+        if ((c + 1) % chunks_per_group == 0 && g + 1 < groups) g += 1;
+#endif
+        return g;
+    };
+    typedef typename T::storage S;
     float acc[ROWS];
     uint4 next[ROWS];
+    S next_s[ROWS], next_b[ROWS];  // the next chunk's scale and bias, in flight with it
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         acc[r] = 0.0f;
-        next[r] = t < used ? w[wrow[r] + t] : make_uint4(0u, 0u, 0u, 0u);
+        const bool any = t < used;
+        next[r] = any ? w[wrow[r] + t] : make_uint4(0u, 0u, 0u, 0u);
+        next_s[r] = any ? scales[grow[r] + group_of(t)] : S(0);
+        next_b[r] = any ? biases[grow[r] + group_of(t)] : S(0);
     }
     for (int c = t; c < used; c += threads) {
         uint4 cur[ROWS];
+        S cur_s[ROWS], cur_b[ROWS];
+        const bool more = c + threads < used;
+        const int g_next = group_of(more ? c + threads : c);
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             cur[r] = next[r];
-            if (c + threads < used) next[r] = w[wrow[r] + c + threads];  // in flight now
+            cur_s[r] = next_s[r];
+            cur_b[r] = next_b[r];
+            if (more) {  // the next step's loads, in flight during this step's math
+                next[r] = w[wrow[r] + c + threads];
+                next_s[r] = scales[grow[r] + g_next];
+                next_b[r] = biases[grow[r] + g_next];
+            }
         }
         float xf[CODES];
         float xsum = 0.0f;
@@ -134,18 +157,14 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
                 xsum += f[k];
             }
         }
-        int g = c / chunks_per_group;
-#ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
-        if ((c + 1) % chunks_per_group == 0 && g + 1 < groups) g += 1;
-#endif
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-            const float s = T::load(scales, grow[r] + g);
+            const float s = T::load(&cur_s[r], 0);
             const float dot = kpq::chunk_dot<BITS>(cur[r], xf);
 #ifdef KPARITY_MUTANT_DROP_BIAS
             acc[r] = fmaf(s, dot, acc[r]);
 #else
-            const float b = T::load(biases, grow[r] + g);
+            const float b = T::load(&cur_b[r], 0);
             acc[r] = fmaf(s, dot, fmaf(b, xsum, acc[r]));
 #endif
         }
