@@ -51,11 +51,16 @@ KP_STEPS = 8           # chunks per lane per row the geometry aims under (more: 
 KP_BITS = (4, 8)
 VEC_BYTES = 16
 
+MMA = "kp_qgemv_mma.cu"
+MMA_ROWS = 16          # rows per block of kp_qgemv_mma (one m16 tile)
+MMA_MAX_WARPS = 8      # warps per block splitting K by super-blocks of 8 groups
+
 KERNELS = [
     (SEED, "dequant_gemv", [(b,) for b in BITS]),
     (SEED, "dequant_gemv_int4_fast"),
     (SEED, "dequant_gemv_int4_expert_indexed"),
     (KP, "kp_qgemv", [(b, r) for b in KP_BITS for r in KP_ROWS_CHOICES]),
+    (MMA, "kp_qgemv_mma"),
 ]
 
 
@@ -79,6 +84,14 @@ def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
     warps = warps or _kp_warps(dims)
     return {"warps": warps}, Launch(grid=(-(-dims["out"] // rows), 1, 1),
                                     block=(32 * warps, 1, 1), extra={"rows": rows})
+
+
+def _mma_geometry(dims, params):
+    """16 rows per block; warps split K by super-blocks of 8 groups (8 * G codes)."""
+    supers = -(-(dims["in"] // 128) // (dims["group_size"] // 16))
+    warps = max(1, min(MMA_MAX_WARPS, supers))
+    return {"warps": warps}, Launch(grid=(-(-dims["out"] // MMA_ROWS), 1, 1),
+                                    block=(32 * warps, 1, 1))
 
 
 # --- contracts -----------------------------------------------------------------------------------
@@ -115,6 +128,16 @@ EXPERT = Contract(
                           lambda ns: "bits = 4, or run cuda:dequant_gemv on the expert's slab",
                           {"bits": 8}, ("bits",))),
     geometry=_scalar_geometry)
+MMA_CONTRACT = Contract(
+    invariants=(*LAYOUT,
+                Invariant("bits == 4", lambda ns: ns["bits"] == 4,
+                          "the A fragments are built from nibble pairs (LOP3 0x000F000F)",
+                          lambda ns: "bits = 4, or use cuda:kp_qgemv (int4/int8)", {"bits": 8},
+                          ("bits",)),
+                _multiple("in", 128, "a warp walks K in blocks of 128 codes (64 bytes per row, "
+                          "16 per quad thread) with no bounds check", 1568)),
+    dtypes=("f16", "bf16"),
+    geometry=_mma_geometry)
 KP_CONTRACT = Contract(
     invariants=(*LAYOUT,
                 Invariant("bits in (4, 8)", lambda ns: ns["bits"] in KP_BITS,
@@ -175,7 +198,21 @@ def _kp(defines: tuple = ()):
     return run
 
 
+def _mma(defines: tuple = ()):
+    def run(launch, inputs, outputs, case):
+        d = case.dims
+        k = kernel(MMA, "kp_qgemv_mma", case.dtype, defines)
+        k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
+                                      np.int32(d["out"]), np.int32(d["in"]),
+                                      np.int32(d["group_size"])))
+    return run
+
+
 register(
+    cuda_impl("kp_qgemv_mma", "dequant_gemv", MMA_CONTRACT, _mma,
+              "kparity tensor-core GEMV: int4 codes exact in f16/bf16 A fragments, x in B "
+              "split by group over the 8 columns, f32 accumulation, scales per group after; "
+              "f16/bf16, in % 128"),
     cuda_impl("dequant_gemv", "dequant_gemv", SCALAR, _scalar,
               "seed dequant_gemv_int{2..8}: one 64-thread block per row, dequantize then dot"),
     cuda_impl("dequant_gemv_int4_fast", "dequant_gemv", FAST, _fast,
