@@ -8,6 +8,8 @@
 #   bash scripts/gpu_bench.sh small-compiled  per-head and decode, all dtypes, against torch.compile
 #   bash scripts/gpu_bench.sh small-eager     the same against torch eager
 #     (the two `small-*` stages: after torch's fresh outputs were made to rotate like the inputs)
+#   bash scripts/gpu_bench.sh gemv      quantized GEMV family (issue 4): gate, every CUDA GEMV and
+#     the torch baselines at the issue's shapes (bf16), A/B against dense bf16 F.linear
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -53,6 +55,12 @@ small-compiled)
 small-eager)
   run ab torch:rms_norm_per_head cuda:kp_rms_norm_per_head $T
   run ab torch:rms_norm cuda:kp_rms_norm --preset decode-1x4096,decode-64x4096 $T
+  ;;
+gemv)
+  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -k "gemv or expert or qmm or rms_qgemv or invariance" >> "$LOG" 2>&1; echo "gate rc=$?" >> "$LOG"
+  run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1
+  run bench --op rms_norm_qgemv,qmm,dequant_gemv_expert_indexed --dtype bf16 --min-time 0.1
+  run ab torch:linear_dense cuda:kp_qgemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
   ;;
 esac
 tar czf "$OUT/store-$STAGE.tgz" -C "$OUT" "store-$STAGE" && rm -rf "$STORE"
