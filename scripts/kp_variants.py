@@ -6,6 +6,7 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
         rows: more rows per block, fewer blocks), instead of MIN_BLOCK = 64
     cuda:kp_qgemv_r2, cuda:kp_qgemv_r8: 2 or 8 rows per block instead of KP_ROWS = 4
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
+    cuda:kp_qgemv_mma_t1, cuda:kp_qgemv_mma_t2: 1 or 2 m16 tiles per warp
 """
 
 from __future__ import annotations
@@ -32,3 +33,4 @@ for _impl, _geometry in (("cuda:kp_rms_norm", kp._row_geometry),
 register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in (2, 8)),
          *(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}w{w}", rows=r, warps=w)
            for r in (4, 8) for w in (1, 2, 4)))
+register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}", tiles=t) for t in (1, 2)))

@@ -18,8 +18,8 @@ a `KPARITY_MUTANT_*` define (GPU gate).
 |                                | (kp: the chunk that ends a group)                           |
 | mutant_gemv_drop_bias          | w = q * s: the bias term is lost                            |
 | mutant_gemv_skip_last_group    | the last group of every row is never accumulated            |
-CUDA gemv mutants exist for cuda:dequant_gemv (`mutant_gemv_*`) and cuda:kp_qgemv
-(`mutant_kp_qgemv_*`).
+CUDA gemv mutants exist for cuda:dequant_gemv (`mutant_gemv_*`), cuda:kp_qgemv
+(`mutant_kp_qgemv_*`) and cuda:kp_qgemv_mma (`mutant_kp_qgemv_mma_*`).
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ CUDA_MUTANTS = (
     ("cuda:mt_rms_norm", "mutant_skip_lane", "KPARITY_MUTANT_SKIP_LANE"),
     ("cuda:kp_rms_norm", "mutant_kp_skip_lane", "KPARITY_MUTANT_SKIP_LANE"),
     *((f"cuda:{impl}", f"{prefix}_{bug}", define) for bug, define in GEMV_BUGS
-      for impl, prefix in (("dequant_gemv", "mutant_gemv"), ("kp_qgemv", "mutant_kp_qgemv"))),
+      for impl, prefix in (("dequant_gemv", "mutant_gemv"), ("kp_qgemv", "mutant_kp_qgemv"),
+                           ("kp_qgemv_mma", "mutant_kp_qgemv_mma"))),
 )
 
 _existing = impls()

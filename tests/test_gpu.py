@@ -57,7 +57,8 @@ def test_gate(work):
                                     "mutant_skip_lane", "mutant_kp_skip_lane",
                                     *(f"{p}_{bug}" for bug in ("nibble_order", "group_off_by_one",
                                                                "drop_bias", "skip_last_group")
-                                      for p in ("mutant_gemv", "mutant_kp_qgemv")),
+                                      for p in ("mutant_gemv", "mutant_kp_qgemv",
+                                                "mutant_kp_qgemv_mma")),
                                     *(f"{p}_{bug}" for bug in ("nibble_order", "group_off_by_one",
                                                                "drop_bias", "skip_last_group",
                                                                "drop_eps")

@@ -52,7 +52,8 @@ KP_BITS = (4, 8)
 VEC_BYTES = 16
 
 MMA = "kp_qgemv_mma.cu"
-MMA_ROWS = 16          # rows per block of kp_qgemv_mma (one m16 tile)
+MMA_TILES = 2          # m16 tiles per warp of kp_qgemv_mma (they share the x fragments)
+MMA_TILE_CHOICES = (1, 2)  # instantiated, for A/B-ing the choice (scripts/kp_variants.py)
 MMA_MAX_WARPS = 8      # warps per block splitting K by super-blocks of 8 groups
 
 KERNELS = [
@@ -60,7 +61,7 @@ KERNELS = [
     (SEED, "dequant_gemv_int4_fast"),
     (SEED, "dequant_gemv_int4_expert_indexed"),
     (KP, "kp_qgemv", [(b, r) for b in KP_BITS for r in KP_ROWS_CHOICES]),
-    (MMA, "kp_qgemv_mma"),
+    (MMA, "kp_qgemv_mma", [(t,) for t in MMA_TILE_CHOICES]),
 ]
 
 
@@ -86,12 +87,12 @@ def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
                                     block=(32 * warps, 1, 1), extra={"rows": rows})
 
 
-def _mma_geometry(dims, params):
-    """16 rows per block; warps split K by super-blocks of 8 groups (8 * G codes)."""
+def _mma_geometry(dims, params, tiles: int = MMA_TILES):
+    """16 * tiles rows per block; warps split K by super-blocks of 8 groups (8 * G codes)."""
     supers = -(-(dims["in"] // 128) // (dims["group_size"] // 16))
     warps = max(1, min(MMA_MAX_WARPS, supers))
-    return {"warps": warps}, Launch(grid=(-(-dims["out"] // MMA_ROWS), 1, 1),
-                                    block=(32 * warps, 1, 1))
+    return {"warps": warps}, Launch(grid=(-(-dims["out"] // (16 * tiles)), 1, 1),
+                                    block=(32 * warps, 1, 1), extra={"tiles": tiles})
 
 
 # --- contracts -----------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ def _kp(defines: tuple = ()):
 def _mma(defines: tuple = ()):
     def run(launch, inputs, outputs, case):
         d = case.dims
-        k = kernel(MMA, "kp_qgemv_mma", case.dtype, defines)
+        k = kernel(MMA, "kp_qgemv_mma", case.dtype, defines, (launch.extra["tiles"],))
         k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
                                       np.int32(d["out"]), np.int32(d["in"]),
                                       np.int32(d["group_size"])))

@@ -12,7 +12,8 @@
 // bias are applied in f32 per group after the products, as the algebraic split of the seed's
 // fast kernels. The bound of oracle/gemv.py (f32 accumulation over `in` terms) covers it.
 //
-// Layout. A warp owns 16 rows (m16) and walks K in blocks of 128 codes (64 bytes per row): the
+// Layout. A warp owns TILES m16 tiles (16 TILES rows; the tiles share B) and walks K in blocks
+// of 128 codes (64 bytes per row): the
 // quad thread c = lane % 4 loads 16 bytes (32 codes) of rows g = lane / 4 and g + 8: codes
 // 32c .. 32c + 31 of the block. mma step s (0..7) of a block uses word s / 2 of those 16 bytes:
 // nibble pairs (p, p + 4) land in one register as T x 2 (LOP3 with mask 0x000F000F), p = 0, 1
@@ -27,7 +28,8 @@
 //
 // DISPATCH INVARIANTS (gpu_impls/cuda/gemv.py): int4, T in {f16, bf16}, group_size in
 // {32, 64, 128}, in % 128 == 0, 16-byte aligned w and x; rows past `out` read row 0 and store
-// nothing. Blocks of 32 * WARPS threads (WARPS in 1..8) per 16 rows.
+// nothing. Blocks of 32 * WARPS threads (WARPS in 1..8) per 16 * TILES rows. Test-only mutants
+// (tests/mutants.py): KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS, _SKIP_LAST_GROUP.
 #include "common.cuh"
 
 #define KPM_MAX_WARPS 8
@@ -70,6 +72,10 @@ template <> struct Mma<BF16> {
 template <typename T>
 __device__ __forceinline__ unsigned nibble_pair(unsigned word, int shift) {
     unsigned m;
+#ifdef KPARITY_MUTANT_NIBBLE_ORDER  // mutant: nibbles of a word read in reverse order
+    word = __byte_perm(word, 0u, 0x0123);
+    word = ((word >> 4) & 0x0F0F0F0Fu) | ((word & 0x0F0F0F0Fu) << 4);
+#endif
     const unsigned v = word >> shift;
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(m) : "r"(v), "r"(0x000F000Fu),
         "r"(Mma<T>::MAGIC));  // (v & mask) | magic
@@ -78,7 +84,7 @@ __device__ __forceinline__ unsigned nibble_pair(unsigned word, int shift) {
 
 }  // namespace kpmma
 
-template <typename T>
+template <typename T, int TILES>
 __global__ void __launch_bounds__(32 * KPM_MAX_WARPS)
 kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
              const typename T::storage* __restrict__ biases,
@@ -87,10 +93,11 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
     if constexpr (sizeof(typename T::storage) == 4) {
         __trap();  // f32 activations have no exact tensor-core path: the contract refuses them
     } else {
+        constexpr int R = 2 * TILES;  // rows per thread: g and g + 8 of each m16 tile
+        typedef typename T::storage S;
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
         const int g = lane >> 2, c = lane & 3;
-        const int row0 = blockIdx.x * 16;
-        const int rows[2] = {row0 + g, row0 + g + 8};
+        const int row0 = blockIdx.x * 16 * TILES;
         const int chunks = in_dim / 32;          // 16-byte chunks of 32 codes per row
         const int groups = in_dim / group_size;
         const int blocks_per_super = group_size / 16;   // 8 groups of G codes / 128
@@ -98,36 +105,36 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         const int supers = (blocks + blocks_per_super - 1) / blocks_per_super;
         const uint4* xv = reinterpret_cast<const uint4*>(x);
 
-        size_t wrow[2], grow[2];
+        size_t wrow[R], grow[R];  // index 2 i + h: tile i, row g + 8 h
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = rows[h] < out_dim ? rows[h] : 0;
-            wrow[h] = (size_t)row * chunks;
-            grow[h] = (size_t)row * groups;
+        for (int k = 0; k < R; ++k) {
+            const int row = row0 + 16 * (k >> 1) + g + 8 * (k & 1);
+            wrow[k] = (size_t)(row < out_dim ? row : 0) * chunks;
+            grow[k] = (size_t)(row < out_dim ? row : 0) * groups;
         }
-        float acc[2] = {0.0f, 0.0f};
-
-        typedef typename T::storage S;
-        uint4 next[2];  // the warp's next 16-byte chunks, in flight across super-blocks too
+        float acc[R];
+        uint4 next[R];  // the warp's next 16-byte chunks, in flight across super-blocks too
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            next[h] = warp < supers ? w[wrow[h] + 4 * warp * blocks_per_super + c]
+        for (int k = 0; k < R; ++k) {
+            acc[k] = 0.0f;
+            next[k] = warp < supers ? w[wrow[k] + 4 * warp * blocks_per_super + c]
                                     : make_uint4(0u, 0u, 0u, 0u);
+        }
         for (int sup = warp; sup < supers; sup += warps) {
             const int b_first = sup * blocks_per_super;
             const int b_last = min(b_first + blocks_per_super, blocks);
             const int first = sup * 8;  // C column n <-> group first + n
-            // This thread's fold inputs (columns 2c, 2c + 1; rows g, g + 8), loaded now and
-            // used after the super-block's math, and the groups' sums of x (8 chains).
-            S sc[2][2], bi[2][2];
+            // This thread's fold inputs (columns 2c, 2c + 1 of its rows), loaded now and used
+            // after the super-block's math, and the groups' sums of x (8 chains, fixed order).
+            S sc[R][2], bi[R][2];
             float xs[2];
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int grp = min(first + 2 * c + j, groups - 1);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    sc[h][j] = scales[grow[h] + grp];
-                    bi[h][j] = biases[grow[h] + grp];
+                for (int k = 0; k < R; ++k) {
+                    sc[k][j] = scales[grow[k] + grp];
+                    bi[k][j] = biases[grow[k] + grp];
                 }
                 float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
                 for (int v = 0; v < group_size / 8; ++v) {
@@ -139,16 +146,26 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                 xs[j] = ((part[0] + part[1]) + (part[2] + part[3])) +
                         ((part[4] + part[5]) + (part[6] + part[7]));
             }
-            float cacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float cacc[TILES][4];
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) cacc[i][0] = cacc[i][1] = cacc[i][2] = cacc[i][3] = 0.0f;
             for (int blk = b_first; blk < b_last; ++blk) {
-                uint4 cur[2] = {next[0], next[1]};
+                uint4 cur[R];
+#pragma unroll
+                for (int k = 0; k < R; ++k) cur[k] = next[k];
                 const int nb = blk + 1 < b_last ? blk + 1 : (sup + warps) * blocks_per_super;
                 if (nb < blocks) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) next[h] = w[wrow[h] + 4 * nb + c];
+                    for (int k = 0; k < R; ++k) next[k] = w[wrow[k] + 4 * nb + c];
                 }
                 // x at this thread's 32 codes, kept where they belong to column g's group.
-                const int column = ((blk - b_first) * 128 + 32 * c) / group_size;
+                const int code0 = (blk - b_first) * 128 + 32 * c;
+                int column = code0 / group_size;
+#ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
+                // mutant: a group's last 32 codes are added into the next group
+                if ((code0 + 32) % group_size == 0 && column + 1 < 8 && first + column + 1 < groups)
+                    column += 1;
+#endif
                 const bool mine = column == g;
                 unsigned xr[16];
 #pragma unroll
@@ -160,46 +177,59 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                     xr[4 * v + 2] = q.z;
                     xr[4 * v + 3] = q.w;
                 }
-                const unsigned wa[4] = {cur[0].x, cur[0].y, cur[0].z, cur[0].w};
-                const unsigned wb[4] = {cur[1].x, cur[1].y, cur[1].z, cur[1].w};
 #pragma unroll
                 for (int s = 0; s < 8; ++s) {
                     const int wi = s >> 1, p = (s & 1) * 2;  // word, first nibble of the pair
-                    unsigned a[4];
-                    a[0] = kpmma::nibble_pair<T>(wa[wi], 4 * p);        // row g,   (p, p+4)
-                    a[1] = kpmma::nibble_pair<T>(wb[wi], 4 * p);        // row g+8, (p, p+4)
-                    a[2] = kpmma::nibble_pair<T>(wa[wi], 4 * p + 4);    // row g,   (p+1, p+5)
-                    a[3] = kpmma::nibble_pair<T>(wb[wi], 4 * p + 4);    // row g+8, (p+1, p+5)
                     // x at codes 8 wi + (p, p+4) and (p+1, p+5): x[2i] is the low half of xr[i]
                     const unsigned lo = xr[4 * wi + (p >> 1)], hi = xr[4 * wi + 2 + (p >> 1)];
                     const unsigned b0 = __byte_perm(lo, hi, 0x5410);   // x[8wi+p], x[8wi+p+4]
                     const unsigned b1 = __byte_perm(lo, hi, 0x7632);   // x[8wi+p+1], x[8wi+p+5]
-                    kpmma::Mma<T>::mma(cacc, a, b0, b1);
+#pragma unroll
+                    for (int i = 0; i < TILES; ++i) {
+                        const unsigned* wa = reinterpret_cast<const unsigned*>(&cur[2 * i]);
+                        const unsigned* wb = reinterpret_cast<const unsigned*>(&cur[2 * i + 1]);
+                        unsigned a[4];
+                        a[0] = kpmma::nibble_pair<T>(wa[wi], 4 * p);      // row g,   (p, p+4)
+                        a[1] = kpmma::nibble_pair<T>(wb[wi], 4 * p);      // row g+8, (p, p+4)
+                        a[2] = kpmma::nibble_pair<T>(wa[wi], 4 * p + 4);  // row g,   (p+1, p+5)
+                        a[3] = kpmma::nibble_pair<T>(wb[wi], 4 * p + 4);  // row g+8, (p+1, p+5)
+                        kpmma::Mma<T>::mma(cacc[i], a, b0, b1);
+                    }
                 }
             }
             // Fold: C[row][col] is sum q x over group `first + col` of this super-block.
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                if (first + 2 * c + j >= groups) continue;
+                const int grp = first + 2 * c + j;
+                if (grp >= groups) continue;
+#ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
+                if (grp == groups - 1) continue;
+#endif
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    acc[h] = fmaf(T::load(&sc[h][j], 0), cacc[2 * h + j],
-                                  fmaf(T::load(&bi[h][j], 0), xs[j], acc[h]));
+                for (int k = 0; k < R; ++k) {
+                    const float q_x = cacc[k >> 1][2 * (k & 1) + j];
+#ifdef KPARITY_MUTANT_DROP_BIAS
+                    acc[k] = fmaf(T::load(&sc[k][j], 0), q_x, acc[k]);
+#else
+                    acc[k] = fmaf(T::load(&sc[k][j], 0), q_x,
+                                  fmaf(T::load(&bi[k][j], 0), xs[j], acc[k]));
+#endif
+                }
             }
         }
-        // The quad's 4 threads hold disjoint groups of rows g, g + 8: add them (fixed order).
+        // The quad's 4 threads hold disjoint groups of the same rows: add them (fixed order).
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
-            acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 2);
+        for (int k = 0; k < R; ++k) {
+            acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 1);
+            acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 2);
         }
-        __shared__ float partial[KPM_MAX_WARPS][16];
+        __shared__ float partial[KPM_MAX_WARPS][16 * TILES];
         if (c == 0) {
-            partial[warp][g] = acc[0];
-            partial[warp][g + 8] = acc[1];
+#pragma unroll
+            for (int k = 0; k < R; ++k) partial[warp][16 * (k >> 1) + g + 8 * (k & 1)] = acc[k];
         }
         __syncthreads();
-        if (threadIdx.x < 16 && row0 + (int)threadIdx.x < out_dim) {
+        if (threadIdx.x < 16 * TILES && row0 + (int)threadIdx.x < out_dim) {
             float v = partial[0][threadIdx.x];
             for (int j = 1; j < warps; ++j) v += partial[j][threadIdx.x];
             T::store(out, row0 + threadIdx.x, v);
