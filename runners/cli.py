@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import statistics
 import sys
 from collections import Counter, defaultdict
 
@@ -235,9 +236,37 @@ def summarize(rows: list[dict], run_id: str, store: Store) -> None:
                       str(c["error"] + c["timeout"] + c["crash"]), str(c["rejected ok"]),
                       f"{max(budgets):.3g}" if budgets else "-", str(max(ulps)) if ulps else "-")
     console.print(table)
+    _print_reported(rows)
     n_fail = sum(is_failure(r) for r in rows)
     verdict = "[red]FAILED[/]" if n_fail else "[green]OK[/]"
     console.print(f"{verdict}: {len(rows)} checks, {n_fail} failing; rows in {store.root}/")
+
+
+def _print_reported(rows: list[dict]) -> None:
+    """What the checks recorded but never gate on: logit agreement (argmax matches, near-ties,
+    worst top-5 overlap) and the level-2 loss against unquantized weights (median relative RMS,
+    worst cosine). Printed only when some output carries them."""
+    by_impl = defaultdict(lambda: {"logits": [], "level2": []})
+    for r in rows:
+        for metrics in json.loads(r.get("outputs_json") or "{}").values():
+            if "argmax_match" in metrics:
+                by_impl[r["impl"]]["logits"].append(metrics)
+            if "level2" in metrics:
+                by_impl[r["impl"]]["level2"].append(metrics["level2"])
+    if not by_impl:
+        return
+    table = Table(title="reported, not gated: logit agreement and level-2 quantization loss")
+    for col in ("impl", "logit outputs", "argmax match", "near-ties", "min top-5",
+                "level-2 cases", "median rel RMS", "min cosine"):
+        table.add_column(col, justify="left" if col == "impl" else "right", no_wrap=col == "impl")
+    for impl, got in sorted(by_impl.items()):
+        lg, l2 = got["logits"], got["level2"]
+        table.add_row(impl, str(len(lg)), str(sum(m["argmax_match"] for m in lg)),
+                      str(sum(m["near_tie"] for m in lg)),
+                      f"{min(m['top5_overlap'] for m in lg):.2f}" if lg else "-", str(len(l2)),
+                      f"{statistics.median(m['rel_rms'] for m in l2):.3g}" if l2 else "-",
+                      f"{min(m['cosine'] for m in l2):.4f}" if l2 else "-")
+    console.print(table)
 
 
 def cmd_check(args) -> int:

@@ -112,3 +112,18 @@ def test_repro_line_survives_a_long_plugin_path(tmp_path, capsys):
     lines = [ln for ln in out.splitlines() if "repro:" in ln]
     assert len(lines) == 1 and lines[0].strip().startswith(f"repro: kparity --plugin {plugin}")
     assert lines[0].endswith(f"--impl {impl}")
+
+
+def test_check_reports_logit_agreement_and_level2_loss_apart(tmp_path, capsys):
+    """The lm_head cases' argmax metrics and the quantized cases' level-2 loss are printed in
+    their own table (never gated); a norm op has neither, so no such table."""
+    rc = run(tmp_path, "check", "--impl", "torch:dequant_linear", "--preset", "int4-g64",
+             "--dtype", "f32", "--valid-only")
+    out = capsys.readouterr().out
+    assert rc == 0 and "reported, not gated" in out and "level-2 cases" in out
+    reported = out[out.index("reported, not gated"):]
+    row = next(line for line in reported.splitlines() if "torch:dequant_linear" in line)
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    assert int(cells[1]) > 0 and int(cells[5]) > 0 and 0 < float(cells[6]) < 1, row
+    run(tmp_path, "check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b", "--dtype", "f32")
+    assert "reported, not gated" not in capsys.readouterr().out
