@@ -8,8 +8,8 @@ for the real kernels, `KPARITY_MUTANT_...` for the test mutants.
 
 CuPy is imported inside `kernel` only, so importing this module (and registering impls) works on
 machines without it. CuPy also caches compiled modules on disk, keyed by the source text and the
-options but not by included headers; the source is therefore prefixed with a hash of
-`common.cuh`, so that editing the header recompiles every kernel.
+options but not by included headers; the source is therefore prefixed with a hash of every
+`kernels/*.cuh`, so that editing a header recompiles every kernel.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ TRAIT = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 
 
 def _source(source_file: str) -> str:
-    header = hashlib.sha256((KERNEL_DIR / "common.cuh").read_bytes()).hexdigest()[:16]
-    return f"// common.cuh {header}\n" + (KERNEL_DIR / source_file).read_text()
+    headers = hashlib.sha256(b"".join(h.read_bytes()
+                                      for h in sorted(KERNEL_DIR.glob("*.cuh")))).hexdigest()
+    return f"// headers {headers[:16]}\n" + (KERNEL_DIR / source_file).read_text()
 
 
 def name_expression(name: str, dtype: str, template_args: tuple = ()) -> str:

@@ -97,16 +97,21 @@ def _mma_geometry(dims, params, tiles: int = MMA_TILES):
 
 # --- contracts -----------------------------------------------------------------------------------
 
-def _is(name: str, value: int, why: str, bad: int) -> Invariant:
+GEMV_FALLBACK = "cuda:dequant_gemv (any MLX layout)"
+
+
+def _is(name: str, value: int, why: str, bad: int, fallback: str = GEMV_FALLBACK) -> Invariant:
+    """`name == value`; the fix names `fallback`, an impl without the rule."""
     return Invariant(f"{name} == {value}", lambda ns: ns[name] == value, why,
-                     lambda ns: f"{name} = {value}, or use cuda:dequant_gemv (any MLX layout)",
-                     {name: bad}, (name,))
+                     lambda ns: f"{name} = {value}, or use {fallback}", {name: bad}, (name,))
 
 
-def _multiple(name: str, m: int, why: str, bad: int) -> Invariant:
+def _multiple(name: str, m: int, why: str, bad: int,
+              fallback: str = GEMV_FALLBACK) -> Invariant:
+    """`name % m == 0`; the fix names `fallback`, an impl without the rule."""
     return Invariant(f"{name} % {m} == 0", lambda ns: ns[name] % m == 0, why,
                      lambda ns: f"{name} = {nearest_multiples(ns[name], m, m)}, or use "
-                                "cuda:dequant_gemv (any MLX layout)",
+                                f"{fallback}",
                      {name: bad}, (name,))
 
 
@@ -189,24 +194,22 @@ def _expert(defines: tuple = ()):
     return run
 
 
-def _kp(defines: tuple = ()):
-    def run(launch, inputs, outputs, case):
-        d = case.dims
-        k = kernel(KP, "kp_qgemv", case.dtype, defines, (d["bits"], launch.extra["rows"]))
-        k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
-                                      np.int32(d["out"]), np.int32(d["in"]),
-                                      np.int32(d["group_size"])))
-    return run
+def _aligned(source: str, name: str, template_args):
+    """Maker of kparity's GEMV launches (16-byte vector loads of w and x, rows bounds-checked):
+    `template_args(dims, launch)` picks the kernel instance."""
+    def make(defines: tuple = ()):
+        def run(launch, inputs, outputs, case):
+            d = case.dims
+            k = kernel(source, name, case.dtype, defines, template_args(d, launch))
+            k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
+                                          np.int32(d["out"]), np.int32(d["in"]),
+                                          np.int32(d["group_size"])))
+        return run
+    return make
 
 
-def _mma(defines: tuple = ()):
-    def run(launch, inputs, outputs, case):
-        d = case.dims
-        k = kernel(MMA, "kp_qgemv_mma", case.dtype, defines, (launch.extra["tiles"],))
-        k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
-                                      np.int32(d["out"]), np.int32(d["in"]),
-                                      np.int32(d["group_size"])))
-    return run
+_kp = _aligned(KP, "kp_qgemv", lambda d, launch: (d["bits"], launch.extra["rows"]))
+_mma = _aligned(MMA, "kp_qgemv_mma", lambda d, launch: (launch.extra["tiles"],))
 
 
 register(

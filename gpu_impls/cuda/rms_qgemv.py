@@ -16,12 +16,10 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
   per block of 64 threads, 512 codes per warp step, one scale and bias per lane step, algebraic
   split (int4 also masks without shifting). Contract: the layout, bits == 4 resp. 8,
   group_size == 64, in % 512 == 0, out % 8 == 0: the rules of `cuda:dequant_gemv_int4_fast`
-  (`cuda/gemv.py`), whose fix text here names this op's fallbacks.
+  (`cuda/gemv.py`), each fix naming this op's fallback.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 
@@ -39,17 +37,10 @@ KERNELS = [
     (SOURCE, "ffai_rms_norm_qgemv_int8_fast"),
 ]
 
-# The fallback `cuda/gemv.py`'s rules suggest, and the ones this op has instead.
-GEMV_FALLBACK = "cuda:dequant_gemv (any MLX layout)"
+# The fallbacks each rule's fix names: an impl of this op without that rule.
 INT4_FALLBACK = "cuda:ffai_rms_norm_qgemv (int4, any MLX layout)"
 ANY_FALLBACK = "torch:norm_dequant_linear (any MLX layout)"
 INT8_FAST_FALLBACK = "cuda:ffai_rms_norm_qgemv_int8_fast (int8: g64, in % 512, out % 8)"
-
-
-def _naming(rule: Invariant, fallback: str) -> Invariant:
-    """`rule` with its nearest-valid-choice text naming `fallback` instead of the GEMV's."""
-    return dataclasses.replace(
-        rule, fix=lambda ns: rule.fix(ns).replace(GEMV_FALLBACK, fallback))
 
 
 def _scalar_geometry(dims, params):
@@ -57,25 +48,25 @@ def _scalar_geometry(dims, params):
 
 
 def _fast_rules(fallback: str) -> tuple[Invariant, ...]:
-    return tuple(_naming(rule, fallback) for rule in (
+    return (
         _is("group_size", 64, "a lane's 16 codes take one scale and bias, located as k0 / 64",
-            32),
+            32, fallback),
         _multiple("in", FAST_BLOCK_K, "a warp steps over 512 codes with no bounds check: a "
-                  "partial step reads past the row and past x", 576),
+                  "partial step reads past the row and past x", 576, fallback),
         _multiple("out", FAST_ROWS, "a block writes 8 rows with no bounds check: a partial "
-                  "block writes past the output", 12)))
+                  "block writes past the output", 12, fallback))
 
 
 NIBBLES = "the kernel unpacks 8 nibbles per word: other widths misread every code"
-SCALAR = Contract(invariants=(*LAYOUT, _naming(_is("bits", 4, NIBBLES, 8), INT8_FAST_FALLBACK)),
+SCALAR = Contract(invariants=(*LAYOUT, _is("bits", 4, NIBBLES, 8, INT8_FAST_FALLBACK)),
                   geometry=_scalar_geometry)
-FAST = Contract(invariants=(*LAYOUT, _naming(_is("bits", 4, NIBBLES, 8), INT8_FAST_FALLBACK),
+FAST = Contract(invariants=(*LAYOUT, _is("bits", 4, NIBBLES, 8, INT8_FAST_FALLBACK),
                             *_fast_rules(INT4_FALLBACK)),
                 geometry=_fast_geometry)
 INT8_FAST = Contract(
     invariants=(*LAYOUT,
-                _naming(_is("bits", 8, "the kernel extracts 4 bytes per word: other widths "
-                            "misread every code", 4), INT4_FALLBACK),
+                _is("bits", 8, "the kernel extracts 4 bytes per word: other widths misread "
+                    "every code", 4, INT4_FALLBACK),
                 *_fast_rules(ANY_FALLBACK)),
     geometry=_fast_geometry)
 

@@ -30,6 +30,7 @@
 // each group takes the next group's scale and bias), KPARITY_MUTANT_DROP_BIAS (w = q * s),
 // KPARITY_MUTANT_SKIP_LAST_GROUP (the last group of a row is never accumulated).
 #include "common.cuh"
+#include "quant.cuh"
 
 namespace qg {
 
@@ -61,22 +62,8 @@ __device__ __forceinline__ int group_of(int d, int group_size, int groups) {
 #endif
 }
 
-__device__ __forceinline__ float dequant(float q, float s, float b) {
-#ifdef KPARITY_MUTANT_DROP_BIAS
-    return q * s;
-#else
-    return q * s + b;
-#endif
-}
-
-// Codes a row accumulates: all of them, or (mutant) all but the last group.
-__device__ __forceinline__ int codes_used(int in_dim, int group_size) {
-#ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
-    return in_dim - group_size;
-#else
-    return in_dim;
-#endif
-}
+using quant::codes_used;
+using quant::dequant;
 
 // out_row = T(sum over the row), one block per row. Pointers are already at the row.
 template <typename T, int BITS>

@@ -36,6 +36,7 @@
 // does), KPARITY_MUTANT_DROP_BIAS (w = q * s), KPARITY_MUTANT_SKIP_LAST_GROUP (a row's last
 // group is never accumulated), KPARITY_MUTANT_DROP_EPS (in common.cuh's rms_inv).
 #include "common.cuh"
+#include "quant.cuh"
 
 namespace rq {
 
@@ -79,22 +80,8 @@ __device__ __forceinline__ float normed_at(const typename T::storage* __restrict
     return T::load(x, d) * T::load(nw, d) * inv;
 }
 
-__device__ __forceinline__ float dequant(float q, float s, float b) {
-#ifdef KPARITY_MUTANT_DROP_BIAS
-    return q * s;
-#else
-    return q * s + b;
-#endif
-}
-
-// Codes a row accumulates: all of them, or (mutant) all but the last group.
-__device__ __forceinline__ int codes_used(int in_dim, int group_size) {
-#ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
-    return in_dim - group_size;
-#else
-    return in_dim;
-#endif
-}
+using quant::codes_used;
+using quant::dequant;
 
 // The group of a fast-kernel lane step starting at code k0 (its 16 codes lie in one group of
 // 64); the mutant gives the step that ends a group the next group's scale and bias.

@@ -36,35 +36,36 @@
 
 namespace kpmma {
 
-template <typename T> struct Mma;
-template <> struct Mma<F16> {
-    static constexpr unsigned MAGIC = 0x64006400u;  // f16 1024.0 twice
+// The 16-bit types' tensor-core pieces: MAGIC = BASE twice (bf16 128.0, f16 1024.0), under
+// whose mantissa a 4-bit code reads as BASE + q exactly.
+template <typename T> constexpr bool IS_BF16 = false;
+template <> constexpr bool IS_BF16<BF16> = true;
+
+template <typename T>
+struct Mma {
+    static constexpr unsigned MAGIC = IS_BF16<T> ? 0x43004300u : 0x64006400u;
+    // (BASE + q) - BASE, both halves: q exactly.
     static __device__ __forceinline__ unsigned codes(unsigned m) {
         unsigned r;
-        asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(MAGIC));
+        if constexpr (IS_BF16<T>)
+            asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(MAGIC));
+        else
+            asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(MAGIC));
         return r;
     }
+    // c += A (16 x 16, T) B (16 x 8, T), f32 accumulation.
     static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-template <> struct Mma<BF16> {
-    static constexpr unsigned MAGIC = 0x43004300u;  // bf16 128.0 twice
-    static __device__ __forceinline__ unsigned codes(unsigned m) {
-        unsigned r;
-        asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(MAGIC));
-        return r;
-    }
-    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4],
-                                               unsigned b0, unsigned b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        if constexpr (IS_BF16<T>)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                         "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        else
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                         "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 };
 
