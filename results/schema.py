@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2  # 2: correctness.flags
+SCHEMA_VERSION = 3  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -147,5 +147,19 @@ CEILINGS = pa.schema([
     ("context", pa.string()),          # JSON: everything the timer reports
 ])
 
+# One row per accepted change (`kparity accept`): from `run_id` on, the history of every series
+# matching `target` starts afresh (conbench's "distribution change" annotation).
+ANNOTATIONS = pa.schema([
+    ("schema_version", pa.int32()),
+    ("run_id", pa.string()),           # the first run of the new baseline
+    ("created", pa.timestamp("us", tz="UTC")),
+    ("kind", pa.string()),             # accept
+    ("target", pa.string()),           # an impl id (backend:name) or a case id
+    ("metric", pa.string()),           # median_ns | budget | "" (every metric)
+    ("reason", pa.string()),
+    ("command", pa.string()),
+    ("host", pa.string()),
+])
+
 TABLES = {"runs": RUNS, "correctness": CORRECTNESS, "bench": BENCH, "ab": AB,
-          "ceilings": CEILINGS}
+          "ceilings": CEILINGS, "annotations": ANNOTATIONS}

@@ -1,5 +1,5 @@
-"""`kparity`: one verb per use. `ops`, `cases`, `check`, `repro`, `bench`, `ab` (compare and
-report verbs come with their issues).
+"""`kparity`: one verb per use. `ops`, `cases`, `check`, `repro`, `bench`, `ab`, `compare`,
+`accept`, `sql`, `report`, `nightly`.
 
 Exit codes: 0 success, 1 a check failed, 2 bad input (an unknown name lists the valid ones,
 closest first), 3 nothing could run (no backend here for what was asked).
@@ -352,22 +352,27 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("case_id")
     rep.add_argument("--impl", action="append")
     rep.add_argument("--show-failures", type=int, default=20)
-    from runners.timing_verbs import add_parsers
+    from runners import history_verbs, report_verbs, timing_verbs
 
-    add_parsers(sub, _filters)
+    for module in (timing_verbs, history_verbs, report_verbs):
+        module.add_parsers(sub, _filters)
     return p
 
 
-def _timing_verb(name: str):
+def _verb(module: str, name: str):
+    """The verb `name` of runners/<module>.py, imported only when it runs."""
     def run(args):
-        from runners import timing_verbs
+        import importlib
 
-        return getattr(timing_verbs, f"cmd_{name}")(args)
+        return getattr(importlib.import_module(f"runners.{module}"), f"cmd_{name}")(args)
     return run
 
 
 VERBS = {"ops": cmd_ops, "cases": cmd_cases, "check": cmd_check, "repro": cmd_repro,
-         "bench": _timing_verb("bench"), "ab": _timing_verb("ab")}
+         "bench": _verb("timing_verbs", "bench"), "ab": _verb("timing_verbs", "ab"),
+         "compare": _verb("history_verbs", "compare"), "accept": _verb("history_verbs", "accept"),
+         "sql": _verb("history_verbs", "sql"), "report": _verb("report_verbs", "report"),
+         "nightly": _verb("report_verbs", "nightly")}
 
 
 def main(argv=None) -> int:
