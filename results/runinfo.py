@@ -24,8 +24,23 @@ def _git(*args: str) -> str:
         return ""
 
 
+def nvcc_version() -> str:
+    """`nvcc --version`'s release line ("13.0, V13.0.88"), or "" without nvcc on PATH."""
+    try:
+        text = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=10,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    release = [line for line in text.splitlines() if "release" in line]
+    return release[-1].split("release", 1)[1].strip() if release else ""
+
+
 def package_versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
+    """Packages and toolchain: a compiler change is a common cause of a "regression"."""
+    out = {"python": platform.python_version(), "python_compiler": platform.python_compiler()}
+    nvcc = nvcc_version()
+    if nvcc:
+        out["nvcc"] = nvcc
     for name in ("numpy", "ml_dtypes", "pyarrow", "torch", "cupy", "cupy-cuda12x",
                  "cupy-cuda13x", "mlx", "triton", "kparity"):
         try:

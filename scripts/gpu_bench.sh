@@ -10,6 +10,8 @@
 #     (the two `small-*` stages: after torch's fresh outputs were made to rotate like the inputs)
 #   bash scripts/gpu_bench.sh gemv      quantized GEMV family (issue 4): gate, every CUDA GEMV and
 #     the torch baselines at the issue's shapes (bf16), A/B against dense bf16 F.linear
+#   bash scripts/gpu_bench.sh history   a small run history of the RMSNorm and GEMV families
+#     (issue 5): 3 check runs, 4 bench runs, one A/B, for `kparity compare` and `kparity report`
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -61,6 +63,15 @@ gemv)
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1
   run bench --op rms_norm_qgemv,qmm,dequant_gemv_expert_indexed --dtype bf16 --min-time 0.1
   run ab torch:linear_dense cuda:kp_qgemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
+  ;;
+history)
+  CHECK_IMPLS=cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:mt_rms_norm,cuda:mt_rms_norm_wide,cuda:dequant_gemv,cuda:dequant_gemv_int4_fast,cuda:kp_qgemv,cuda:kp_qgemv_mma,torch:rms_norm,torch:rms_norm_per_head,torch:dequant_linear
+  for i in 1 2 3; do run check --impl $CHECK_IMPLS --show-failures 5; done
+  for i in 1 2 3 4; do
+    run bench --impl cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:mt_rms_norm_wide,torch:rms_norm,torch:rms_norm_per_head --preset decode-1x4096,per-head-1024x128,hbm-16384x8192 --dtype bf16 --min-time 0.1 --timeout 3
+    run bench --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,torch:linear_dense --op dequant_gemv --preset llama3-8b --dtype bf16 --min-time 0.1 --timeout 3
+  done
+  run ab torch:rms_norm cuda:kp_rms_norm --preset decode-1x4096,hbm-16384x8192 --dtype bf16 --min-time 0.1
   ;;
 esac
 tar czf "$OUT/store-$STAGE.tgz" -C "$OUT" "store-$STAGE" && rm -rf "$STORE"

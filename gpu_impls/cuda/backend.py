@@ -42,9 +42,11 @@ class CupyBackend(Backend):
     def versions(self):
         import cupy
 
+        # NVRTC compiles every kernel here: its version is the compiler of record.
         return {"cupy": cupy.__version__,
                 "cuda_driver": str(cupy.cuda.runtime.driverGetVersion()),
-                "cuda_runtime": str(cupy.cuda.runtime.runtimeGetVersion())}
+                "cuda_runtime": str(cupy.cuda.runtime.runtimeGetVersion()),
+                "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion()))}
 
     def to_device(self, array: np.ndarray):
         import cupy

@@ -36,7 +36,8 @@ class TorchBackend(Backend):
 
     def versions(self):
         torch = self._torch()
-        return {"torch": torch.__version__, "cuda_runtime": str(torch.version.cuda)}
+        return {"torch": torch.__version__, "torch_cuda": str(torch.version.cuda),
+                "torch_cudnn": str(torch.backends.cudnn.version())}
 
     def to_device(self, array: np.ndarray):
         torch = self._torch()

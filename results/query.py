@@ -1,0 +1,77 @@
+"""DuckDB over the store: one view per table, plus `latest` and `history` (README "Queries").
+
+    runs, correctness, bench, ab, ceilings, annotations
+        every row of that table, every run (read_parquet over <root>/<table>/date=*/*.parquet,
+        union_by_name, so parts of older schema versions read with the newer columns null)
+    latest
+        the newest correctness row of each (impl, case_id, device): what is true now
+    history
+        one value per (run, series): run_id, started, device, impl, op, case_id, dtype, label,
+        mode, metric, value, where metric is 'median_ns' (plain bench rows that were timed; the
+        median of that run's rows for the series) or 'budget' (correctness rows with a budget)
+
+DuckDB is imported here only: it stays off the GPU import path (nothing under gpu_impls/,
+runners/correctness.py or runners/timing.py imports this module).
+"""
+
+from __future__ import annotations
+
+from results.schema import TABLES
+from results.store import Store
+
+LATEST = """
+CREATE VIEW latest AS
+SELECT * EXCLUDE (rn) FROM (
+    SELECT c.*, row_number() OVER (PARTITION BY c.impl, c.case_id, c.device
+                                   ORDER BY r.started DESC, c.run_id DESC) AS rn
+    FROM correctness c JOIN runs r USING (run_id)
+) WHERE rn = 1
+"""
+
+HISTORY = """
+CREATE VIEW history AS
+SELECT b.run_id, r.started, b.device, b.impl, b.op, b.case_id, b.dtype, b.label, b.mode,
+       'median_ns' AS metric, median(b.median_ns) AS value
+FROM bench b JOIN runs r USING (run_id)
+WHERE b.status = 'ok' AND coalesce(b.arm, '') = '' AND b.median_ns IS NOT NULL
+GROUP BY ALL
+UNION ALL
+SELECT c.run_id, r.started, c.device, c.impl, c.op, c.case_id, c.dtype, c.label, '' AS mode,
+       'budget' AS metric, max(c.budget) AS value
+FROM correctness c JOIN runs r USING (run_id)
+WHERE c.budget IS NOT NULL
+GROUP BY ALL
+"""
+
+
+def _table_view(con, store: Store, table: str) -> None:
+    folder = store.root / table
+    if folder.exists() and any(folder.glob("date=*/*.parquet")):
+        pattern = str(folder / "date=*" / "*.parquet").replace("'", "''")
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{pattern}', "
+                    "union_by_name = true, hive_partitioning = false)")
+    else:  # no rows yet: an empty view with the table's columns
+        con.register(f"_{table}_empty", TABLES[table].empty_table())
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_empty")
+
+
+def connect(store: Store):
+    """An in-memory DuckDB connection with the store's views."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    for table in TABLES:
+        _table_view(con, store, table)
+    con.execute(LATEST)
+    con.execute(HISTORY)
+    return con
+
+
+def query(store: Store, sql: str) -> tuple[list[str], list[tuple]]:
+    """(column names, rows) of one query."""
+    con = connect(store)
+    try:
+        cur = con.execute(sql)
+        return [d[0] for d in cur.description or []], cur.fetchall()
+    finally:
+        con.close()
