@@ -13,7 +13,10 @@ from importlib import metadata
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+    """`20261123T162250Z-123456ab12`: UTC start time, its microseconds, a random suffix; so run
+    ids sort by start time even for runs started within one second (history orders by id)."""
+    now = datetime.now(timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%SZ") + f"-{now.microsecond:06d}" + secrets.token_hex(2)
 
 
 def _git(*args: str) -> str:

@@ -11,7 +11,7 @@ SCHEMA_VERSION = 3  # 2: correctness.flags; 3: the annotations table, toolchain 
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
-    ("run_id", pa.string()),           # sortable: UTC time + random suffix
+    ("run_id", pa.string()),           # sorts by start time: UTC time, microseconds, random
     ("started", pa.timestamp("us", tz="UTC")),
     ("command", pa.string()),          # the command line
     ("verb", pa.string()),             # check, repro, ...

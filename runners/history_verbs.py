@@ -14,8 +14,10 @@ from __future__ import annotations
 
 def add_parsers(sub, filters) -> None:
     cmp = sub.add_parser("compare", help="run vs run, or vs the last N runs: regressions, exit 1")
-    cmp.add_argument("run_a", nargs="?", help="baseline run id (default: the second newest)")
-    cmp.add_argument("run_b", nargs="?", help="contender run id (default: the newest)")
+    cmp.add_argument("run_a", nargs="?",
+                     help="run A (default: the newest run before B of its device kind with rows "
+                          "of B's tables); with --baseline, the contender")
+    cmp.add_argument("run_b", nargs="?", help="run B, the contender (default: the newest)")
     cmp.add_argument("--baseline", type=int, default=None, metavar="N",
                      help="compare the contender with the last N runs as history")
     filters(cmp)
@@ -37,12 +39,126 @@ def add_parsers(sub, filters) -> None:
 
 
 def cmd_compare(args) -> int:
-    raise NotImplementedError
+    """Exit 1 on a regression (rules: results/compare.py), 0 otherwise, 2 on bad input."""
+    import json
+    import sys
+
+    from results.compare import (FILTERS, CompareError, Thresholds, compare, render_markdown,
+                                 render_table)
+    from results.store import Store
+    from runners.cli import UsageError, _split, console, unknown
+
+    thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump)
+    filters = {k: _split(getattr(args, k)) for k in FILTERS}
+    try:
+        report = compare(Store(args.store), args.run_a, args.run_b, baseline=args.baseline,
+                         filters=filters, thresholds=thresholds)
+    except CompareError as e:
+        if e.given is not None:
+            raise unknown(e.kind, e.given, e.valid) from None
+        raise UsageError(str(e)) from None
+    if args.format == "json":
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    elif args.format == "markdown":
+        sys.stdout.write(render_markdown(report) + "\n")
+    else:
+        render_table(report, console)
+    return 1 if report["regression"] else 0
+
+
+ACCEPT_TABLES = {"": ("correctness", "bench"), "budget": ("correctness",),
+                 "median_ns": ("bench",)}
+CLOSEST = 10
 
 
 def cmd_accept(args) -> int:
-    raise NotImplementedError
+    """One annotations row: from `--run` (default: the newest run with rows of the target, in
+    the metric's table) on, the target's series start a new baseline, and the change is
+    accepted (results/history.py, results/compare.py)."""
+    import difflib
+    import shlex
+    import socket
+    from datetime import datetime, timezone
+
+    from rich.markup import escape
+
+    from results.runinfo import new_run_id
+    from results.store import Store
+    from runners.cli import UsageError, console, unknown
+
+    store = Store(args.store)
+    runs_of: dict[str, set[str]] = {}  # target -> runs with rows of it (in the metric's tables)
+    targets: set[str] = set()
+    for table in ("correctness", "bench"):
+        rows = store.read(table).select(["run_id", "impl", "case_id"]).to_pylist()
+        for r in rows:
+            for t in (r["impl"], r["case_id"]):
+                targets.add(t)
+                if table in ACCEPT_TABLES[args.metric]:
+                    runs_of.setdefault(t, set()).add(r["run_id"])
+    if args.target not in targets:
+        close = difflib.get_close_matches(args.target, sorted(targets), n=CLOSEST, cutoff=0.0)
+        raise UsageError(f"unknown target {args.target!r}: neither an impl id nor a case id in "
+                         f"the store ({store.root}). Closest: " + (", ".join(close) or "none"))
+    if args.run is not None:
+        known = set(store.read("runs").column("run_id").to_pylist())
+        known |= {r for runs in runs_of.values() for r in runs}
+        if args.run not in known:
+            raise unknown("run", args.run, known)
+        run_id = args.run
+    elif args.target in runs_of:
+        run_id = max(runs_of[args.target])
+    else:
+        raise UsageError(f"{args.target} has no {ACCEPT_TABLES[args.metric][0]} rows for "
+                         f"--metric {args.metric}; pass --run RUN")
+    store.ensure_writable()
+    command = ["kparity", "accept", args.target, "--reason", args.reason]
+    command += ["--run", args.run] if args.run else []
+    command += ["--metric", args.metric] if args.metric else []
+    row = {"run_id": run_id, "created": datetime.now(timezone.utc), "kind": "accept",
+           "target": args.target, "metric": args.metric, "reason": args.reason,
+           "command": shlex.join(command), "host": socket.gethostname()}
+    store.write("annotations", [row], f"accept-{new_run_id()}", 0)
+    console.print(escape(f"accepted {args.target} ({args.metric or 'every metric'}) from run "
+                         f"{run_id} on: {args.reason}"))
+    return 0
 
 
 def cmd_sql(args) -> int:
-    raise NotImplementedError
+    """Run one DuckDB query over the store's views and print the result."""
+    import csv
+    import io
+    import json
+
+    from rich.table import Table
+
+    from results.query import query
+    from results.store import Store
+    from runners.cli import UsageError, console
+
+    try:
+        import duckdb
+    except ImportError:
+        raise UsageError("kparity sql needs DuckDB: pip install 'kparity[history]'") from None
+    try:
+        columns, rows = query(Store(args.store), args.query)
+    except duckdb.Error as e:
+        raise UsageError(f"query failed: {e}".splitlines()[0] + " (views: runs, correctness, "
+                         "bench, ab, ceilings, annotations, latest, history)") from None
+    if args.format == "json":
+        print(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
+    elif args.format == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(columns)
+        writer.writerows(rows)
+        print(buffer.getvalue(), end="")
+    else:
+        table = Table(title=f"{len(rows)} rows")
+        for c in columns:
+            table.add_column(c)
+        for r in rows:
+            table.add_row(*("" if v is None else str(v) for v in r))
+        console.print(table)
+    return 0
+

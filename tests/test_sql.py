@@ -77,6 +77,7 @@ def test_older_schema_parts_read_with_new_columns_null(tmp_path):
 
 def test_sql_verb_formats_and_errors(tmp_path, capsys):
     _check_twice(tmp_path)
+    capsys.readouterr()
     assert main(["--store", str(tmp_path), "sql", "--format", "json",
                  "SELECT impl, count(*) AS n FROM correctness GROUP BY impl"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"impl": "torch:rms_norm", "n": 12}]
