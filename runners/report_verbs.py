@@ -6,6 +6,10 @@ Plotting imports happen inside the verbs: none of this is on the GPU import path
 
 from __future__ import annotations
 
+from pathlib import Path
+
+FILTERS = ("op", "impl", "backend", "dtype", "preset")
+
 
 def add_parsers(sub, filters) -> None:
     rep = sub.add_parser("report", help="static HTML dashboard of the store")
@@ -20,8 +24,124 @@ def add_parsers(sub, filters) -> None:
 
 
 def cmd_report(args) -> int:
-    raise NotImplementedError
+    """Writes the site (`results/report.py` lists the pages) and says where it is."""
+    from results.report import write_report
+    from results.store import Store
+    from runners.cli import UsageError, console
+
+    if args.baseline < 1:
+        raise UsageError(f"--baseline {args.baseline}: needs at least 1 run of history")
+    try:
+        pages = write_report(Store(args.store), args.out, baseline=args.baseline)
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {args.out} ({e.strerror or e})") from None
+    console.print(f"report: {len(pages)} pages in {Path(args.out)}/; open {pages[0]}",
+                  soft_wrap=True)
+    return 0
+
+
+def _global_options(args) -> list[str]:
+    """--store and --plugin of this invocation, for each step's argv. Plugins are passed on so
+    that repro lines name them (a module plugin is imported once; a .py plugin is executed again
+    by each step, as `tests/mutants.py` allows)."""
+    head = ["--store", args.store] if args.store else []
+    return head + [x for p in args.plugin or [] for x in ("--plugin", p)]
+
+
+def _filter_options(args, skip: tuple[str, ...] = ()) -> list[str]:
+    return [x for k in FILTERS if k not in skip for v in getattr(args, k) or []
+            for x in (f"--{k}", v)]
+
+
+def _accelerated_backends(args) -> tuple[list[str], list[str]]:
+    """The selected impls' backends that run on an accelerator here, and why each other one
+    does not."""
+    from runners.cli import _backend, select_impls
+
+    fast, slow = [], []
+    for name in sorted({i.backend for i in select_impls(args, need_available=False)}):
+        be = _backend(name)
+        ok, why = be.available()
+        if ok and be.accelerator:
+            fast.append(name)
+        else:
+            slow.append(f"{name} ({'runs on cpu' if ok else why})")
+    return fast, slow
+
+
+def _new_run(store, before: set[str]) -> str | None:
+    """The run a step just wrote (its `runs` row), or None when it wrote none."""
+    return max(_run_ids(store) - before, default=None)
+
+
+def _run_ids(store) -> set[str]:
+    return set(store.read("runs").column("run_id").to_pylist())
 
 
 def cmd_nightly(args) -> int:
-    raise NotImplementedError
+    """check, then bench (only where a selected backend runs on an accelerator: a CPU-only
+    machine would spend hours on model-sized cases), then `compare --baseline N` of each run
+    this night wrote (the check run, the bench run) against its history, then the report. Each
+    step is `kparity <verb>` run in-process with this invocation's store, plugins and filters
+    (bench presets are bench case labels, e.g. `decode`, `hbm`: a gate preset such as
+    `qwen3-8b` leaves the bench step with nothing to time, which it says and goes on).
+
+    Exit 1 when the check failed (or the bench found a wrong kernel) or compare found a
+    regression; 2 on bad input; 3 when nothing could be checked; else 0. A run with no earlier
+    run of its device kind to compare with is "insufficient history", not a failure. The report
+    is written whatever the outcome.
+
+    Cron, every night at 03:17, from the checkout (cron runs /bin/sh, hence `.`):
+
+        17 3 * * * cd /path/to/kparity && . .venv/bin/activate && kparity nightly --out /var/www/kparity >> .kparity/nightly.log 2>&1
+    """
+    from results.store import Store
+    from runners.cli import UsageError, console, main
+
+    if args.baseline < 2:
+        raise UsageError(f"--baseline {args.baseline}: compare needs at least 2 runs of history")
+    store = Store(args.store)
+    head, filters = _global_options(args), _filter_options(args)
+    console.rule("nightly: check")
+    before = _run_ids(store)
+    check_rc = main([*head, "check", *filters])
+    if check_rc in (2, 3):  # bad input, or no backend here for the selection: nothing to go on
+        return check_rc
+    failed = check_rc != 0
+    tonight = {"check": _new_run(store, before)}
+
+    console.rule("nightly: bench")
+    fast, slow = _accelerated_backends(args)
+    if args.no_bench:
+        console.print("bench skipped: --no-bench")
+    elif not fast:
+        console.print("bench skipped: no selected backend runs on an accelerator here ("
+                      + "; ".join(slow) + "); timing model-sized cases on a CPU takes hours")
+    else:
+        console.print(f"bench on {', '.join(fast)}" + (f" (not {'; '.join(slow)})" if slow else ""))
+        before = _run_ids(store)
+        bench_rc = main([*head, "bench", *_filter_options(args, skip=("backend",)),
+                         "--backend", ",".join(fast)])
+        tonight["bench"] = _new_run(store, before)
+        if bench_rc == 1:
+            failed = True  # a wrong or crashing kernel at a bench size
+        elif bench_rc:
+            console.print(f"bench: nothing timed (exit {bench_rc}); going on")
+
+    for verb, run_id in tonight.items():
+        if run_id is None:
+            continue
+        console.rule(f"nightly: compare the {verb} run against its last {args.baseline} runs")
+        rc = main([*head, "compare", run_id, "--baseline", str(args.baseline), *filters])
+        if rc == 1:
+            failed = True
+        elif rc == 2:  # the filters passed the check: the run has no earlier run to go by
+            console.print(f"compare: insufficient history for the {verb} run {run_id}; "
+                          f"not a failure")
+
+    console.rule("nightly: report")
+    report_rc = main([*head, "report", "--out", args.out, "--baseline", str(args.baseline)])
+    verdict = "[red]FAILED[/]" if failed else "[green]OK[/]"
+    console.print(f"nightly {verdict}: check {'failed' if check_rc else 'passed'}; "
+                  f"report in {args.out}/")
+    return 1 if failed else report_rc

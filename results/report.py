@@ -1,0 +1,137 @@
+"""`kparity report`: the store as a static, self-contained HTML site.
+
+    index.html        the latest check run (op x impl x dtype matrix, counts, run metadata),
+                      links to every page, and every run
+    impl-<id>.html    one per impl: latency (median, IQR band), % of the copy ceiling and the
+                      error budget over runs
+    regressions.html  regressions against the last N runs (`results.history.regressions`),
+                      accepted changes, the annotations table
+    ab.html           every A/B verdict, and B/A with its 95 % interval per case
+
+Pages read `assets/plotly.min.js` (copied from the installed plotly package) and
+`assets/report.css` by relative path, so the folder can be copied anywhere and opened offline.
+Rows come from `Store.read` only; the columns a page never shows (raw samples, case JSON) are
+dropped before rows become Python dicts.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from results.report_html import ASSETS, CSS, CSS_FILE, PLOTLY_JS
+from results.store import Store
+
+CORRECTNESS_COLUMNS = ["run_id", "case_id", "impl", "op", "backend", "device", "dtype", "dist",
+                       "dims", "label", "expect", "status", "message", "budget"]
+BENCH_COLUMNS = ["run_id", "case_id", "impl", "op", "backend", "device", "dtype", "dims",
+                 "label", "mode", "status", "arm", "median_ns", "q1_ns", "q3_ns",
+                 "pct_copy_ceiling"]
+AB_DROPPED = {"schema_version"}
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass
+class ReportData:
+    """Everything the pages show, read once."""
+    runs: dict[str, dict]              # run_id -> runs row
+    correctness: list[dict]
+    bench: list[dict]
+    ab: list[dict]
+    annotations: list[dict]
+    alerts: list                       # results.history.Alert
+    baseline: int
+    order: list[str] = field(default_factory=list)  # every run id seen, oldest first
+    by_impl: dict[str, dict[str, list[dict]]] = field(default_factory=dict)  # impl -> table -> rows
+
+    def __post_init__(self):
+        seen = set(self.runs) | {r["run_id"] for t in (self.correctness, self.bench, self.ab)
+                                 for r in t}
+        self.order = sorted(seen, key=lambda run_id: (self.started(run_id), run_id))
+        for name in ("correctness", "bench"):  # grouped once: a long history has many rows
+            for r in getattr(self, name):
+                self.by_impl.setdefault(r["impl"], {"correctness": [], "bench": []})[name].append(r)
+
+    def rows_of(self, impl: str, table: str) -> list[dict]:
+        """The impl's rows of `correctness` or `bench`."""
+        return self.by_impl.get(impl, {}).get(table, [])
+
+    def started(self, run_id: str) -> datetime:
+        """The run's start time; from the sortable run id where its `runs` row is missing."""
+        row = self.runs.get(run_id)
+        if row and row.get("started"):
+            return row["started"]
+        try:
+            return datetime.strptime(run_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+        except ValueError:
+            return EPOCH
+
+    def latest_check_run(self) -> str | None:
+        """The newest run with correctness rows."""
+        with_rows = {r["run_id"] for r in self.correctness}
+        return next((run_id for run_id in reversed(self.order) if run_id in with_rows), None)
+
+    def impls(self) -> list[str]:
+        return sorted(self.by_impl)
+
+
+def impl_page_name(impl: str) -> str:
+    """`cuda:kp_rms_norm` -> `impl-cuda_kp_rms_norm.html`: safe on every file system and URL."""
+    return "impl-" + re.sub(r"[^A-Za-z0-9_.-]", "_", impl) + ".html"
+
+
+def _rows(store: Store, table: str, columns: list[str] | None = None) -> list[dict]:
+    t = store.read(table)
+    return (t.select(columns) if columns else t).to_pylist()
+
+
+def load(store: Store, baseline: int) -> ReportData:
+    from results.history import regressions
+
+    runs = {r["run_id"]: r for r in _rows(store, "runs")}
+    ab = [{k: v for k, v in r.items() if k not in AB_DROPPED} for r in _rows(store, "ab")]
+    return ReportData(runs=runs, correctness=_rows(store, "correctness", CORRECTNESS_COLUMNS),
+                      bench=_rows(store, "bench", BENCH_COLUMNS), ab=ab,
+                      annotations=_rows(store, "annotations"),
+                      alerts=list(regressions(store, baseline=baseline)), baseline=baseline)
+
+
+def copy_assets(out: Path) -> None:
+    """plotly.min.js once (it is 4.8 MB: skipped when the copy there has the same size), and the
+    stylesheet."""
+    import plotly
+
+    assets = out / ASSETS
+    assets.mkdir(parents=True, exist_ok=True)
+    source = Path(plotly.__file__).parent / "package_data" / PLOTLY_JS
+    target = assets / PLOTLY_JS
+    if not target.exists() or target.stat().st_size != source.stat().st_size:
+        shutil.copyfile(source, target)
+    (assets / CSS_FILE).write_text(CSS)
+
+
+def write_report(store: Store, out: str | Path, baseline: int = 20) -> list[Path]:
+    """Writes every page under `out` (created); returns the page paths, index first."""
+    from results.report_impl import impl_page
+    from results.report_pages import ab_page, index_page, regressions_page
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    copy_assets(out)
+    data = load(store, baseline)
+    pages = {"index.html": index_page(data)}
+    for impl in data.impls():
+        pages[impl_page_name(impl)] = impl_page(data, impl)
+    pages["regressions.html"] = regressions_page(data)
+    pages["ab.html"] = ab_page(data)
+    written = []
+    for name, text in pages.items():
+        path = out / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)  # a viewer reloading mid-write never sees half a page
+        written.append(path)
+    return written

@@ -1,0 +1,218 @@
+"""The overview, regressions and A/B pages of `kparity report` (impl pages: `report_impl.py`).
+Each page function takes the `ReportData` and returns the page's HTML; an empty table gives a
+page that says so."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+
+from oracle.dtypes import FLOAT_DTYPES
+from results.report import ReportData, impl_page_name
+from results.report_html import (NO_ROWS, colour, esc, figure, fmt, hline, layout, link, page,
+                                 table, when)
+from results.report_impl import case_text, outcome
+from runners.correctness import is_failure
+
+STATUS_ORDER = ["pass", "fail", "error", "rejected", "rejected ok", "timeout", "crash",
+                "unsupported"]
+
+
+def _counts_text(rows: list[dict]) -> str:
+    c = Counter(outcome(r) for r in rows)
+    return ", ".join(f"{c[s]} {s}" for s in sorted(c, key=lambda s: (_status_order(s), s)))
+
+
+def _json_pairs(text: str | None) -> str:
+    """`{"torch": "cpu"}` -> `torch: cpu`."""
+    try:
+        return "; ".join(f"{k}: {v}" for k, v in json.loads(text or "{}").items())
+    except (TypeError, ValueError):
+        return text or ""
+
+
+def _run_meta(run_id: str, run: dict | None) -> str:
+    if run is None:
+        return f'<p class="empty">run {esc(run_id)} has no runs row</p>'
+    sha = (run.get("git_sha") or "?")[:12] + (" (dirty)" if run.get("git_dirty") else "")
+    rows = [("run id", run_id), ("verb", run.get("verb")), ("started", when(run.get("started"))),
+            ("command", run.get("command")), ("git sha", sha), ("host", run.get("host")),
+            ("platform", run.get("platform")), ("devices", _json_pairs(run.get("devices"))),
+            ("versions", _json_pairs(run.get("versions")))]
+    return '<table class="meta">' + "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>"
+                                            for k, v in rows) + "</table>"
+
+
+def _matrix(rows: list[dict]) -> str:
+    """op x impl rows, one column per dtype: each cell the counts by status, coloured."""
+    dtypes = sorted({r["dtype"] for r in rows},
+                    key=lambda d: (FLOAT_DTYPES.index(d) if d in FLOAT_DTYPES else 99, d))
+    cells = defaultdict(list)
+    for r in rows:
+        cells[(r["op"], r["impl"], r["dtype"])].append(r)
+    body = []
+    for op, impl in sorted({(r["op"], r["impl"]) for r in rows}):
+        line = [esc(op), link(impl_page_name(impl), impl)]
+        for d in dtypes:
+            got = cells.get((op, impl, d), [])
+            if not got:
+                line.append(("-", "none"))
+                continue
+            failing = sum(is_failure(r) for r in got)
+            cls = "ok" if not failing else ("bad" if failing == len(got) else "mixed")
+            line.append((esc(_counts_text(got)), cls))
+        body.append(line)
+    return (table(["op", "impl", *dtypes], body, raw=True)
+            + '<p class="empty">green: every row as expected; amber: some failing; red: all '
+              "failing (fail, error, an unexpected rejection, timeout, crash)</p>")
+
+
+def _impl_index(data: ReportData) -> str:
+    rows = []
+    for impl in data.impls():
+        corr = data.rows_of(impl, "correctness")
+        latest = max((r["run_id"] for r in corr), key=lambda x: (data.started(x), x), default="")
+        now = [r for r in corr if r["run_id"] == latest]
+        timed = sum(r["status"] == "ok" for r in data.rows_of(impl, "bench"))
+        rows.append([link(impl_page_name(impl), impl), esc(_counts_text(now) or "-"),
+                     esc(latest or "-"), (str(timed), "num")])
+    return table(["impl page", "latest check of the impl", "its run", "timed rows"], rows,
+                 raw=True)
+
+
+def _runs_table(data: ReportData) -> str:
+    n = Counter(r["run_id"] for t in (data.correctness, data.bench, data.ab) for r in t)
+    rows = []
+    for run_id in reversed(data.order):
+        run = data.runs.get(run_id, {})
+        rows.append([run_id, run.get("verb", "?"), when(data.started(run_id)),
+                     _json_pairs(run.get("devices")), n[run_id]])
+    return table(["run id", "verb", "started (UTC)", "devices", "rows"], rows, numeric={"rows"})
+
+
+def _status_order(status: str) -> int:
+    return STATUS_ORDER.index(status) if status in STATUS_ORDER else len(STATUS_ORDER)
+
+
+def index_page(data: ReportData) -> str:
+    latest = data.latest_check_run()
+    parts = []
+    if latest is None:
+        parts.append(f'<h2>latest check</h2><p class="empty">{NO_ROWS}: run `kparity check`</p>')
+    else:
+        rows = [r for r in data.correctness if r["run_id"] == latest]
+        failing = sum(is_failure(r) for r in rows)
+        verdict = f"FAILED: {failing} of {len(rows)} failing" if failing else f"OK: {len(rows)}"
+        counts = sorted(Counter(outcome(r) for r in rows).items(),
+                        key=lambda kv: _status_order(kv[0]))
+        parts += [f"<h2>latest check: {esc(verdict)}</h2>",
+                  _run_meta(latest, data.runs.get(latest)), "<h3>counts by status</h3>",
+                  table(["status", "rows"], [list(kv) for kv in counts], numeric={"rows"}),
+                  "<h3>op &times; impl &times; dtype</h3>", _matrix(rows)]
+    parts += ["<h2>pages</h2><p>" + link("regressions.html", "regressions and accepted changes")
+              + " &middot; " + link("ab.html", "A/B results") + "</p>", _impl_index(data),
+              f"<h2>runs ({len(data.order)})</h2>", _runs_table(data)]
+    return page("kparity report", "\n".join(parts))
+
+
+# --- regressions -------------------------------------------------------------------------------
+
+def _case_names(data: ReportData) -> dict[str, str]:
+    return {r["case_id"]: f"{case_text(r)} {r['dtype']}" for t in (data.correctness, data.bench)
+            for r in t}
+
+
+def _value(metric: str, v) -> str:
+    return f"{fmt(v / 1e3)} µs" if metric == "median_ns" and v is not None else fmt(v)
+
+
+def _alert_rows(data: ReportData, alerts: list, accepted: bool) -> list[list]:
+    names = _case_names(data)
+    rows = []
+    for a in alerts:
+        k = a.key
+        row = [esc(k.metric), link(impl_page_name(k.impl), k.impl),
+               esc(f"{names.get(k.case_id, '')} ({k.case_id})"), esc(k.mode or "-"),
+               esc(k.device), esc(a.run_id), esc(a.kind), esc(a.direction),
+               (esc(_value(k.metric, a.baseline)), "num"), (esc(_value(k.metric, a.value)), "num"),
+               (esc(fmt(a.change, "+.1%")), "num"), (esc(fmt(a.z, ".1f")), "num")]
+        rows.append(row + ([esc(a.accepted_by)] if accepted else []))
+    return rows
+
+
+def regressions_page(data: ReportData) -> str:
+    heads = ["metric", "impl", "case", "mode", "device", "run", "kind", "direction",
+             "baseline", "value", "change", "z"]
+    num = {"baseline", "value", "change", "z"}
+    pending = [a for a in data.alerts if not a.accepted_by]
+    regressed = [a for a in pending if a.direction == "regression"]
+    improved = [a for a in pending if a.direction != "regression"]
+    accepted = [a for a in data.alerts if a.accepted_by]
+    notes = sorted(data.annotations, key=lambda r: r.get("created") or data.started(r["run_id"]),
+                   reverse=True)
+    body = [f"<p>Each series (metric, impl, case, mode, device) over the last {data.baseline} "
+            f"runs with rows (<code>--baseline</code>): lookback z-score and step detection "
+            f"(<code>results/history.py</code>); lower is better for both metrics.</p>",
+            f"<h2>regressions ({len(regressed)})</h2>",
+            table(heads, _alert_rows(data, regressed, False), raw=True, numeric=num),
+            f"<h2>accepted changes ({len(accepted)})</h2>",
+            table(heads + ["accepted by"], _alert_rows(data, accepted, True), raw=True,
+                  numeric=num),
+            f"<h2>improvements ({len(improved)})</h2>",
+            table(heads, _alert_rows(data, improved, False), raw=True, numeric=num),
+            f"<h2>annotations ({len(notes)})</h2>",
+            table(["created (UTC)", "from run", "kind", "target", "metric", "reason"],
+                  [[when(r.get("created")), r["run_id"], r.get("kind"), r.get("target"),
+                    r.get("metric") or "every metric", r.get("reason")] for r in notes])]
+    return page("regressions and accepted changes", "\n".join(body))
+
+
+# --- A/B ---------------------------------------------------------------------------------------
+
+def _median_us(values) -> float | None:
+    return statistics.median(values) / 1e3 if values else None
+
+
+def _ab_figure(rows: list[dict]):
+    """B/A with its 95 % interval, the newest row of each (pair, mode, case), a trace per pair."""
+    import plotly.graph_objects as go
+
+    newest = {}
+    for r in rows:  # rows are oldest first: the later row wins
+        if r["status"] == "ok" and r["ratio"] is not None:
+            newest[(r["impl_a"], r["impl_b"], r["mode"], case_text(r), r["dtype"])] = r
+    pairs = defaultdict(list)
+    for (a, b, mode, _, _), r in sorted(newest.items()):
+        pairs[f"{b} vs {a} ({mode})"].append(r)
+    fig = go.Figure(layout=layout("B/A run-median ratio, 95 % interval (below 1: B is faster)",
+                                  "B/A", shapes=[hline(1.0, "same speed")]))
+    for i, (name, rs) in enumerate(pairs.items()):
+        ratio = [r["ratio"] for r in rs]
+        fig.add_trace(go.Scatter(
+            x=[f"{case_text(r)} {r['dtype']}" for r in rs], y=ratio, mode="markers", name=name,
+            marker={"color": colour(i), "size": 9},
+            error_y={"type": "data", "symmetric": False,
+                     "array": [(r["ci_hi"] or q) - q for r, q in zip(rs, ratio)],
+                     "arrayminus": [q - (r["ci_lo"] or q) for r, q in zip(rs, ratio)]},
+            customdata=[f"{r['run_id']} {r['verdict']}" for r in rs],
+            hovertemplate="%{x}<br>B/A %{y:.3f}<br>run %{customdata}"))
+    return fig if pairs else None
+
+
+def ab_page(data: ReportData) -> str:
+    rows = sorted(data.ab, key=lambda r: (data.started(r["run_id"]), r["run_id"]))
+    fig = _ab_figure(rows)
+    body = [figure("fig-ab", fig) if fig else f'<p class="empty">{NO_ROWS}: run `kparity ab`</p>',
+            f"<h2>every A/B case ({len(rows)}), newest first</h2>",
+            table(["run", "A", "B", "case", "dtype", "mode", "A µs", "B µs", "B/A", "95% CI",
+                   "δ", "verdict", "status"],
+                  [[r["run_id"], r["impl_a"], r["impl_b"], case_text(r), r["dtype"], r["mode"],
+                    fmt(_median_us(r["runs_a_ns"])), fmt(_median_us(r["runs_b_ns"])),
+                    fmt(r["ratio"], ".3f"),
+                    f"[{fmt(r['ci_lo'], '.3f')}, {fmt(r['ci_hi'], '.3f')}]",
+                    fmt(r["delta"], ".1%"), r["verdict"] or "-",
+                    r["status"] + (f": {r['message'][:200]}" if r.get("message") else "")]
+                   for r in reversed(rows)],
+                  numeric={"A µs", "B µs", "B/A", "95% CI", "δ"})]
+    return page("A/B results", "\n".join(body))
