@@ -1,8 +1,9 @@
 """DuckDB over the store: one view per table, plus `latest` and `history` (README "Queries").
 
     runs, correctness, bench, ab, ceilings, annotations
-        every row of that table, every run (read_parquet over <root>/<table>/date=*/*.parquet,
-        union_by_name, so parts of older schema versions read with the newer columns null)
+        every row of that table, every run (read_parquet over the table's readable parts,
+        union_by_name, so parts of older schema versions read with the newer columns null;
+        unreadable parts are skipped and named, rows of a killed run's journal included)
     latest
         the newest correctness row of each (impl, case_id, device): what is true now
     history
@@ -17,7 +18,7 @@ runners/correctness.py or runners/timing.py imports this module).
 from __future__ import annotations
 
 from results.schema import TABLES
-from results.store import Store
+from results.store import JOURNAL, Store
 
 LATEST = """
 CREATE VIEW latest AS
@@ -45,14 +46,18 @@ GROUP BY ALL
 
 
 def _table_view(con, store: Store, table: str) -> None:
-    folder = store.root / table
-    if folder.exists() and any(folder.glob("date=*/*.parquet")):
-        pattern = str(folder / "date=*" / "*.parquet").replace("'", "''")
-        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{pattern}', "
+    """DuckDB scans the table's readable parts itself; a table with rows in a killed run's
+    journal (or no parts yet) is read through `Store.read` and registered as Arrow instead."""
+    files = store.parts(table)
+    journaled = any((store.root / JOURNAL / table).glob("*.jsonl"))
+    if files and not journaled:
+        paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{paths}], "
                     "union_by_name = true, hive_partitioning = false)")
-    else:  # no rows yet: an empty view with the table's columns
-        con.register(f"_{table}_empty", TABLES[table].empty_table())
-        con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_empty")
+    else:
+        con.register(f"_{table}_arrow", store.read(table) if files or journaled
+                     else TABLES[table].empty_table())
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_arrow")
 
 
 def connect(store: Store):

@@ -178,19 +178,26 @@ def cmd_cases(args) -> int:
     return 0
 
 
-def run_work(args, work: list[Work], verb: str) -> list[dict]:
-    """Run the work list, writing rows to the store as it goes; returns the rows."""
+FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only")  # stored in runs.filters
+
+
+def run_work(args, work: list[Work], verb: str, resume: str | None = None,
+             kept: list[dict] | None = None) -> list[dict]:
+    """Run the work list, writing rows to the store as it goes; returns the rows (with `kept`,
+    the rows a resumed run already had)."""
     store = Store(args.store)
     store.ensure_writable()
-    run_id = new_run_id()
-    backends = sorted({w.impl.backend for w in work})
-    devices = {b: _backend(b).device() for b in backends}
-    versions = {k: v for b in backends for k, v in _backend(b).versions().items()}
-    filters = {k: getattr(args, k, None) for k in ("op", "impl", "backend", "dtype", "preset")}
-    store.write("runs", [run_row(run_id, verb, devices, versions, filters)], run_id, 0)
+    run_id = resume or new_run_id()
+    if not resume:
+        backends = sorted({w.impl.backend for w in work})
+        devices = {b: _backend(b).device() for b in backends}
+        versions = {k: v for b in backends for k, v in _backend(b).versions().items()}
+        filters = {k: getattr(args, k, None) for k in FILTERS}
+        store.write("runs", [run_row(run_id, verb, devices, versions, filters)], run_id, 0)
 
-    rows = []
-    with RowWriter(store, "correctness", run_id) as writer, Progress(
+    rows = list(kept or [])
+    with RowWriter(store, "correctness", run_id,
+                   first_part=store.next_part("correctness", run_id)) as writer, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
             console=console, transient=True) as progress:
@@ -270,12 +277,41 @@ def _print_reported(rows: list[dict]) -> None:
 
 
 def cmd_check(args) -> int:
+    if args.resume:
+        return resume_check(args)
     impls = select_impls(args, need_available=True)
     work = work_list(args, impls)
     if not work:
         console.print("[red]no cases match the filters[/]")
         return 3
     rows = run_work(args, work, "check")
+    return 1 if any(is_failure(r) for r in rows) else 0
+
+
+def resume_check(args) -> int:
+    """`check --resume RUN_ID`: the killed run's filters (from its `runs` row), its journaled
+    rows made parts, then only the (impl, case) pairs it has no row for, under the same run id."""
+    import pyarrow.compute as pc
+
+    store = Store(args.store)
+    checks = {r["run_id"]: r for r in store.read("runs").to_pylist() if r["verb"] == "check"}
+    if args.resume not in checks:
+        raise unknown("check run", args.resume, checks)
+    stored = json.loads(checks[args.resume]["filters"] or "{}")
+    for key in FILTERS:
+        given, was = getattr(args, key, None), stored.get(key)
+        if given not in (None, False) and given != was:
+            raise UsageError(f"--resume {args.resume}: --{key.replace('_', '-')} {given} differs "
+                             f"from the run's own ({was}); give no filters to reuse the run's")
+        setattr(args, key, was)
+    recovered = store.recover("correctness", args.resume)
+    kept = store.read("correctness", filter=pc.field("run_id") == args.resume).to_pylist()
+    done = {(r["impl"], r["case_id"], r["expect"]) for r in kept}
+    work = [w for w in work_list(args, select_impls(args, need_available=True))
+            if (w.impl.id, w.case.id, w.expect) not in done]
+    console.print(f"resuming run {args.resume}: {len(kept)} rows kept ({recovered} recovered "
+                  f"from its journal), {len(work)} to run")
+    rows = run_work(args, work, "check", resume=args.resume, kept=kept)
     return 1 if any(is_failure(r) for r in rows) else 0
 
 
@@ -348,6 +384,8 @@ def parser() -> argparse.ArgumentParser:
     _filters(chk)
     chk.add_argument("--valid-only", action="store_true", help="skip the violating cases")
     chk.add_argument("--show-failures", type=int, default=20, help="failures printed in full")
+    chk.add_argument("--resume", metavar="RUN_ID", default=None,
+                     help="continue a killed check run: only the cases it has no row for")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
     rep.add_argument("case_id")
     rep.add_argument("--impl", action="append")

@@ -97,3 +97,16 @@ def test_duckdb_and_plotly_are_not_on_the_gpu_import_path():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
+
+
+def test_views_skip_unreadable_parts_and_see_journaled_rows(tmp_path):
+    from results.store import RowWriter
+
+    store = Store(tmp_path)
+    store.write("correctness", [{"run_id": "r1", "case_id": "a", "impl": "torch:x"}], "r1", 0)
+    store.write("correctness", [{"run_id": "r2", "case_id": "b", "impl": "torch:x"}], "r2", 0)
+    next((tmp_path / "correctness").glob("date=*/r1-*.parquet")).write_bytes(b"garbage")
+    writer = RowWriter(store, "correctness", "r3", every=100, seconds=1e9)
+    writer.add({"run_id": "r3", "case_id": "c", "impl": "torch:x"})  # then "killed"
+    _, got = query(Store(tmp_path), "SELECT run_id, case_id FROM correctness ORDER BY run_id")
+    assert got == [("r2", "b"), ("r3", "c")]

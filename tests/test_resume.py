@@ -1,0 +1,77 @@
+"""A sweep killed with SIGKILL loses no finished row, and `kparity check --resume RUN_ID` runs
+only what is missing, under the same run id, ending with exactly the rows of an unbroken run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from results.store import Store
+from runners.cli import main
+
+ROOT = Path(__file__).parents[1]
+SELECTION = ["--impl", "torch:rms_norm", "--dtype", "f32,bf16"]
+
+
+def _keys(rows):
+    return Counter((r["impl"], r["case_id"], r["expect"]) for r in rows)
+
+
+def _journal_lines(store_dir: Path) -> int:
+    files = list((store_dir / ".journal" / "correctness").glob("*.jsonl"))
+    return sum(f.read_text().count("\n") for f in files)
+
+
+def test_sigkill_mid_sweep_then_resume(tmp_path, capsys):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "runners.cli", "--store", str(killed),
+                             "check", *SELECTION], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while _journal_lines(killed) < 40 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the sweep ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+    finished = _journal_lines(killed)  # every row handed to the OS before the kill
+    store = Store(killed)
+    before = store.read("correctness").to_pylist()
+    assert len(before) == finished >= 40  # none lost, none read twice (parts + journal)
+    assert max(_keys(before).values()) == 1
+    run_id = store.read("runs").column("run_id").to_pylist()[0]
+
+    assert main(["--store", str(whole), "check", *SELECTION]) == 0
+    expected = _keys(Store(whole).read("correctness").to_pylist())
+    assert len(before) < sum(expected.values())
+
+    capsys.readouterr()
+    assert main(["--store", str(killed), "check", "--resume", run_id]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming run {run_id}: {len(before)} rows kept" in out
+    after = Store(killed).read("correctness").to_pylist()
+    assert _keys(after) == expected  # every case once, none twice
+    assert {r["run_id"] for r in after} == {run_id}
+    assert not list((killed / ".journal").rglob("*.jsonl"))  # recovered, then closed cleanly
+    assert Store(killed).read("runs").num_rows == 1
+
+
+def test_resume_rejects_unknown_runs_and_other_filters(tmp_path, capsys):
+    store = ["--store", str(tmp_path)]
+    assert main([*store, "check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b"]) == 0
+    run_id = Store(tmp_path).read("runs").column("run_id").to_pylist()[0]
+    capsys.readouterr()
+    assert main([*store, "check", "--resume", "20990101T000000Z-nope"]) == 2
+    assert run_id in capsys.readouterr().out  # the valid check runs are listed
+    assert main([*store, "check", "--resume", run_id, "--impl", "torch:rms_norm_llama"]) == 2
+    assert "differs from the run's own" in capsys.readouterr().out
+    # a finished run resumes to nothing more
+    assert main([*store, "check", "--resume", run_id]) == 0
+    assert "18 rows kept (0 recovered from its journal), 0 to run" in capsys.readouterr().out
+    assert Store(tmp_path).read("correctness").num_rows == 18
