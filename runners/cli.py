@@ -19,13 +19,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cases.casefile import CaseFileError
 from cases.generate import Work, gate_cases, plan, valid_cases, violating_cases
 from cases.model import Case
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
-from runners.correctness import check, is_failure
+from runners.correctness import is_failure
+from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -123,7 +125,19 @@ def check_presets(args, source=gate_cases, extra=("edge", "violates")) -> list[s
     return presets
 
 
+def work_for(impl, case: Case) -> Work:
+    """One (impl, case): expected to run, or to be refused by the impl's contract."""
+    broken = impl.contract.broken(case)
+    return Work(impl, case, "rejected" if broken else "valid", broken[0].name if broken else "")
+
+
 def work_list(args, impls) -> list[Work]:
+    if getattr(args, "cases", None):  # a case file: each case against every selected impl of its op
+        from cases.casefile import load_cases
+
+        dtypes = _split(args.dtype)
+        return [work_for(impl, case) for case in load_cases(args.cases) for impl in impls
+                if impl.op == case.op and (not dtypes or case.dtype in dtypes)]
     return plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
                 invalid=not getattr(args, "valid_only", False))
 
@@ -178,7 +192,7 @@ def cmd_cases(args) -> int:
     return 0
 
 
-FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only")  # stored in runs.filters
+FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases")  # in runs.filters
 
 
 def run_work(args, work: list[Work], verb: str, resume: str | None = None,
@@ -196,8 +210,9 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
         store.write("runs", [run_row(run_id, verb, devices, versions, filters)], run_id, 0)
 
     rows = list(kept or [])
-    with RowWriter(store, "correctness", run_id,
-                   first_part=store.next_part("correctness", run_id)) as writer, Progress(
+    first_part = store.next_part("correctness", run_id)
+    with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
+            runner_for(args, work) as run_case, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
             console=console, transient=True) as progress:
@@ -205,7 +220,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
         failed = 0
         for w in work:
             progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
-            row = check(w, _backend(w.impl.backend), run_id)
+            row = run_case(w, run_id)
             writer.add(row)
             rows.append(row)
             if is_failure(row):
@@ -340,12 +355,7 @@ def cmd_repro(args) -> int:
         if i not in impls:
             raise unknown("impl", i, impls)
     console.print(escape(f"case {case.id}: {case.short()} params {case.params} ({case.label})"))
-    work = []
-    for i in ids:
-        impl = impls[i]
-        broken = impl.contract.broken(case)
-        work.append(Work(impl, case, "rejected" if broken else "valid",
-                         broken[0].name if broken else ""))
+    work = [work_for(impls[i], case) for i in ids]
     rows = run_work(args, work, "repro")
     for r in rows:
         console.print(f"[bold]{r['impl']}[/] {r['status']}: {escape(r['message'])}")
@@ -384,12 +394,24 @@ def parser() -> argparse.ArgumentParser:
     _filters(chk)
     chk.add_argument("--valid-only", action="store_true", help="skip the violating cases")
     chk.add_argument("--show-failures", type=int, default=20, help="failures printed in full")
+    chk.add_argument("--cases", metavar="FILE", default=None,
+                     help="JSON list of cases (op, dims, dtype; dist, seed, params, label) run "
+                          "against every selected impl of their op, instead of the generated "
+                          "ones")
     chk.add_argument("--resume", metavar="RUN_ID", default=None,
                      help="continue a killed check run: only the cases it has no row for")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
     rep.add_argument("case_id")
     rep.add_argument("--impl", action="append")
     rep.add_argument("--show-failures", type=int, default=20)
+    for verb_parser in (chk, rep):
+        verb_parser.add_argument(
+            "--isolate", choices=ISOLATION_MODES, default="auto",
+            help="run cases in worker processes: case (one worker at a time, a hang or a "
+                 "crash becomes that case's row), impl (one worker per impl), none; auto: "
+                 "case on GPU backends, none on CPU")
+        verb_parser.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
+                                 help="per-case limit in a worker (default: from the case)")
     from runners import history_verbs, report_verbs, timing_verbs
 
     for module in (timing_verbs, history_verbs, report_verbs):
@@ -428,9 +450,12 @@ def main(argv=None) -> int:
     except UsageError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
-    except StoreError as e:
+    except (StoreError, CaseFileError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
+    except DeviceUnusable as e:  # rows so far are in the store; --resume runs the rest
+        console.print(f"[red]stopped:[/] {escape(str(e))}", soft_wrap=True)
+        return 1
 
 
 if __name__ == "__main__":

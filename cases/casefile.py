@@ -1,0 +1,108 @@
+"""Cases from a JSON file (`kparity check --cases FILE`): a list of objects
+
+    {"op": "rms_norm", "dims": {"rows": 7, "n": 4096}, "dtype": "bf16",
+     "dist": "normal", "seed": 0, "params": {"eps": 1e-6}, "label": "my-shape"}
+
+`op`, `dims` and `dtype` are required; `dist` (default normal), `seed` (0), `params` (the op's
+defaults) and `label` ("file:<name>") are optional. Every field is checked before anything runs;
+a bad one is named with the file, the case's index and the field, and what would be valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+from cases.distributions import DISTRIBUTIONS, PLANTED
+from cases.model import Case
+from oracle.dtypes import FLOAT_DTYPES
+from oracle.spec import registry
+
+FIELDS = ("op", "dims", "dtype", "dist", "seed", "params", "label")
+
+
+class CaseFileError(ValueError):
+    pass
+
+
+def _closest(given: str, valid) -> str:
+    valid = sorted(valid)
+    return ", ".join(difflib.get_close_matches(str(given), valid, n=len(valid), cutoff=0.0))
+
+
+def _case(where: str, raw, ops) -> Case:
+    def bad(field: str, why: str) -> CaseFileError:
+        return CaseFileError(f"{where}, field {field!r}: {why}")
+
+    if not isinstance(raw, dict):
+        raise CaseFileError(f"{where}: expected an object with {', '.join(FIELDS)}, "
+                            f"got {type(raw).__name__}")
+    for key in raw:
+        if key not in FIELDS:
+            raise bad(key, f"unknown field; valid fields (closest first): {_closest(key, FIELDS)}")
+    for key in ("op", "dims", "dtype"):
+        if key not in raw:
+            raise bad(key, "missing (required: op, dims, dtype)")
+    op = raw["op"]
+    if op not in ops:
+        raise bad("op", f"unknown op {op!r}; valid ops (closest first): {_closest(op, ops)}")
+    spec = ops[op]
+    dims = raw["dims"]
+    if not isinstance(dims, dict):
+        raise bad("dims", f"expected an object of {', '.join(spec.dims)}")
+    for name in spec.dims:
+        if name not in dims:
+            raise bad(f"dims.{name}", f"missing: {op} needs {', '.join(spec.dims)}")
+    for name, value in dims.items():
+        if name not in spec.dims:
+            raise bad(f"dims.{name}", f"{op} has no dim {name!r}; its dims: "
+                      + ", ".join(spec.dims))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad(f"dims.{name}", f"expected a non-negative integer, got {value!r}")
+    if raw["dtype"] not in FLOAT_DTYPES:
+        raise bad("dtype", f"unknown dtype {raw['dtype']!r}; valid: "
+                  + _closest(raw["dtype"], FLOAT_DTYPES))
+    dist = raw.get("dist", "normal")
+    dists = DISTRIBUTIONS + (PLANTED if spec.plant or spec.loss else ())
+    if dist not in dists:
+        raise bad("dist", f"unknown distribution {dist!r} for {op}; valid (closest first): "
+                  + _closest(dist, dists))
+    seed = raw.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise bad("seed", f"expected a non-negative integer, got {seed!r}")
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        raise bad("params", "expected an object")
+    for name in params:
+        if name not in spec.params:
+            raise bad(f"params.{name}", f"{op} has no param {name!r}; its params: "
+                      + (", ".join(spec.params) or "none"))
+    label = raw.get("label", "")
+    if not isinstance(label, str):
+        raise bad("label", f"expected a string, got {label!r}")
+    return Case.make(op, dims, raw["dtype"], dist, seed, params, label)
+
+
+def load_cases(path: str | Path) -> list[Case]:
+    """The file's cases, every field checked (CaseFileError names the first bad one)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CaseFileError(f"{path}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise CaseFileError(f"{path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
+            from None
+    if not isinstance(data, list) or not data:
+        raise CaseFileError(f"{path}: expected a non-empty JSON list of cases")
+    ops = registry()
+    cases = []
+    for i, raw in enumerate(data):
+        where = f"{path}: case {i}" + (f" ({raw['op']})" if isinstance(raw, dict) and
+                                       isinstance(raw.get("op"), str) else "")
+        case = _case(where, raw, ops)
+        cases.append(case if case.label else Case.make(
+            case.op, case.dims, case.dtype, case.dist, case.seed, dict(case.param_items),
+            f"file:{path.name}"))
+    return cases

@@ -1,0 +1,86 @@
+"""Test-only faulty impls for process isolation: each is torch:rms_norm, except on one bf16 case
+(picked by its distribution, so the rest of a sweep passes) where it misbehaves as a broken GPU
+kernel would. Loaded as a plugin (`kparity --plugin tests/faults.py check --impl torch:fault_hang
+--isolate case`), never registered by default. Only ever run them isolated: `fault_hang` hangs
+the process that runs it forever, `fault_segv` kills it.
+
+| impl               | on the bf16 case of dist   | does                                         |
+|--------------------|----------------------------|----------------------------------------------|
+| torch:fault_hang   | tiny                       | loops forever (a kernel that never returns)  |
+| torch:fault_segv   | zero_rows                  | SIGSEGV to its own process                   |
+| torch:fault_sticky | outlier_rows               | raises CUDA's illegal-address error text     |
+| torch:fault_brick  | tiny                       | SIGSEGV, leaving the "device" unusable: a    |
+|                    |                            | worker that loads this plugin afterwards has |
+|                    |                            | a torch backend whose to_device raises       |
+| torch:fault_none   | (none)                     | torch:rms_norm, renamed                      |
+
+`fault_brick` marks the device broken by creating the file `$KPARITY_FAULT_BRICK_MARK` (unset:
+it only crashes); only isolation workers read the mark, never the process that runs the sweep.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+from gpu_impls import impls, register
+from gpu_impls.impl import Impl
+
+BASE = impls()["torch:rms_norm"]
+FAULTY_DIST = {"fault_hang": "tiny", "fault_segv": "zero_rows", "fault_sticky": "outlier_rows",
+               "fault_brick": "tiny"}
+BRICK_MARK = os.environ.get("KPARITY_FAULT_BRICK_MARK", "")
+
+
+def hang(case):
+    while True:
+        time.sleep(0.05)
+
+
+def segv(case):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def sticky(case):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def brick(case):
+    if BRICK_MARK:
+        Path(BRICK_MARK).touch()
+    segv(case)
+
+
+FAULTS = {"fault_hang": hang, "fault_segv": segv, "fault_sticky": sticky, "fault_brick": brick}
+
+
+def faulty(name: str, fault):
+    def run(launch, inputs, outputs, case):
+        if case.dtype == "bf16" and case.dist == FAULTY_DIST[name]:
+            fault(case)
+        return BASE.run(launch, inputs, outputs, case)
+    return Impl(BASE.op, BASE.backend, name, run, BASE.contract,
+                doc=f"{BASE.id}, but {fault.__name__} on bf16 {FAULTY_DIST[name]}")
+
+
+FAULT_IMPLS = (*(faulty(name, fault) for name, fault in FAULTS.items()),
+               Impl(BASE.op, BASE.backend, "fault_none", BASE.run, BASE.contract,
+                    doc=f"{BASE.id}, renamed: the control"))
+
+
+def _device_lost(self, array):
+    raise RuntimeError("CUDA error: no CUDA-capable device is detected")
+
+
+# the name runners/isolation.py gives its workers: the sweep's own process is never touched
+if BRICK_MARK and Path(BRICK_MARK).exists() \
+        and multiprocessing.current_process().name == "kparity-worker":
+    from gpu_impls.torch.backend import TorchBackend
+
+    TorchBackend.to_device = _device_lost
+
+_existing = impls()
+register(*(i for i in FAULT_IMPLS if i.id not in _existing))

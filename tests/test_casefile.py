@@ -1,0 +1,78 @@
+"""`kparity check --cases FILE`: user-written cases run against every selected impl of their op;
+a bad field stops the run before anything launches, naming the file, the case and the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cases.casefile import CaseFileError, load_cases
+from results.store import Store
+from runners.cli import main
+
+GOOD = {"op": "rms_norm", "dims": {"rows": 3, "n": 96}, "dtype": "bf16", "dist": "outlier_rows",
+        "params": {"eps": 1e-5}, "label": "mine"}
+
+
+def _file(tmp_path, cases, name="cases.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(cases) if not isinstance(cases, str) else cases)
+    return path
+
+
+def test_cases_from_a_file_run_against_every_impl_of_their_op(tmp_path):
+    path = _file(tmp_path, [GOOD, {"op": "rms_norm", "dims": {"rows": 1, "n": 64},
+                                   "dtype": "f32"}])
+    store = tmp_path / "store"
+    assert main(["--store", str(store), "check", "--cases", str(path),
+                 "--impl", "torch:rms_norm,torch:rms_norm_llama"]) == 0
+    rows = Store(store).read("correctness").to_pylist()
+    # torch:rms_norm_llama implements rounding='normed' only: the 'once' cases are refused
+    assert sorted((r["impl"], r["dtype"], r["status"], r["label"]) for r in rows) == [
+        ("torch:rms_norm", "bf16", "pass", "mine"), ("torch:rms_norm", "f32", "pass", "file:cases.json"),
+        ("torch:rms_norm_llama", "bf16", "rejected", "mine"),
+        ("torch:rms_norm_llama", "f32", "rejected", "file:cases.json")]
+    assert {r["expect"] for r in rows if r["status"] == "rejected"} == {"rejected"}
+    assert {json.loads(r["params"]).get("eps") for r in rows if r["label"] == "mine"} == {1e-5}
+
+
+@pytest.mark.parametrize("case, field, words", [
+    ({**GOOD, "op": "rmsnorm"}, "op", "unknown op 'rmsnorm'; valid ops (closest first): rms_norm"),
+    ({k: v for k, v in GOOD.items() if k != "dims"}, "dims", "missing"),
+    ({**GOOD, "dims": {"rows": 3}}, "dims.n", "missing: rms_norm needs rows, n"),
+    ({**GOOD, "dims": {"rows": 3, "n": 96, "k": 2}}, "dims.k", "has no dim 'k'"),
+    ({**GOOD, "dims": {"rows": -1, "n": 96}}, "dims.rows", "non-negative integer, got -1"),
+    ({**GOOD, "dims": {"rows": 2.5, "n": 96}}, "dims.rows", "got 2.5"),
+    ({**GOOD, "dtype": "fp16"}, "dtype", "unknown dtype 'fp16'; valid: f16"),
+    ({**GOOD, "dist": "gaussian"}, "dist", "unknown distribution 'gaussian'"),
+    ({**GOOD, "dist": "near_tie"}, "dist", "unknown distribution 'near_tie' for rms_norm"),
+    ({**GOOD, "seed": "7"}, "seed", "non-negative integer"),
+    ({**GOOD, "params": {"epsilon": 1e-5}}, "params.epsilon", "its params: eps"),
+    ({**GOOD, "shape": [3, 96]}, "shape", "unknown field"),
+])
+def test_a_bad_field_is_named_with_file_and_case(tmp_path, case, field, words):
+    path = _file(tmp_path, [GOOD, case])
+    with pytest.raises(CaseFileError) as err:
+        load_cases(path)
+    text = str(err.value)
+    assert text.startswith(f"{path}: case 1") and f"field {field!r}" in text and words in text
+
+
+@pytest.mark.parametrize("content, words", [
+    ("[{\"op\": ", "not JSON"), ("{}", "non-empty JSON list"), ("[]", "non-empty JSON list"),
+    ("[3]", "case 0: expected an object")])
+def test_a_bad_file_is_named(tmp_path, content, words):
+    with pytest.raises(CaseFileError, match=words):
+        load_cases(_file(tmp_path, content))
+
+
+def test_the_cli_exits_2_before_running_anything(tmp_path, capsys):
+    path = _file(tmp_path, [GOOD, {**GOOD, "dtype": "f8"}])
+    store = tmp_path / "store"
+    assert main(["--store", str(store), "check", "--cases", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert "case 1 (rms_norm), field 'dtype'" in out
+    assert Store(store).read("correctness").num_rows == 0
+    assert main(["--store", str(store), "check", "--cases", str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().out
