@@ -26,7 +26,7 @@ from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
-from runners.correctness import is_failure
+from runners.correctness import is_failure, repeated_row
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
@@ -192,7 +192,7 @@ def cmd_cases(args) -> int:
     return 0
 
 
-FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases")  # in runs.filters
+FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "repeat")  # runs.filters
 
 
 def run_work(args, work: list[Work], verb: str, resume: str | None = None,
@@ -218,9 +218,13 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
             console=console, transient=True) as progress:
         task = progress.add_task(verb, total=len(work), failed=0)
         failed = 0
+        repeat = getattr(args, "repeat", None) or 1
         for w in work:
             progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
             row = run_case(w, run_id)
+            if repeat > 1 and w.expect == "valid":
+                row = repeated_row(w.impl, [row] + [run_case(w, run_id)
+                                                    for _ in range(repeat - 1)])
             writer.add(row)
             rows.append(row)
             if is_failure(row):
@@ -292,6 +296,8 @@ def _print_reported(rows: list[dict]) -> None:
 
 
 def cmd_check(args) -> int:
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: at least 1")
     if args.resume:
         return resume_check(args)
     impls = select_impls(args, need_available=True)
@@ -313,12 +319,13 @@ def resume_check(args) -> int:
     if args.resume not in checks:
         raise unknown("check run", args.resume, checks)
     stored = json.loads(checks[args.resume]["filters"] or "{}")
+    defaults = {"valid_only": False, "repeat": 1}  # flags left at their default: not given
     for key in FILTERS:
         given, was = getattr(args, key, None), stored.get(key)
-        if given not in (None, False) and given != was:
+        if given is not None and given != defaults.get(key) and given != was:
             raise UsageError(f"--resume {args.resume}: --{key.replace('_', '-')} {given} differs "
                              f"from the run's own ({was}); give no filters to reuse the run's")
-        setattr(args, key, was)
+        setattr(args, key, was if was is not None else defaults.get(key))
     recovered = store.recover("correctness", args.resume)
     kept = store.read("correctness", filter=pc.field("run_id") == args.resume).to_pylist()
     done = {(r["impl"], r["case_id"], r["expect"]) for r in kept}
@@ -394,6 +401,9 @@ def parser() -> argparse.ArgumentParser:
     _filters(chk)
     chk.add_argument("--valid-only", action="store_true", help="skip the violating cases")
     chk.add_argument("--show-failures", type=int, default=20, help="failures printed in full")
+    chk.add_argument("--repeat", type=int, default=1, metavar="N",
+                     help="run every case N times: a failure in any repeat fails it, and bits "
+                          "that differ between repeats fail impls declaring determinism")
     chk.add_argument("--cases", metavar="FILE", default=None,
                      help="JSON list of cases (op, dims, dtype; dist, seed, params, label) run "
                           "against every selected impl of their op, instead of the generated "

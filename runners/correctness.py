@@ -11,6 +11,7 @@ contract refused the case before launch: expected for violating cases, a failure
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import traceback
@@ -117,6 +118,7 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         per_output = {t.name: compare(out[t.name], ref[t.name], exact[t.name], bounds[t.name],
                                       t.dtype(case.dtype)) for t in spec.outputs}
         for t in spec.outputs:
+            per_output[t.name]["digest"] = output_digest(out[t.name])
             if t.logits:
                 per_output[t.name].update(logit_metrics(out[t.name], exact[t.name],
                                                         bounds[t.name]))
@@ -155,6 +157,40 @@ def check(work: Work, backend, run_id: str = "") -> dict:
     finally:
         row["seconds"] = time.perf_counter() - t0
     return row
+
+
+def output_digest(array: np.ndarray) -> str:
+    """A short hash of an output's bytes: repeats of one case compare these (`--repeat`)."""
+    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).hexdigest()
+
+
+def repeated_row(impl, rows: list[dict]) -> dict:
+    """One row for N repeats of one case (`kparity check --repeat N`): the first failing
+    repeat's row if any failed (a NaN in one repeat fails the case: it is a NaN/Inf mismatch
+    there), else the first row, flagged `nondeterministic:<outputs>` where the outputs' bits
+    differ between repeats, which fails the case when the impl declares determinism."""
+    n = len(rows)
+    for k, row in enumerate(rows):
+        if is_failure(row):
+            return {**row, "message": f"repeat {k + 1} of {n}: {row['message']}",
+                    "flags": _with_flag(row["flags"], f"repeats:{n}")}
+    row = dict(rows[0])
+    row["flags"] = _with_flag(row["flags"], f"repeats:{n}")
+    if row["status"] != "pass":
+        return row
+    digests = [{k: v["digest"] for k, v in json.loads(r["outputs_json"]).items()} for r in rows]
+    differ = sorted(k for k in digests[0] if len({d[k] for d in digests}) > 1)
+    if differ:
+        row["flags"] = _with_flag(row["flags"], f"nondeterministic:{'+'.join(differ)}")
+        if impl.deterministic:
+            row["status"] = "fail"
+            row["message"] = (f"nondeterministic: {', '.join(differ)} differ in bits between "
+                              f"{n} repeats on the same inputs; {impl.id} declares determinism")
+    return row
+
+
+def _with_flag(flags: str, flag: str) -> str:
+    return f"{flags},{flag}" if flags else flag
 
 
 def is_failure(row: dict) -> bool:

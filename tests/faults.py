@@ -84,3 +84,37 @@ if BRICK_MARK and Path(BRICK_MARK).exists() \
 
 _existing = impls()
 register(*(i for i in FAULT_IMPLS if i.id not in _existing))
+
+
+# --- repeats (`kparity check --repeat N`) ------------------------------------------------------
+# torch:fault_jitter{,_declared}: torch:rms_norm whose exact zeros come out as -0.0 on every
+# second call: the same values, other bits (a race that passes the oracle every time); only the
+# second declares determinism. torch:fault_nan_once: NaN in its second call of each case only.
+
+def _jitter(launch, inputs, outputs, case):
+    import torch
+
+    out = BASE.run(launch, inputs, outputs, case)
+    _calls[("jitter", case.id)] = _calls.get(("jitter", case.id), 0) + 1
+    if _calls[("jitter", case.id)] % 2 == 0:
+        out = {k: torch.where(v == 0, -v.abs(), v) for k, v in out.items()}
+    return out
+
+
+_calls: dict = {}
+
+
+def _nan_once(launch, inputs, outputs, case):
+    out = BASE.run(launch, inputs, outputs, case)
+    _calls[("nan", case.id)] = _calls.get(("nan", case.id), 0) + 1
+    if _calls[("nan", case.id)] == 2:
+        out = {k: v * float("nan") for k, v in out.items()}
+    return out
+
+
+for _name, _run, _det in (("fault_jitter", _jitter, False),
+                          ("fault_jitter_declared", _jitter, True),
+                          ("fault_nan_once", _nan_once, True)):
+    if f"torch:{_name}" not in impls():
+        register(Impl(BASE.op, "torch", _name, _run, BASE.contract,
+                      doc=f"test-only: {_name}", deterministic=_det))
