@@ -15,6 +15,7 @@ from gpu_impls.impl import Impl
 
 BACKENDS = ("cuda", "torch", "mlx", "metal")
 _IMPLS: dict[str, Impl] = {}
+_PLUGIN_FILES: set[str] = set()  # .py plugins already executed in this process
 _loaded = False
 
 
@@ -58,9 +59,13 @@ def load_plugin(module: str) -> None:
     if module.endswith(".py") or os.sep in module:
         if not os.path.isfile(module):
             raise ImportError(f"no such file: {module}")
+        path = os.path.realpath(module)
+        if path in _PLUGIN_FILES:  # once per process: `kparity nightly` runs several verbs
+            return
         name = "kparity_plugin_" + os.path.splitext(os.path.basename(module))[0]
         spec = importlib.util.spec_from_file_location(name, module)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
+        _PLUGIN_FILES.add(path)
     else:
-        importlib.import_module(module)
+        importlib.import_module(module)  # Python imports a module once

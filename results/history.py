@@ -60,6 +60,7 @@ from typing import Sequence
 
 import numpy as np
 
+from results.runinfo import started_from_id
 from results.store import Store
 
 # metric -> (table, column)
@@ -317,14 +318,6 @@ def _run_started(store: Store) -> dict[str, datetime]:
     return {r["run_id"]: r["started"] for r in runs}
 
 
-def _started_from_id(run_id: str) -> datetime:
-    """Run ids start with their UTC start time (`results.runinfo.new_run_id`)."""
-    try:
-        return datetime.strptime(run_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-    except ValueError:
-        return datetime.fromtimestamp(0, timezone.utc)
-
-
 def metric_rows(store: Store, metric: str, *, impl: str | None = None,
                 device: str | None = None, runs: set[str] | None = None) -> list[dict]:
     """The rows a metric's history is made of (module docstring), as dicts without raw samples;
@@ -375,7 +368,7 @@ def build_series(metric: str, rows: list[dict], started: dict[str, datetime]) ->
             rs = by_run[key][run_id]
             lo = _median([r.get("q1_ns") for r in rs]) if metric == "median_ns" else None
             hi = _median([r.get("q3_ns") for r in rs]) if metric == "median_ns" else None
-            points.append(Point(run_id, started.get(run_id) or _started_from_id(run_id),
+            points.append(Point(run_id, started.get(run_id) or started_from_id(run_id),
                                 _median([r[column] for r in rs]), lo, hi))
         m = meta[key]
         out.append(Series(key, m["op"] or "", m["dtype"] or "", m["label"] or "", points))

@@ -19,10 +19,11 @@ from __future__ import annotations
 import re
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 from results.report_html import ASSETS, CSS, CSS_FILE, PLOTLY_JS
+from results.runinfo import started_from_id
 from results.store import Store
 
 CORRECTNESS_COLUMNS = ["run_id", "case_id", "impl", "op", "backend", "device", "dtype", "dist",
@@ -31,7 +32,6 @@ BENCH_COLUMNS = ["run_id", "case_id", "impl", "op", "backend", "device", "dtype"
                  "label", "mode", "status", "arm", "median_ns", "q1_ns", "q3_ns",
                  "pct_copy_ceiling"]
 AB_DROPPED = {"schema_version"}
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass
@@ -62,12 +62,7 @@ class ReportData:
     def started(self, run_id: str) -> datetime:
         """The run's start time; from the sortable run id where its `runs` row is missing."""
         row = self.runs.get(run_id)
-        if row and row.get("started"):
-            return row["started"]
-        try:
-            return datetime.strptime(run_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-        except ValueError:
-            return EPOCH
+        return row["started"] if row and row.get("started") else started_from_id(run_id)
 
     def latest_check_run(self) -> str | None:
         """The newest run with correctness rows."""

@@ -19,6 +19,15 @@ def new_run_id() -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + f"-{now.microsecond:06d}" + secrets.token_hex(2)
 
 
+def started_from_id(run_id: str) -> datetime:
+    """A run's start time read off its id (to the second), for rows whose `runs` row is missing;
+    the epoch for an id not made by `new_run_id`."""
+    try:
+        return datetime.strptime(run_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return datetime.fromtimestamp(0, timezone.utc)
+
+
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,

@@ -319,13 +319,13 @@ def resume_check(args) -> int:
     if args.resume not in checks:
         raise unknown("check run", args.resume, checks)
     stored = json.loads(checks[args.resume]["filters"] or "{}")
-    defaults = {"valid_only": False, "repeat": 1}  # flags left at their default: not given
+    defaults = vars(parser().parse_args(["check"]))  # a flag left at its default: not given
     for key in FILTERS:
         given, was = getattr(args, key, None), stored.get(key)
-        if given is not None and given != defaults.get(key) and given != was:
+        if given != defaults[key] and given != was:
             raise UsageError(f"--resume {args.resume}: --{key.replace('_', '-')} {given} differs "
                              f"from the run's own ({was}); give no filters to reuse the run's")
-        setattr(args, key, was if was is not None else defaults.get(key))
+        setattr(args, key, was if was is not None else defaults[key])
     recovered = store.recover("correctness", args.resume)
     kept = store.read("correctness", filter=pc.field("run_id") == args.resume).to_pylist()
     done = {(r["impl"], r["case_id"], r["expect"]) for r in kept}

@@ -88,12 +88,13 @@ def batch_variant_rows(impl, backend, case, inputs: dict | None = None) -> list[
     return differ
 
 
-def check(work: Work, backend, run_id: str = "") -> dict:
+def base_row(work: Work, device: str, run_id: str = "") -> dict:
+    """The row of `work` before anything ran: who ran which case, status `error`, no metrics.
+    `check` fills it in; process isolation writes it as is for a case that hung or crashed."""
     impl, case = work.impl, work.case
-    spec = case.spec
-    row = {
+    return {
         "run_id": run_id, "case_id": case.id, "impl": impl.id, "op": case.op,
-        "backend": impl.backend, "device": backend.device(), "dtype": case.dtype,
+        "backend": impl.backend, "device": device, "dtype": case.dtype,
         "dist": case.dist, "dims": json.dumps(case.dims, sort_keys=True),
         "params": json.dumps(case.params, sort_keys=True), "label": case.label,
         "case_json": case.to_json(), "expect": work.expect, "status": "error", "message": "",
@@ -101,6 +102,12 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         "max_abs": None, "max_rel": None, "nmse": None, "cosine": None, "max_ulp": None,
         "frac_within": None, "nonfinite_mismatch": None, "budget": None, "flags": "",
     }
+
+
+def check(work: Work, backend, run_id: str = "") -> dict:
+    impl, case = work.impl, work.case
+    spec = case.spec
+    row = base_row(work, backend.device(), run_id)
     t0 = time.perf_counter()
     try:
         if work.expect == "rejected":

@@ -62,9 +62,9 @@ class DeviceUnusable(RuntimeError):
 
 
 def _backend(name):
-    import gpu_impls
+    from gpu_impls import backend
 
-    return gpu_impls.backend(name)
+    return backend(name)
 
 
 def isolation_mode(requested: str | None, work) -> str:
@@ -193,14 +193,11 @@ class IsolatedRunner:
 
 
 def _row_without_result(w, run_id: str, status: str, message: str, seconds: float) -> dict:
-    """The row check() writes for `w`, every metric null, with our status and message. check()
-    builds it itself, run on the contract alone as for a violating case (no inputs, no launch),
-    so the columns are exactly check()'s."""
-    from cases.generate import Work
-    from runners.correctness import check
+    """`check`'s row for `w` with every metric null, our status and message."""
+    from runners.correctness import base_row
 
-    row = check(Work(w.impl, w.case, "rejected", w.invariant), _backend(w.impl.backend), run_id)
-    row.update(expect=w.expect, status=status, message=message, seconds=seconds)
+    row = base_row(w, _backend(w.impl.backend).device(), run_id)
+    row.update(status=status, message=message, seconds=seconds)
     return row
 
 

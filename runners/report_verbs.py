@@ -42,8 +42,7 @@ def cmd_report(args) -> int:
 
 def _global_options(args) -> list[str]:
     """--store and --plugin of this invocation, for each step's argv. Plugins are passed on so
-    that repro lines name them (a module plugin is imported once; a .py plugin is executed again
-    by each step, as `tests/mutants.py` allows)."""
+    that repro lines name them (`gpu_impls.load_plugin` runs each plugin once per process)."""
     head = ["--store", args.store] if args.store else []
     return head + [x for p in args.plugin or [] for x in ("--plugin", p)]
 

@@ -127,3 +127,15 @@ def test_check_reports_logit_agreement_and_level2_loss_apart(tmp_path, capsys):
     assert int(cells[1]) > 0 and int(cells[5]) > 0 and 0 < float(cells[6]) < 1, row
     run(tmp_path, "check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b", "--dtype", "f32")
     assert "reported, not gated" not in capsys.readouterr().out
+
+
+def test_a_py_plugin_runs_once_per_process(tmp_path):
+    """`kparity nightly` runs several verbs in one process, each with the same --plugin."""
+    plugin = tmp_path / "plain_plugin.py"
+    plugin.write_text("from gpu_impls import impls, register\n"
+                      "import dataclasses\n"
+                      "register(dataclasses.replace(impls()['torch:rms_norm'], "
+                      "name='plain_plugin_copy'))\n")  # no guard: a second run would raise
+    for _ in range(2):
+        assert run(tmp_path, "--plugin", str(plugin), "check", "--impl",
+                   "torch:plain_plugin_copy", "--preset", "qwen3-0.6b", "--dtype", "bf16") == 0
