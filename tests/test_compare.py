@@ -7,9 +7,11 @@ import copy
 import json
 from datetime import datetime, timedelta, timezone
 
-import jsonschema
 import numpy as np
 import pytest
+
+# The `test` extra has it; the GPU image does not, and `pytest -m gpu` collects this module too.
+jsonschema = pytest.importorskip("jsonschema")
 
 from results.compare import load_schema
 from results.store import Store
