@@ -7,19 +7,71 @@ Each backend package (`gpu_impls/cuda`, `torch`, `mlx`, `metal`) defines one `Ba
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from oracle.dtypes import storage_dtype
 
-# NaN bit patterns used to poison outputs before a launch (a quiet NaN in each width).
-POISON_BITS = {"f32": np.uint32(0x7FC00000), "f16": np.uint16(0x7E00),
-               "bf16": np.uint16(0x7FC0), "u32": np.uint32(0xFFFFFFFF),
+# Outputs are poisoned before a launch with a quiet NaN whose payload no arithmetic produces
+# (GPUs return the canonical NaN, CPUs propagate an input's payload and inputs carry none): an
+# element still holding these bits after the launch was never written.
+POISON_BITS = {"f32": np.uint32(0x7FC0DEAD), "f16": np.uint16(0x7EAD),
+               "bf16": np.uint16(0x7FED), "u32": np.uint32(0xFFFFFFFF),
                "i32": np.uint32(0xFFFFFFFF)}
+# Guard regions (canaries) on both sides of every output: another NaN payload, distinct from
+# the poison, so a write past either end shows whatever value it wrote. 4 KiB a side keeps the
+# output 4 KiB-aligned (allocators hand out >= 256-byte-aligned blocks) and catches a write up
+# to 1024 f32 / 2048 bf16 elements out.
+CANARY_BITS = {"f32": np.uint32(0xFFA5A5A5), "f16": np.uint16(0xFFA5),
+               "bf16": np.uint16(0xFFA5), "u32": np.uint32(0xA5A5A5A5),
+               "i32": np.uint32(0xA5A5A5A5)}
+GUARD_BYTES = 4096
+INDICES_SHOWN = 8
 
 
 def poisoned_host(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     bits = POISON_BITS[dtype]
     return np.full(shape, bits, dtype=bits.dtype).view(storage_dtype(dtype))
+
+
+@dataclass
+class GuardedOutput:
+    """A poisoned output (`array`, the device view an impl writes) inside a larger device
+    allocation (`whole`) whose `guard` elements on each side hold `CANARY_BITS`."""
+
+    array: object
+    whole: object
+    shape: tuple[int, ...]
+    dtype: str
+    guard: int
+
+    def read(self, backend) -> tuple[np.ndarray, list[tuple[str, str]]]:
+        """(the output on the host, defects as (flag, text)): out-of-bounds writes (guard elements changed,
+        at flat indices relative to the output's start: -1 is the element before it, n the
+        one past its end) and unwritten elements (still the poison bits; float outputs)."""
+        whole = backend.to_host(self.whole, self.dtype)
+        bits = whole.view(POISON_BITS[self.dtype].dtype)
+        n, g = int(np.prod(self.shape, dtype=np.int64)), self.guard
+        canary = CANARY_BITS[self.dtype]
+        written = np.concatenate([np.flatnonzero(bits[:g] != canary) - g,
+                                  np.flatnonzero(bits[g + n:] != canary) + n])
+        defects = []
+        if written.size:
+            defects.append(("oob_write", f"out-of-bounds write: {_indices(written)} (the output has {n} "
+                           f"elements; {g} guard elements checked on each side)"))
+        if self.dtype in ("f32", "f16", "bf16"):
+            unwritten = np.flatnonzero(bits[g:g + n] == POISON_BITS[self.dtype])
+            if unwritten.size:
+                defects.append(("unwritten", f"never written (still the poison NaN): "
+                                              f"{_indices(unwritten)} of {n} elements"))
+        return whole[g:g + n].reshape(self.shape), defects
+
+
+def _indices(flat: np.ndarray) -> str:
+    shown = ", ".join(str(int(i)) for i in flat[:INDICES_SHOWN])
+    more = f" and {flat.size - INDICES_SHOWN} more" if flat.size > INDICES_SHOWN else ""
+    return f"{flat.size} element(s) at flat index {shown}{more}"
 
 
 class Backend:
@@ -48,6 +100,16 @@ class Backend:
 
     def poisoned(self, shape: tuple[int, ...], dtype: str):
         return self.to_device(poisoned_host(shape, dtype))
+
+    def guarded(self, shape: tuple[int, ...], dtype: str) -> GuardedOutput:
+        """A poisoned output between two guard regions, all one device allocation: the output
+        is a contiguous view into it (a slice, then a reshape: the same on CuPy and torch)."""
+        bits = POISON_BITS[dtype]
+        n, g = int(np.prod(shape, dtype=np.int64)), GUARD_BYTES // bits.itemsize
+        host = np.full(n + 2 * g, CANARY_BITS[dtype], dtype=bits.dtype)
+        host[g:g + n] = bits
+        whole = self.to_device(host.view(storage_dtype(dtype)))
+        return GuardedOutput(whole[g:g + n].reshape(shape), whole, tuple(shape), dtype, g)
 
     def to_host(self, array, dtype: str) -> np.ndarray:
         raise NotImplementedError

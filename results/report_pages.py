@@ -16,7 +16,7 @@ from results.report_impl import case_text, outcome
 from runners.correctness import is_failure
 
 STATUS_ORDER = ["pass", "fail", "error", "rejected", "rejected ok", "timeout", "crash",
-                "unsupported"]
+                "xpass", "xfail", "quarantined", "unsupported"]
 
 
 def _counts_text(rows: list[dict]) -> str:

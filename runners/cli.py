@@ -22,11 +22,12 @@ from rich.table import Table
 from cases.casefile import CaseFileError
 from cases.generate import Work, gate_cases, plan, valid_cases, violating_cases
 from cases.model import Case
+from gpu_impls import known_issues
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
-from runners.correctness import is_failure, repeated_row
+from runners.correctness import base_row, is_failure, repeated_row
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
@@ -199,6 +200,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
              kept: list[dict] | None = None) -> list[dict]:
     """Run the work list, writing rows to the store as it goes; returns the rows (with `kept`,
     the rows a resumed run already had)."""
+    ledger = known_issues.ledger()  # a malformed entry stops here, before anything runs
     store = Store(args.store)
     store.ensure_writable()
     run_id = resume or new_run_id()
@@ -221,10 +223,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
         repeat = getattr(args, "repeat", None) or 1
         for w in work:
             progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
-            row = run_case(w, run_id)
-            if repeat > 1 and w.expect == "valid":
-                row = repeated_row(w.impl, [row] + [run_case(w, run_id)
-                                                    for _ in range(repeat - 1)])
+            row = run_one(w, run_id, run_case, repeat, ledger)
             writer.add(row)
             rows.append(row)
             if is_failure(row):
@@ -241,10 +240,28 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     return rows
 
 
+def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
+    """One (impl, case)'s row: `repeat` runs of it (valid cases), judged by the known-issues
+    ledger (`gpu_impls/known_issues.py`): a never-launch entry's case does not run at all."""
+    entry = known_issues.find(w.impl.id, w.case, ledger)
+    if entry is not None and entry.kind == "never-launch":
+        device = _backend(w.impl.backend).device()
+        return known_issues.quarantined_row(base_row(w, device, run_id), entry)
+    row = run_case(w, run_id)
+    if repeat > 1 and w.expect == "valid":
+        row = repeated_row(w.impl, [row] + [run_case(w, run_id) for _ in range(repeat - 1)])
+    return known_issues.judged_row(row, entry, is_failure(row)) if entry is not None else row
+
+
+# Columns shown only when some row of the run has that status.
+RARE_STATUSES = ("timeout", "crash", "xfail", "xpass", "quarantined")
+
+
 def summarize(rows: list[dict], run_id: str, store: Store) -> None:
     table = Table(title=f"run {run_id}")
-    for col in ("impl", "device", "pass", "fail", "error", "rejected ok", "max budget",
-                "max ulp"):
+    rare = [s for s in RARE_STATUSES if any(r["status"] == s for r in rows)]
+    columns = ("pass", "fail", "error", *rare, "rejected ok")
+    for col in ("impl", "device", *columns, "max budget", "max ulp"):
         table.add_column(col, justify="right" if col not in ("impl", "device") else "left",
                          no_wrap=col == "impl")
     by_impl = defaultdict(list)
@@ -252,14 +269,11 @@ def summarize(rows: list[dict], run_id: str, store: Store) -> None:
         by_impl[r["impl"]].append(r)
     for impl, rs in sorted(by_impl.items()):
         c = Counter("rejected ok" if r["status"] == "rejected" and r["expect"] == "rejected"
-                    else ("fail" if is_failure(r) and r["status"] in ("fail", "rejected")
-                          else r["status"]) for r in rs)
+                    else ("fail" if r["status"] == "rejected" else r["status"]) for r in rs)
         budgets = [r["budget"] for r in rs if r["budget"] is not None]
         ulps = [r["max_ulp"] for r in rs if r["max_ulp"] is not None]
-        failing = c["fail"] + c["error"] + c["timeout"] + c["crash"]
-        style = "red" if failing else "green"
-        table.add_row(f"[{style}]{impl}[/]", rs[0]["device"], str(c["pass"]), str(c["fail"]),
-                      str(c["error"] + c["timeout"] + c["crash"]), str(c["rejected ok"]),
+        style = "red" if any(is_failure(r) for r in rs) else "green"
+        table.add_row(f"[{style}]{impl}[/]", rs[0]["device"], *(str(c[col]) for col in columns),
                       f"{max(budgets):.3g}" if budgets else "-", str(max(ulps)) if ulps else "-")
     console.print(table)
     _print_reported(rows)
@@ -460,7 +474,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
-    except (StoreError, CaseFileError) as e:
+    except (StoreError, CaseFileError, known_issues.KnownIssueError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     except DeviceUnusable as e:  # rows so far are in the store; --resume runs the rest

@@ -1,10 +1,12 @@
 """Correctness: one impl on one case against the oracle, as one result row.
 
 Order of events: contract check (before anything touches the device) -> inputs -> oracle ->
-outputs allocated and poisoned with NaN -> launch -> copy back -> metrics per output. The row
-keeps the worst output's metrics (by budget) and all outputs' metrics as JSON.
+outputs allocated, poisoned with NaN and fenced by guard regions -> launch -> copy back ->
+guards and poison checked -> metrics per output. The row keeps the worst output's metrics (by
+budget) and all outputs' metrics as JSON.
 
-Status: `pass` (every output within its bound, no NaN/Inf mismatch), `fail`, `rejected` (the
+Status: `pass` (every output within its bound, no NaN/Inf mismatch, no guard element changed, no
+element left unwritten), `fail` (flags `oob_write` / `unwritten` name those two), `rejected` (the
 contract refused the case before launch: expected for violating cases, a failure otherwise),
 `error` (the impl raised). A violating case that launches is a `fail`.
 """
@@ -24,39 +26,64 @@ from gpu_impls.contract import ContractError
 from oracle.dtypes import storage_dtype
 from runners.metrics import compare, level2_metrics, logit_metrics
 
-FAILING = ("fail", "error", "timeout", "crash")
+FAILING = ("fail", "error", "timeout", "crash", "xpass")  # xpass: a stale ledger entry
 
 
 def repro_command(impl_id: str, case_id: str) -> str:
     return f"kparity repro {case_id} --impl {impl_id}"
 
 
+class OutputDefect(AssertionError):
+    """An impl wrote outside its outputs or left elements of them unwritten."""
+
+
 def run_impl(impl, backend, case, inputs: dict) -> dict[str, np.ndarray]:
-    """Launch `impl` on host `inputs`; host outputs back. Raises ContractError before launch."""
+    """Launch `impl` on host `inputs`; host outputs back. Raises ContractError before launch,
+    OutputDefect after it when the impl wrote out of bounds or left an element unwritten."""
+    out, defects = launch_impl(impl, backend, case, inputs)
+    if defects:
+        raise OutputDefect(f"{impl.id} on case {case.id}: "
+                           + "; ".join(text for _, text in defects))
+    return out
+
+
+def launch_impl(impl, backend, case, inputs: dict
+                ) -> tuple[dict[str, np.ndarray], list[tuple[str, str]]]:
+    """(host outputs, defects as (flag, text)). On backends that write in place each output is
+    poisoned and sits between guard regions (`Backend.guarded`); the defects name each output
+    with out-of-bounds writes (guard elements changed) or unwritten elements (poison bits
+    left), with their flat indices. Raises ContractError before the launch."""
     spec = case.spec
     launch = impl.contract.check(impl.id, case)
     dev_in = {k: backend.to_device(v) for k, v in inputs.items()}
-    dev_out = None
+    guarded = {}
     if backend.writes_in_place:
-        dev_out = {t.name: backend.poisoned(t.shape(case.dims), t.dtype(case.dtype))
+        guarded = {t.name: backend.guarded(t.shape(case.dims), t.dtype(case.dtype))
                    for t in spec.outputs}
     backend.synchronize()
-    returned = impl.run(launch, dev_in, dev_out, case)
+    returned = impl.run(launch, dev_in, {k: g.array for k, g in guarded.items()} or None, case)
     backend.synchronize()
-    produced = returned if returned is not None else dev_out
-    if produced is None:
+    if returned is None and not guarded:
         raise RuntimeError(f"{impl.id} returned no outputs")
-    out = {}
+    out, defects = {}, []
     for t in spec.outputs:
-        if t.name not in produced:
-            raise RuntimeError(f"{impl.id} did not produce output {t.name!r}")
-        host = backend.to_host(produced[t.name], t.dtype(case.dtype))
         shape = t.shape(case.dims)
-        if host.size != int(np.prod(shape)):
-            raise RuntimeError(f"{impl.id}: output {t.name} has {host.size} elements, "
-                               f"expected {int(np.prod(shape))} {shape}")
+        fenced = guarded.get(t.name)
+        own = returned is not None and (fenced is None or returned.get(t.name) is not fenced.array)
+        if fenced is not None:
+            host, found = fenced.read(backend)
+            # an impl that returns its own array leaves the poisoned one alone: only its guards
+            defects += [(flag, f"{t.name}: {text}") for flag, text in found
+                        if not (own and flag == "unwritten")]
+        if own:
+            if t.name not in returned:
+                raise RuntimeError(f"{impl.id} did not produce output {t.name!r}")
+            host = backend.to_host(returned[t.name], t.dtype(case.dtype))
+            if host.size != int(np.prod(shape)):
+                raise RuntimeError(f"{impl.id}: output {t.name} has {host.size} elements, "
+                                   f"expected {int(np.prod(shape))} {shape}")
         out[t.name] = host.reshape(shape).astype(storage_dtype(t.dtype(case.dtype)), copy=False)
-    return out
+    return out, defects
 
 
 def nondeterministic_outputs(impl, backend, case, inputs: dict | None = None) -> list[str]:
@@ -121,7 +148,7 @@ def check(work: Work, backend, run_id: str = "") -> dict:
             oracle_case = case.replace(ftz=1)  # the oracle under the backend's FTZ semantics
         exact, ref = spec.reference(inputs, oracle_case)
         bounds = spec.tolerance(inputs, exact, oracle_case)
-        out = run_impl(impl, backend, case, inputs)
+        out, defects = launch_impl(impl, backend, case, inputs)
         per_output = {t.name: compare(out[t.name], ref[t.name], exact[t.name], bounds[t.name],
                                       t.dtype(case.dtype)) for t in spec.outputs}
         for t in spec.outputs:
@@ -142,8 +169,12 @@ def check(work: Work, backend, run_id: str = "") -> dict:
                                 if v.get("near_tie"))
         ok = all(v["budget"] <= 1.0 and v["nonfinite_mismatch"] == 0 for v in per_output.values())
         flipped = [k for k, v in per_output.items() if v.get("argmax_fail")]
-        row["status"] = "pass" if ok and not flipped else "fail"
-        if not ok:
+        row["status"] = "pass" if ok and not flipped and not defects else "fail"
+        if defects:  # out-of-bounds writes and unwritten elements, with their indices
+            row["flags"] = ",".join(filter(None, [row["flags"]]
+                                           + sorted({flag for flag, _ in defects})))
+            row["message"] = "; ".join(text for _, text in defects)
+        if not ok and not defects:
             row["message"] = (f"{worst}[{m['worst_index']}] = {m['worst_out']:.9g}, oracle "
                               f"{m['worst_exact']:.9g}, bound {m['worst_bound']:.3g} "
                               f"(budget {m['budget']:.3g}, {m['nonfinite_mismatch']} NaN/Inf "

@@ -118,3 +118,37 @@ for _name, _run, _det in (("fault_jitter", _jitter, False),
     if f"torch:{_name}" not in impls():
         register(Impl(BASE.op, "torch", _name, _run, BASE.contract,
                       doc=f"test-only: {_name}", deterministic=_det))
+
+
+# --- output defects (guard regions and poison) -------------------------------------------------
+# torch:fault_oob_write: torch:rms_norm written in place, plus one element one past the end of
+# its output (bf16 constant_rows only), as a kernel whose last block misses its bounds check.
+# torch:fault_unwritten_last: every element but the last written (bf16 constant_rows only).
+
+def _in_place(launch, inputs, outputs, case):
+    """torch:rms_norm's result copied into the runner's (poisoned, guarded) output."""
+    for name, value in BASE.run(launch, inputs, None, case).items():
+        outputs[name].copy_(value)
+
+
+def _oob_write(launch, inputs, outputs, case):
+    _in_place(launch, inputs, outputs, case)
+    if case.dtype == "bf16" and case.dist == "constant_rows":
+        out = outputs["out"]
+        # the storage around a view is reachable, as device memory is to a kernel
+        past = out.as_strided((out.numel() + 1,), (1,), out.storage_offset())
+        past[out.numel()] = 1.0
+
+
+def _unwritten_last(launch, inputs, outputs, case):
+    if case.dtype == "bf16" and case.dist == "constant_rows":
+        out = BASE.run(launch, inputs, None, case)["out"].reshape(-1)
+        outputs["out"].view(-1)[:-1].copy_(out[:-1])
+        return None
+    _in_place(launch, inputs, outputs, case)
+
+
+for _name, _run in (("fault_oob_write", _oob_write), ("fault_unwritten_last", _unwritten_last),
+                    ("fault_in_place", _in_place)):
+    if f"torch:{_name}" not in impls():
+        register(Impl(BASE.op, "torch", _name, _run, BASE.contract, doc=f"test-only: {_name}"))
