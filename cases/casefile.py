@@ -4,7 +4,9 @@
      "dist": "normal", "seed": 0, "params": {"eps": 1e-6}, "label": "my-shape"}
 
 `op`, `dims` and `dtype` are required; `dist` (default normal), `seed` (0), `params` (the op's
-defaults) and `label` ("file:<name>") are optional. Every field is checked before anything runs;
+defaults) and `label` ("file:<name>") are optional. A stored row's `case_json` (what a failing
+case prints) is a valid entry as is: its `oracle_version` must be the op's current one, since
+the same case under another oracle version is another case. Every field is checked before anything runs;
 a bad one is named with the file, the case's index and the field, and what would be valid.
 """
 
@@ -19,7 +21,7 @@ from cases.model import Case
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry
 
-FIELDS = ("op", "dims", "dtype", "dist", "seed", "params", "label")
+FIELDS = ("op", "dims", "dtype", "dist", "seed", "params", "label", "oracle_version")
 
 
 class CaseFileError(ValueError):
@@ -78,6 +80,11 @@ def _case(where: str, raw, ops) -> Case:
         if name not in spec.params:
             raise bad(f"params.{name}", f"{op} has no param {name!r}; its params: "
                       + (", ".join(spec.params) or "none"))
+    version = raw.get("oracle_version", spec.version)
+    if version != spec.version:
+        raise bad("oracle_version", f"{version!r}, but {op}'s oracle is version {spec.version}: "
+                  "the case was written for another oracle; drop the field to run it under "
+                  "this one")
     label = raw.get("label", "")
     if not isinstance(label, str):
         raise bad("label", f"expected a string, got {label!r}")

@@ -13,6 +13,9 @@ A distribution fills a tensor viewed as rows (last axis = the reduction axis of 
 |                 | eps term decides the result                                                |
 | `zero_rows`     | N(0, 1) with every third row all zero (row 0 included): out must be 0      |
 | `constant_rows` | each row one constant c_r ~ N(0, 1): closed form c*rsqrt(c^2+eps)*w         |
+| `nonfinite`     | N(0, 1) with one NaN in rows 0, 4, 8..., one +inf in rows 1, 5..., one -inf |
+|                 | in rows 2, 6...; rows 3, 7... clean. The oracle's IEEE float64 propagation |
+|                 | is the contract (each op's docstring states what it implies)               |
 | `near_tie`      | N(0, 1) data; an op with logits plants two top logits within one output ULP |
 |                 | (`OpSpec.plant`): an argmax flip there is a near-tie, not a failure        |
 | `clear_margin`  | N(0, 1) data; the op plants a top logit far above the rest: no flip allowed |
@@ -34,7 +37,9 @@ import numpy as np
 
 from oracle.dtypes import tiny
 
-DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows")
+DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows",
+                 "nonfinite")
+NONFINITE_CYCLE = (np.nan, np.inf, -np.inf, None)  # row r gets NONFINITE_CYCLE[r % 4]
 PLANTED = ("near_tie", "clear_margin", "quantized")  # normal data; the op's `plant` does the rest
 DATA_INITS = ("data", "activation")  # the inits the case's distribution applies to
 
@@ -82,4 +87,9 @@ def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.rando
         x[::3] = 0.0
     elif dist == "constant_rows":
         x = np.repeat(rng.standard_normal((rows, 1)), n, axis=1)
+    elif dist == "nonfinite":
+        cols = rng.integers(0, n, rows)
+        for r in range(rows):
+            if NONFINITE_CYCLE[r % 4] is not None:
+                x[r, cols[r]] = NONFINITE_CYCLE[r % 4]
     return x.reshape(shape)

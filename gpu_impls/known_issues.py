@@ -10,8 +10,8 @@ Entries live next to the impls, one JSON list per backend package
 - `impl`: an impl id, or a glob over ids (`cuda:*`).
 - `case`: globs (`fnmatch`, on the value as text) over case fields: `id`, `op`, `dtype`, `dist`,
   `label`, `dims.<name>`, `params.<name>`. Every field given must match; `{}` matches every case.
-- `issue`: where the bug is tracked: `#<number>` (with an optional `owner/repo` before it) or a
-  URL. An entry without one is refused: a known failure is a tracked failure or none.
+- `issue`: where the bug is tracked: `#<number>` (with an optional `repo` or `owner/repo`
+  before it) or a URL. An entry without one is refused: a known failure is a tracked failure or none.
 - `class`:
   - `xfail`: the case runs; a failure is recorded `xfail` (not failing the sweep, its original
     status and message kept), a pass `xpass`, which fails the sweep: the bug is fixed or the
@@ -33,7 +33,7 @@ from typing import Mapping
 
 CLASSES = ("xfail", "never-launch")
 CASE_FIELDS = ("id", "op", "dtype", "dist", "label")
-ISSUE_REF = re.compile(r"^(([\w.-]+/[\w.-]+)?#\d+|https?://\S+)$")
+ISSUE_REF = re.compile(r"^(([\w.-]+(/[\w.-]+)?)?#\d+|https?://\S+)$")
 
 
 class KnownIssueError(ValueError):
@@ -81,7 +81,7 @@ def parse(entry, where: str) -> KnownIssue:
         raise KnownIssueError(f"{where}: class {entry['class']!r}; valid: {', '.join(CLASSES)}")
     if not ISSUE_REF.match(entry["issue"]):
         raise KnownIssueError(f"{where}: issue {entry['issue']!r} is no tracked reference; give "
-                              "'#123', 'owner/repo#123' or a URL")
+                              "'#123', 'repo#123', 'owner/repo#123' or a URL")
     case = entry.get("case", {})
     if not isinstance(case, dict):
         raise KnownIssueError(f"{where}: field 'case' must be an object of field globs")

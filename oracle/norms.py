@@ -31,6 +31,14 @@ residual is added, since the sum can cancel). For T = f16/bf16 the half-ULP term
 kernel lands one ULP away only when y* sits within f32 noise of a rounding boundary); for T = f32
 term (b) does. All-zero rows give bound 0: out must be exactly 0.
 
+NaN and inf inputs (the `nonfinite` distribution): IEEE propagation through the formula above
+is the contract. A row holding a NaN is NaN throughout. A row holding ±inf (no NaN) has
+sum x^2 = inf, so inv = rsqrt(inf) = 0: its finite elements give exactly ±0 and the infinite
+one inf·0 = NaN. With a residual (s = x + r) the same holds for s, and inf - inf = NaN. The
+check requires NaN exactly where the oracle has NaN, the same infinity where it has one, and
+within-bound values elsewhere (`runners/metrics.py`): a kernel that clamps, skips or zeroes
+non-finite values fails.
+
 Against the seeds (`ops.md` §2.1, absolute tolerances for outputs of magnitude ~1: mt_rms_norm
 f32 1e-4 / f16 2e-2 / bf16 1e-1, per-head 1e-4 / 5e-3 / 5e-2): at |y*| ~ 1 the derived bounds are
 about 6.3e-5 (f32, n = 8192), 4.9e-4 (f16) and 3.9e-3 (bf16), so never looser. `tests/test_norms_oracle`

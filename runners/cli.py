@@ -247,9 +247,13 @@ def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
     if entry is not None and entry.kind == "never-launch":
         device = _backend(w.impl.backend).device()
         return known_issues.quarantined_row(base_row(w, device, run_id), entry)
-    row = run_case(w, run_id)
-    if repeat > 1 and w.expect == "valid":
-        row = repeated_row(w.impl, [row] + [run_case(w, run_id) for _ in range(repeat - 1)])
+    rows = [run_case(w, run_id)]
+    if w.expect == "valid" and repeat > 1:
+        while len(rows) < repeat and not is_failure(rows[-1]):  # a failed repeat decides
+            rows.append(run_case(w, run_id))
+        row = repeated_row(w.impl, rows, repeat)
+    else:
+        row = rows[0]
     return known_issues.judged_row(row, entry, is_failure(row)) if entry is not None else row
 
 

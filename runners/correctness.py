@@ -202,12 +202,12 @@ def output_digest(array: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).hexdigest()
 
 
-def repeated_row(impl, rows: list[dict]) -> dict:
-    """One row for N repeats of one case (`kparity check --repeat N`): the first failing
-    repeat's row if any failed (a NaN in one repeat fails the case: it is a NaN/Inf mismatch
-    there), else the first row, flagged `nondeterministic:<outputs>` where the outputs' bits
-    differ between repeats, which fails the case when the impl declares determinism."""
-    n = len(rows)
+def repeated_row(impl, rows: list[dict], n: int) -> dict:
+    """One row for `n` repeats of one case (`kparity check --repeat N`), from the rows of the
+    repeats that ran (the runner stops at the first failing one): that failing repeat's row if
+    any failed (a NaN in one repeat fails the case: it is a NaN/Inf mismatch there), else the
+    first row, flagged `nondeterministic:<outputs>` where the outputs' bits differ between
+    repeats, which fails the case when the impl declares determinism."""
     for k, row in enumerate(rows):
         if is_failure(row):
             return {**row, "message": f"repeat {k + 1} of {n}: {row['message']}",

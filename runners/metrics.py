@@ -91,9 +91,13 @@ TOP_K = 5
 
 
 def logit_metrics(out: np.ndarray, exact: np.ndarray, bound: np.ndarray) -> dict:
-    """Argmax agreement on a logit vector: see the module docstring."""
+    """Argmax agreement on a logit vector: see the module docstring. Logits whose oracle holds
+    a NaN (NaN inputs, the `nonfinite` distribution) have no argmax: nothing is recorded, and
+    the NaN/Inf rule of `compare` alone judges them."""
     o = np.asarray(out).astype(np.float64).ravel()
     e = np.asarray(exact, dtype=np.float64).ravel()
+    if np.isnan(e).any():
+        return {}
     b = np.broadcast_to(np.asarray(bound, dtype=np.float64), e.shape)
     i, j = int(np.argmax(e)), int(np.nanargmax(o)) if np.isfinite(o).any() else -1
     top = np.argsort(-e, kind="stable")[:TOP_K]

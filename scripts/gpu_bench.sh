@@ -12,6 +12,9 @@
 #     the torch baselines at the issue's shapes (bf16), A/B against dense bf16 F.linear
 #   bash scripts/gpu_bench.sh history   a small run history of the RMSNorm and GEMV families
 #     (issue 5): 3 check runs, 4 bench runs, one A/B, for `kparity compare` and `kparity report`
+#   bash scripts/gpu_bench.sh faults    issue 6: one check sweep of every CUDA impl plus the planted
+#     faults of tests/faults_cuda.py, each case twice (--repeat 2: the race), isolated per case;
+#     then each fault's rows and every real impl's status counts (scripts/fault_summary.py)
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -63,6 +66,12 @@ gemv)
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1
   run bench --op rms_norm_qgemv,qmm,dequant_gemv_expert_indexed --dtype bf16 --min-time 0.1
   run ab torch:linear_dense cuda:kp_qgemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
+  ;;
+faults)
+  start=$(date +%s)
+  run --plugin tests/faults_cuda.py check --backend cuda --repeat 2 --show-failures 40
+  echo "sweep wall_s=$(( $(date +%s) - start ))" >> "$LOG"
+  python3 scripts/fault_summary.py "$STORE" >> "$LOG" 2>&1
   ;;
 history)
   CHECK_IMPLS=cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:mt_rms_norm,cuda:mt_rms_norm_wide,cuda:dequant_gemv,cuda:dequant_gemv_int4_fast,cuda:kp_qgemv,cuda:kp_qgemv_mma,torch:rms_norm,torch:rms_norm_per_head,torch:dequant_linear

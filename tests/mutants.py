@@ -9,6 +9,8 @@ a `KPARITY_MUTANT_*` define (GPU gate).
 | mutant_drop_eps                | rsqrt(mean(x²)) without eps: zero rows give NaN, tiny rows blow up |
 | mutant_round_before_weight     | claims one rounding, rounds x·inv to T before the weight    |
 | mutant_weight_before_rounding  | claims rounding="normed", applies the weight before it      |
+| mutant_zero_nonfinite          | NaN and ±inf inputs read as 0 (a kernel that sanitises its  |
+|                                | loads): fails the `nonfinite` cases only                   |
 | mutant_skip_lane               | one lane's elements never written (torch: every index = 1   |
 |                                | mod 32; CUDA: thread 1 of each block)                       |
 | mutant_kp_skip_lane            | the same in cuda:kp_rms_norm (thread 1's 16-byte vectors;   |
@@ -57,6 +59,12 @@ def round_before_weight(launch, inputs, outputs, case):
 
 def weight_before_rounding(launch, inputs, outputs, case):
     torch, x, w, eps = _parts(inputs, case)
+    outputs["out"].copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
+
+
+def zero_nonfinite(launch, inputs, outputs, case):
+    torch, x, w, eps = _parts(inputs, case)
+    x = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
     outputs["out"].copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
 
 
@@ -119,6 +127,7 @@ CPU_MUTANTS = (
     Impl("rms_norm", "torch", "mutant_round_before_weight", round_before_weight, ONCE),
     Impl("rms_norm", "torch", "mutant_weight_before_rounding", weight_before_rounding, NORMED),
     Impl("rms_norm", "torch", "mutant_skip_lane", skip_lane, ONCE),
+    Impl("rms_norm", "torch", "mutant_zero_nonfinite", zero_nonfinite, ONCE),
     Impl("dequant_gemv", "torch", "mutant_gemv_nibble_order", gemv_nibble_order, POW2_BITS),
     Impl("dequant_gemv", "torch", "mutant_gemv_group_off_by_one", gemv_group_off_by_one),
     Impl("dequant_gemv", "torch", "mutant_gemv_drop_bias", gemv_drop_bias),

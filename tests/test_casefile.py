@@ -8,6 +8,7 @@ import json
 import pytest
 
 from cases.casefile import CaseFileError, load_cases
+from cases.model import Case
 from results.store import Store
 from runners.cli import main
 
@@ -50,6 +51,7 @@ def test_cases_from_a_file_run_against_every_impl_of_their_op(tmp_path):
     ({**GOOD, "seed": "7"}, "seed", "non-negative integer"),
     ({**GOOD, "params": {"epsilon": 1e-5}}, "params.epsilon", "its params: eps"),
     ({**GOOD, "shape": [3, 96]}, "shape", "unknown field"),
+    ({**GOOD, "oracle_version": 0}, "oracle_version", "rms_norm's oracle is version"),
 ])
 def test_a_bad_field_is_named_with_file_and_case(tmp_path, case, field, words):
     path = _file(tmp_path, [GOOD, case])
@@ -57,6 +59,13 @@ def test_a_bad_field_is_named_with_file_and_case(tmp_path, case, field, words):
         load_cases(path)
     text = str(err.value)
     assert text.startswith(f"{path}: case 1") and f"field {field!r}" in text and words in text
+
+
+def test_a_stored_case_json_is_a_valid_entry(tmp_path):
+    case = Case.make("rms_norm", {"rows": 3, "n": 96}, "bf16", "nonfinite", 4, {"eps": 1e-5},
+                     "x")
+    loaded, = load_cases(_file(tmp_path, [json.loads(case.to_json())]))
+    assert loaded.id == case.id
 
 
 @pytest.mark.parametrize("content, words", [

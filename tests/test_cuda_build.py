@@ -16,3 +16,18 @@ def test_all_kernels_compile_for_sm90():
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") >= 6, proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_planted_fault_kernels_compile_for_sm90(tmp_path):
+    from pathlib import Path
+
+    source = Path(__file__).with_name("faults_cuda.cu")
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(source), "-o",
+                           str(tmp_path / "faults.ptx")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ptx = (tmp_path / "faults.ptx").read_text()
+    for kernel in ("illegal_address", "hang", "store_past_end", "fill_bits", "racy_sum_squares",
+                   "scale_rows"):
+        assert f".entry {kernel}(" in ptx

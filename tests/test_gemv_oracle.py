@@ -161,6 +161,28 @@ def test_logit_metrics_tell_a_near_tie_from_a_flip():
     assert flip["argmax_fail"] and not flip["near_tie"]
     shuffled = logit_metrics(np.array([9.0, 1.0, 0.999, 8, 0.5, 0.2, 7]), exact, bound)
     assert shuffled["top5_overlap"] == 0.6
+    nan = np.full(7, np.nan)  # NaN logits (a NaN input): no argmax to agree on
+    assert logit_metrics(nan, nan, bound) == {} and logit_metrics(exact, nan, bound) == {}
+
+
+def test_nan_activation_gives_nan_logits_and_only_the_nan_rule_judges(tmp_path):
+    """dequant_gemv on the `nonfinite` distribution (a NaN in x): every logit is NaN in the
+    oracle; torch's impl passes, and no argmax agreement is recorded."""
+    import json
+
+    from results.store import Store
+    from runners.cli import main
+
+    case = Case.make("dequant_gemv", {"out": 32, "in": 64, "bits": 4, "group_size": 32}, "f32",
+                     "nonfinite")
+    exact, _ = case.spec.reference(make_inputs(case), case)
+    assert np.isnan(exact["out"]).all()
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([json.loads(case.to_json())]))
+    assert main(["--store", str(tmp_path / "s"), "check", "--impl", "torch:dequant_linear",
+                 "--cases", str(cases), "--isolate", "none"]) == 0
+    row, = Store(tmp_path / "s").read("correctness").to_pylist()
+    assert row["status"] == "pass" and "argmax" not in json.loads(row["outputs_json"])["out"]
 
 
 def _planted(dist, dtype):

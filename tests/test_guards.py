@@ -5,6 +5,7 @@ impls, on the 6 bf16 qwen3-0.6b cases (7 rows x 1024)."""
 
 from __future__ import annotations
 
+from cases.distributions import DISTRIBUTIONS
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ def test_out_of_bounds_write_and_unwritten_element_fail_with_their_index(tmp_pat
                "torch:fault_oob_write,torch:fault_unwritten_last,torch:fault_in_place", *CASES])
     assert rc == 1
     rows = _rows(tmp_path)
-    assert len(rows) == 18
+    assert len(rows) == 3 * len(DISTRIBUTIONS)
     oob = rows[("torch:fault_oob_write", "constant_rows")]
     assert oob["status"] == "fail" and "oob_write" in oob["flags"].split(",")
     assert f"out: out-of-bounds write: 1 element(s) at flat index {N} " in oob["message"]
@@ -38,7 +39,7 @@ def test_out_of_bounds_write_and_unwritten_element_fail_with_their_index(tmp_pat
     assert f"never written (still the poison NaN): 1 element(s) at flat index {N - 1} " \
         in unwritten["message"]
     rest = [r for k, r in rows.items() if k[1] != "constant_rows" or k[0].endswith("in_place")]
-    assert len(rest) == 16 and all(r["status"] == "pass" and r["flags"] == "" for r in rest)
+    assert len(rest) == 3 * len(DISTRIBUTIONS) - 2 and all(r["status"] == "pass" and r["flags"] == "" for r in rest)
     out = capsys.readouterr().out
     assert f"repro: kparity --plugin {FAULTS} repro {oob['case_id']} --impl " \
            "torch:fault_oob_write" in out
@@ -65,3 +66,35 @@ def test_guarded_output_is_a_poisoned_view_between_canaries(dtype):
     assert flag == "oob_write" and "2 element(s) at flat index -2, 18 " in text
     bits = torch_backend.to_host(whole, dtype).view(CANARY_BITS[dtype].dtype)
     assert (bits[:fenced.guard - 2] == CANARY_BITS[dtype]).all()
+
+
+def test_each_planted_cuda_fault_fires_on_its_cases_only():
+    """tests/faults_cuda.py (run on the GPU machine) targets one gate case per fault: checked
+    here against the generated rms_norm cases its base impl admits, in a fresh process (the
+    plugin registers impls and a ledger entry)."""
+    import subprocess
+    import sys
+
+    code = """
+import gpu_impls
+from cases.generate import valid_cases
+from gpu_impls import known_issues
+import sys
+sys.path.insert(0, "tests")
+import faults_cuda as f
+cases = valid_cases(gpu_impls.impls()["cuda:kp_rms_norm"])
+for name in (*f.FIRES, "fault_cuda_nan_f16"):
+    hit = [c for c in cases if f.fires(name, c)]
+    quarantined = [c for c in hit if known_issues.find("cuda:" + name, c, known_issues.ledger())]
+    print(name, len(hit), len(quarantined), len(cases))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in proc.stdout.split("\n")
+           if line}
+    total = got["fault_cuda_race"][2]
+    f16 = total // 3
+    assert got == {"fault_cuda_hang": [2, 1, total], "fault_cuda_illegal_address": [1, 0, total],
+                   "fault_cuda_oob_write": [1, 0, total], "fault_cuda_unwritten_last": [1, 0, total],
+                   "fault_cuda_race": [1, 0, total], "fault_cuda_nan_f16": [f16, 0, total]}

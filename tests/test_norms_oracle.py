@@ -328,10 +328,14 @@ def _guard_ratio(case: Case, scale_key: str | None = None) -> float:
     exact, _, bound = oracle(case, inputs)
     worst = 0.0
     for t in case.spec.outputs:
+        finite = np.isfinite(exact[t.name])  # NaN/inf outputs (nonfinite inputs) have no bound
         mag = np.maximum(1.0, np.abs(exact[t.name]))
         if scale_key:
             mag = np.maximum(mag, exact[scale_key])
-        worst = max(worst, float(np.max(bound[t.name] / (SEED_TOL[case.op][case.dtype] * mag))))
+        with np.errstate(invalid="ignore"):  # inf / inf on the masked elements
+            ratio = np.broadcast_to(bound[t.name], mag.shape) / (SEED_TOL[case.op][case.dtype]
+                                                                 * mag)
+        worst = max(worst, float(np.max(ratio[finite], initial=0.0)))
     return worst
 
 

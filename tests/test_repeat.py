@@ -4,6 +4,7 @@ that declares determinism (and are flagged otherwise); a NaN in one repeat fails
 from __future__ import annotations
 
 import json
+from cases.distributions import DISTRIBUTIONS
 from pathlib import Path
 
 from results.store import Store
@@ -21,7 +22,7 @@ def test_repeats_of_a_deterministic_impl_pass(tmp_path):
     assert main(["--store", str(tmp_path), "check", "--impl", "torch:rms_norm", *CASES,
                  "--repeat", "3"]) == 0
     rows = _rows(tmp_path)
-    assert len(rows) == 6 and all(r["flags"].endswith("repeats:3") for r in rows.values())
+    assert len(rows) == len(DISTRIBUTIONS) and all(r["flags"].endswith("repeats:3") for r in rows.values())
     assert all(len(v["digest"]) == 16 for r in rows.values()
                for v in json.loads(r["outputs_json"]).values())
 
@@ -31,8 +32,9 @@ def test_differing_bits_fail_only_an_impl_declaring_determinism(tmp_path, capsys
                "torch:fault_jitter,torch:fault_jitter_declared", *CASES, "--repeat", "2"])
     assert rc == 1
     rows = _rows(tmp_path)
-    # the cases whose outputs hold exact zeros: zero rows, and tiny values that underflow in bf16
-    with_zeros = {"zero_rows", "tiny"}
+    # the cases whose outputs hold exact zeros: zero rows, tiny values that underflow in bf16,
+    # and the finite elements of the rows holding an inf (rsqrt(inf) = 0)
+    with_zeros = {"zero_rows", "tiny", "nonfinite"}
     for dist in with_zeros:
         declared = rows[("torch:fault_jitter_declared", dist)]
         loose = rows[("torch:fault_jitter", dist)]
@@ -40,7 +42,7 @@ def test_differing_bits_fail_only_an_impl_declaring_determinism(tmp_path, capsys
         assert "nondeterministic: out differ" in declared["message"]
         assert loose["status"] == "pass" and "nondeterministic:out" in loose["flags"]
     others = [r for (impl, dist), r in rows.items() if dist not in with_zeros]
-    assert len(others) == 8 and {r["status"] for r in others} == {"pass"}
+    assert len(others) == 2 * (len(DISTRIBUTIONS) - 3) and {r["status"] for r in others} == {"pass"}
     assert not any("nondeterministic" in r["flags"] for r in others)
 
 
@@ -49,7 +51,7 @@ def test_a_nan_in_one_repeat_fails_the_case(tmp_path):
                  "torch:fault_nan_once", *CASES, "--repeat", "2"]) == 1
     rows = list(_rows(tmp_path).values())
     failing = [r for r in rows if r["status"] == "fail"]
-    assert len(rows) == 6 and len(failing) == 6  # every case: its second call is NaN
+    assert len(rows) == len(failing) == len(DISTRIBUTIONS)  # every case: its second call is NaN
     assert all(r["message"].startswith("repeat 2 of 2:") for r in failing)
     # one repeat alone does not see it
     assert main(["--store", str(tmp_path / "once"), "--plugin", FAULTS, "check", "--impl",

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from cases.distributions import DISTRIBUTIONS
 from collections import Counter
 from pathlib import Path
 
@@ -73,5 +74,5 @@ def test_resume_rejects_unknown_runs_and_other_filters(tmp_path, capsys):
     assert "differs from the run's own" in capsys.readouterr().out
     # a finished run resumes to nothing more
     assert main([*store, "check", "--resume", run_id]) == 0
-    assert "18 rows kept (0 recovered from its journal), 0 to run" in capsys.readouterr().out
-    assert Store(tmp_path).read("correctness").num_rows == 18
+    assert f"{3 * len(DISTRIBUTIONS)} rows kept (0 recovered from its journal), 0 to run" in capsys.readouterr().out
+    assert Store(tmp_path).read("correctness").num_rows == 3 * len(DISTRIBUTIONS)

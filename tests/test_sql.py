@@ -14,10 +14,13 @@ import pytest
 
 pytest.importorskip("duckdb")
 
+from cases.distributions import DISTRIBUTIONS  # noqa: E402
 from results.query import query  # noqa: E402
 from results.schema import CORRECTNESS  # noqa: E402
 from results.store import Store  # noqa: E402
 from runners.cli import main  # noqa: E402
+
+N = len(DISTRIBUTIONS)  # cases of one preset and dtype
 
 
 def _check_twice(root) -> None:
@@ -32,13 +35,13 @@ def test_views_latest_and_history_over_real_runs(tmp_path):
     _, [(runs,)] = query(store, "SELECT count(*) FROM runs")
     _, [(rows,)] = query(store, "SELECT count(*) FROM correctness")
     _, [(latest,)] = query(store, "SELECT count(*) FROM latest")
-    assert (runs, rows, latest) == (2, 12, 6)  # 6 cases (distributions) per run
+    assert (runs, rows, latest) == (2, 2 * N, N)  # N cases (distributions) per run
     # newest by start time: run ids sort by time only to the second
     newest = max(store.read("runs").to_pylist(), key=lambda r: r["started"])["run_id"]
     _, got = query(store, "SELECT DISTINCT run_id FROM latest")
     assert got == [(newest,)]
     cols, hist = query(store, "SELECT run_id, metric, value FROM history ORDER BY run_id")
-    assert cols == ["run_id", "metric", "value"] and len(hist) == 12
+    assert cols == ["run_id", "metric", "value"] and len(hist) == 2 * N
     assert {m for _, m, _ in hist} == {"budget"} and all(0 <= v <= 1 for *_, v in hist)
 
 
@@ -80,7 +83,7 @@ def test_sql_verb_formats_and_errors(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--store", str(tmp_path), "sql", "--format", "json",
                  "SELECT impl, count(*) AS n FROM correctness GROUP BY impl"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"impl": "torch:rms_norm", "n": 12}]
+    assert json.loads(capsys.readouterr().out) == [{"impl": "torch:rms_norm", "n": 2 * N}]
     assert main(["--store", str(tmp_path), "sql", "--format", "csv",
                  "SELECT 1 AS a, 'x' AS b"]) == 0
     assert capsys.readouterr().out.splitlines() == ["a,b", "1,x"]
