@@ -27,7 +27,7 @@ from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
-from runners.correctness import base_row, is_failure, repeated_row
+from runners.correctness import base_row, failure_kind, is_failure, repeated_row
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
@@ -280,6 +280,10 @@ def summarize(rows: list[dict], run_id: str, store: Store) -> None:
         table.add_row(f"[{style}]{impl}[/]", rs[0]["device"], *(str(c[col]) for col in columns),
                       f"{max(budgets):.3g}" if budgets else "-", str(max(ulps)) if ulps else "-")
     console.print(table)
+    kinds = Counter(failure_kind(r) for r in rows
+                    if r["status"] == "fail" or (r["status"] == "rejected" and is_failure(r)))
+    if kinds:
+        console.print("fail, by kind: " + ", ".join(f"{n} {k}" for k, n in kinds.most_common()))
     _print_reported(rows)
     n_fail = sum(is_failure(r) for r in rows)
     verdict = "[red]FAILED[/]" if n_fail else "[green]OK[/]"

@@ -231,6 +231,27 @@ def _with_flag(flags: str, flag: str) -> str:
     return f"{flags},{flag}" if flags else flag
 
 
+def failure_kind(row: dict) -> str:
+    """What a `fail` row failed on, for the summary: a guard or poison defect, bits differing
+    between repeats, NaN/Inf where the oracle disagrees, a flipped argmax, or a value over its
+    bound (`rejected`: a valid case the contract refused)."""
+    flags = row["flags"].split(",") if row["flags"] else []
+    for flag in ("oob_write", "unwritten"):
+        if flag in flags:
+            return flag
+    if row["status"] == "rejected":
+        return "valid case rejected"
+    if row["message"].startswith("nondeterministic"):
+        return "nondeterministic"
+    if row["nonfinite_mismatch"]:
+        return "NaN/Inf mismatch"
+    if "argmax" in row["message"]:
+        return "argmax flip"
+    if row["message"].startswith("contract accepted"):
+        return "violating case launched"
+    return "over bound"
+
+
 def is_failure(row: dict) -> bool:
     if row["status"] == "rejected":
         return row["expect"] != "rejected"

@@ -31,7 +31,7 @@ def test_planted_values_and_the_oracle_propagation():
     assert np.isfinite(out[3]).all() and np.abs(out[3]).max() > 0.5
 
 
-def test_real_impl_passes_and_a_sanitising_kernel_fails_only_there(tmp_path):
+def test_real_impl_passes_and_a_sanitising_kernel_fails_only_there(tmp_path, capsys):
     rc = main(["--store", str(tmp_path), "--plugin", MUTANTS, "check", "--impl",
                "torch:rms_norm,torch:mutant_zero_nonfinite", "--preset", "qwen3-0.6b",
                "--valid-only", "--isolate", "none"])
@@ -42,3 +42,4 @@ def test_real_impl_passes_and_a_sanitising_kernel_fails_only_there(tmp_path):
     assert {r["dtype"] for r in rows if r["status"] != "pass"} == {"f32", "f16", "bf16"}
     assert all(r["nonfinite_mismatch"] > 0 for r in rows if r["status"] != "pass")
     assert sum(r["dist"] == "nonfinite" for r in rows) == 6
+    assert "fail, by kind: 3 NaN/Inf mismatch" in capsys.readouterr().out
