@@ -7,6 +7,8 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
     cuda:kp_qgemv_r2, cuda:kp_qgemv_r8: 2 or 8 rows per block instead of KP_ROWS = 4
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
     cuda:kp_qgemv_mma_t1, cuda:kp_qgemv_mma_t2: 1 or 2 m16 tiles per warp
+    cuda:kp_qgemv_diag_load_only: kp_qgemv's loads with almost none of its math (wrong results:
+        time it with `bench --no-verify`), the memory-only time of its access pattern
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from functools import partial
 
 from gpu_impls import impls, register
 from gpu_impls.cuda import gemv
+from gpu_impls.cuda._module import mutant
 from gpu_impls.cuda import kp_norms as kp
 
 
@@ -34,3 +37,4 @@ register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in
          *(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}w{w}", rows=r, warps=w)
            for r in (4, 8) for w in (1, 2, 4)))
 register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}", tiles=t) for t in (1, 2)))
+register(mutant("cuda:kp_qgemv", "kp_qgemv_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"))

@@ -30,7 +30,8 @@ from gpu_impls.cuda._module import KERNEL_DIR, TRAIT, name_expression
 MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT",
                   "KPARITY_MUTANT_SKIP_LANE", "KPARITY_MUTANT_NIBBLE_ORDER",
                   "KPARITY_MUTANT_GROUP_OFF_BY_ONE", "KPARITY_MUTANT_DROP_BIAS",
-                  "KPARITY_MUTANT_SKIP_LAST_GROUP", "KPARITY_MUTANT_M_DEPENDENT_SUM")
+                  "KPARITY_MUTANT_SKIP_LAST_GROUP", "KPARITY_MUTANT_M_DEPENDENT_SUM",
+                  "KPARITY_DIAG_LOAD_ONLY")  # the last: a timing diagnostic (kp_variants.py)
 NOT_WRAPPERS = {"backend", "nvcc_check"}
 
 

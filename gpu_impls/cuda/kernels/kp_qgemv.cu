@@ -51,6 +51,12 @@ __device__ __forceinline__ float byte_as_float(unsigned word, unsigned selector)
 // sum_k q_k * xf[k] over one chunk's codes (4 interleaved chains).
 template <int BITS>
 __device__ __forceinline__ float chunk_dot(const uint4 chunk, const float* xf) {
+#ifdef KPARITY_DIAG_LOAD_ONLY
+    // Diagnostic only (scripts/kp_variants.py, wrong results): the same loads, almost no math,
+    // to time this kernel's memory pattern without its per-code instructions.
+    return __uint_as_float(((chunk.x ^ chunk.y ^ chunk.z ^ chunk.w) & 0x007FFFFFu) | 0x3F800000u)
+           * xf[0];
+#endif
     const unsigned words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
     float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
