@@ -8,7 +8,9 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
     cuda:kp_qgemv_mma_t1, cuda:kp_qgemv_mma_t2: 1 or 2 m16 tiles per warp
     cuda:kp_qgemv_diag_load_only: kp_qgemv's loads with almost none of its math (wrong results:
-        time it with `bench --no-verify`), the memory-only time of its access pattern
+        time it with `bench --no-verify`), the memory-only time of its access pattern;
+        _diag_codes_x: also without the scale and bias loads (served from L1), _diag_codes: also
+        without the x loads; _diag_math_no_groups: the full math without the scale/bias loads
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from functools import partial
 
 from gpu_impls import impls, register
 from gpu_impls.cuda import gemv
-from gpu_impls.cuda._module import mutant
+from gpu_impls.cuda._module import _MAKERS, mutant
 from gpu_impls.cuda import kp_norms as kp
 
 
@@ -38,3 +40,11 @@ register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in
            for r in (4, 8) for w in (1, 2, 4)))
 register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}", tiles=t) for t in (1, 2)))
 register(mutant("cuda:kp_qgemv", "kp_qgemv_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"))
+_kp_impl, _kp_make = _MAKERS["cuda:kp_qgemv"]
+for _suffix, _defines in (
+        ("diag_codes_x", ("KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS")),
+        ("diag_codes", ("KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
+                        "KPARITY_DIAG_NO_X_LOADS")),
+        ("diag_math_no_groups", ("KPARITY_DIAG_NO_GROUP_LOADS",))):
+    register(dataclasses.replace(_kp_impl, name=f"kp_qgemv_{_suffix}", run=_kp_make(_defines),
+                                 doc=f"timing diagnostic: kp_qgemv with {' '.join(_defines)}"))

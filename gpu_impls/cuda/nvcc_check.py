@@ -31,7 +31,9 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_MUTANT_SKIP_LANE", "KPARITY_MUTANT_NIBBLE_ORDER",
                   "KPARITY_MUTANT_GROUP_OFF_BY_ONE", "KPARITY_MUTANT_DROP_BIAS",
                   "KPARITY_MUTANT_SKIP_LAST_GROUP", "KPARITY_MUTANT_M_DEPENDENT_SUM",
-                  "KPARITY_DIAG_LOAD_ONLY")  # the last: a timing diagnostic (kp_variants.py)
+                  # timing diagnostics (scripts/kp_variants.py)
+                  "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
+                  "KPARITY_DIAG_NO_X_LOADS")
 NOT_WRAPPERS = {"backend", "nvcc_check"}
 
 

@@ -41,6 +41,19 @@
 
 #define KPQ_BLOCK 128
 
+// Timing diagnostics only (scripts/kp_variants.py, wrong results): the scale and bias loads, or
+// the x loads, served from the first line of their array (L1 hits) instead of their own.
+#ifdef KPARITY_DIAG_NO_GROUP_LOADS
+#define KPQ_GROUP_AT(base, g) ((g) & 63)
+#else
+#define KPQ_GROUP_AT(base, g) ((base) + (g))
+#endif
+#ifdef KPARITY_DIAG_NO_X_LOADS
+#define KPQ_X_AT(i) ((i) & 3)
+#else
+#define KPQ_X_AT(i) (i)
+#endif
+
 namespace kpq {
 
 __device__ __forceinline__ float byte_as_float(unsigned word, unsigned selector) {
@@ -132,8 +145,8 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
         acc[r] = 0.0f;
         const bool any = t < used;
         next[r] = any ? w[wrow[r] + t] : make_uint4(0u, 0u, 0u, 0u);
-        next_s[r] = any ? scales[grow[r] + group_of(t)] : S(0);
-        next_b[r] = any ? biases[grow[r] + group_of(t)] : S(0);
+        next_s[r] = any ? scales[KPQ_GROUP_AT(grow[r], group_of(t))] : S(0);
+        next_b[r] = any ? biases[KPQ_GROUP_AT(grow[r], group_of(t))] : S(0);
     }
     for (int c = t; c < used; c += threads) {
         uint4 cur[ROWS];
@@ -147,8 +160,8 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
             cur_b[r] = next_b[r];
             if (more) {  // the next step's loads, in flight during this step's math
                 next[r] = w[wrow[r] + c + threads];
-                next_s[r] = scales[grow[r] + g_next];
-                next_b[r] = biases[grow[r] + g_next];
+                next_s[r] = scales[KPQ_GROUP_AT(grow[r], g_next)];
+                next_b[r] = biases[KPQ_GROUP_AT(grow[r], g_next)];
             }
         }
         float xf[CODES];
@@ -156,7 +169,7 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
 #pragma unroll
         for (int v = 0; v < XV; ++v) {
             float f[V::N];
-            V::unpack(xv[(size_t)c * XV + v], f);
+            V::unpack(xv[KPQ_X_AT((size_t)c * XV + v)], f);
 #pragma unroll
             for (int k = 0; k < V::N; ++k) {
                 xf[v * V::N + k] = f[k];
