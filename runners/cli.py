@@ -197,10 +197,11 @@ FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "r
 
 
 def run_work(args, work: list[Work], verb: str, resume: str | None = None,
-             kept: list[dict] | None = None) -> list[dict]:
+             kept: list[dict] | None = None, use_ledger: bool = True) -> list[dict]:
     """Run the work list, writing rows to the store as it goes; returns the rows (with `kept`,
-    the rows a resumed run already had)."""
+    the rows a resumed run already had). `use_ledger=False`: known issues are not applied."""
     ledger = known_issues.ledger()  # a malformed entry stops here, before anything runs
+    ledger = ledger if use_ledger else []
     store = Store(args.store)
     store.ensure_writable()
     run_id = resume or new_run_id()
@@ -385,7 +386,12 @@ def cmd_repro(args) -> int:
             raise unknown("impl", i, impls)
     console.print(escape(f"case {case.id}: {case.short()} params {case.params} ({case.label})"))
     work = [work_for(impls[i], case) for i in ids]
-    rows = run_work(args, work, "repro")
+    for w in work:  # asked for by id: run it whatever the ledger says, and say so
+        entry = known_issues.find(w.impl.id, case, known_issues.ledger())
+        if entry is not None:
+            console.print(escape(f"{w.impl.id}: {entry.describe()}, from {entry.source}: "
+                                 "run anyway (repro ignores the ledger)"))
+    rows = run_work(args, work, "repro", use_ledger=False)
     for r in rows:
         console.print(f"[bold]{r['impl']}[/] {r['status']}: {escape(r['message'])}")
         for name, m in json.loads(r["outputs_json"]).items():

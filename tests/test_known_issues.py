@@ -67,6 +67,21 @@ def test_xfail_xpass_and_never_launch(tmp_path, ledger, capsys):
     assert "XPASS torch:fault_in_place" in out
 
 
+def test_repro_runs_a_known_case_and_says_so(tmp_path, ledger, capsys):
+    ledger.register({"impl": "torch:fault_unwritten_last", "case": {"dist": "constant_rows"},
+                     "issue": "#1", "class": "never-launch"})
+    assert main(["--store", str(tmp_path), "--plugin", FAULTS, "check", "--impl",
+                 "torch:fault_unwritten_last", *CASES]) == 0
+    quarantined, = [r for r in Store(tmp_path).read("correctness").to_pylist()
+                    if r["status"] == "quarantined"]
+    capsys.readouterr()
+    assert main(["--store", str(tmp_path), "--plugin", FAULTS, "repro", quarantined["case_id"],
+                 "--impl", "torch:fault_unwritten_last", "--isolate", "none"]) == 1
+    out = capsys.readouterr().out
+    assert "known issue #1 (never-launch), from plugin entry 0: run anyway" in out
+    assert "fail: out: never written" in out
+
+
 def test_xfail_alone_does_not_fail_the_sweep(tmp_path, ledger):
     ledger.register({"impl": "torch:fault_unwritten_*", "case": {"dist": "constant_rows"},
                      "issue": "#1", "class": "xfail"})
