@@ -87,7 +87,7 @@ def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.rando
         x[::3] = 0.0
     elif dist == "constant_rows":
         x = np.repeat(rng.standard_normal((rows, 1)), n, axis=1)
-    elif dist == "nonfinite":
+    elif dist == "nonfinite" and n > 0:
         cols = rng.integers(0, n, rows)
         for r in range(rows):
             if NONFINITE_CYCLE[r % 4] is not None:

@@ -20,9 +20,9 @@ POISON_BITS = {"f32": np.uint32(0x7FC0DEAD), "f16": np.uint16(0x7EAD),
                "bf16": np.uint16(0x7FED), "u32": np.uint32(0xFFFFFFFF),
                "i32": np.uint32(0xFFFFFFFF)}
 # Guard regions (canaries) on both sides of every output: another NaN payload, distinct from
-# the poison, so a write past either end shows whatever value it wrote. 4 KiB a side keeps the
-# output 4 KiB-aligned (allocators hand out >= 256-byte-aligned blocks) and catches a write up
-# to 1024 f32 / 2048 bf16 elements out.
+# the poison and from anything a kernel computes, so any write there changes their bits. 4 KiB
+# a side keeps the output as aligned as the allocation (CUDA allocators: >= 256 bytes) and
+# catches a write up to 1024 f32 / 2048 bf16 elements out.
 CANARY_BITS = {"f32": np.uint32(0xFFA5A5A5), "f16": np.uint16(0xFFA5),
                "bf16": np.uint16(0xFFA5), "u32": np.uint32(0xA5A5A5A5),
                "i32": np.uint32(0xA5A5A5A5)}
@@ -113,6 +113,11 @@ class Backend:
 
     def to_host(self, array, dtype: str) -> np.ndarray:
         raise NotImplementedError
+
+    def same_memory(self, a, b) -> bool:
+        """Whether device arrays `a` and `b` start at the same address (a view of an output
+        returned by an impl is that output)."""
+        return a is b
 
     def synchronize(self) -> None:
         pass

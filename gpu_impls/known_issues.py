@@ -18,8 +18,11 @@ Entries live next to the impls, one JSON list per backend package
     entry is too wide, so the entry must go (a stale entry hides the next regression);
   - `never-launch`: the case is recorded `quarantined` and never runs (a crash class that
     poisons the device, a hang).
-The first matching entry wins. A malformed entry is an error naming the file, the entry's index
-and the field, before anything runs.
+A `never-launch` entry matching a case wins over any `xfail` one (a hang must not launch because
+a broader xfail also matches); otherwise the first matching entry wins. The ledger applies to
+valid cases only: a violating case never launches anyway. A malformed entry (a dims or params
+name no op has included) is an error naming the file, the entry's index and the field, before
+anything runs.
 """
 
 from __future__ import annotations
@@ -51,19 +54,36 @@ class KnownIssue:
 
     def matches(self, impl_id: str, case) -> bool:
         return fnmatch.fnmatchcase(impl_id, self.impl) and all(
-            fnmatch.fnmatchcase(_case_field(case, key), pattern)
-            for key, pattern in self.case.items())
+            _field_matches(case, key, pattern) for key, pattern in self.case.items())
 
     def describe(self) -> str:
         return f"known issue {self.issue} ({self.kind}{': ' + self.why if self.why else ''})"
 
 
-def _case_field(case, key: str) -> str:
+def _field_matches(case, key: str, pattern: str) -> bool:
+    """The glob on the field's text; a number against a number-valued param compares as
+    numbers (`"1e-6"` matches eps = 1e-06)."""
     if key in CASE_FIELDS:
-        return str(getattr(case, key))
+        return fnmatch.fnmatchcase(str(getattr(case, key)), pattern)
     group, _, name = key.partition(".")
     values = case.dims if group == "dims" else case.params
-    return str(values.get(name, ""))
+    if name not in values:
+        return False
+    value = values[name]
+    if group == "params" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(pattern) == float(value)
+        except ValueError:
+            pass
+    return fnmatch.fnmatchcase(str(value), pattern)
+
+
+def _names(group: str, op: str | None) -> set[str]:
+    """Every dims (or params) name of `op`, or of any op."""
+    from oracle.spec import registry
+
+    specs = [s for name, s in registry().items() if op is None or name == op]
+    return {n for s in specs for n in (s.dims if group == "dims" else s.params)}
 
 
 def parse(entry, where: str) -> KnownIssue:
@@ -77,6 +97,8 @@ def parse(entry, where: str) -> KnownIssue:
     for key in ("impl", "issue", "class"):
         if not isinstance(entry.get(key), str) or not entry[key]:
             raise KnownIssueError(f"{where}: field {key!r} is missing or not a string")
+    if not isinstance(entry.get("why", ""), str):
+        raise KnownIssueError(f"{where}: field 'why' must be a string")
     if entry["class"] not in CLASSES:
         raise KnownIssueError(f"{where}: class {entry['class']!r}; valid: {', '.join(CLASSES)}")
     if not ISSUE_REF.match(entry["issue"]):
@@ -90,6 +112,13 @@ def parse(entry, where: str) -> KnownIssue:
         if not (key in CASE_FIELDS or (dot and group in ("dims", "params") and name)):
             raise KnownIssueError(f"{where}: case field {key!r}; valid: "
                                   f"{', '.join(CASE_FIELDS)}, dims.<name>, params.<name>")
+        if key not in CASE_FIELDS:
+            op = case.get("op") if "*" not in case.get("op", "*") else None
+            valid = _names(group, op)
+            if name not in valid:  # a typo here would silently match nothing
+                raise KnownIssueError(
+                    f"{where}: case field {key!r}: no {group} {name!r} in "
+                    f"{'op ' + op if op else 'any op'}; valid: {', '.join(sorted(valid))}")
         if not isinstance(pattern, str):
             raise KnownIssueError(f"{where}: case field {key!r} must be a string glob")
     return KnownIssue(entry["impl"], entry["issue"], entry["class"], dict(case),
@@ -124,7 +153,14 @@ def ledger() -> list[KnownIssue]:
 
 
 def find(impl_id: str, case, entries: list[KnownIssue]) -> KnownIssue | None:
-    return next((e for e in entries if e.matches(impl_id, case)), None)
+    """The entry for (impl, case): a matching never-launch entry first, else the first match."""
+    hits = [e for e in entries if e.matches(impl_id, case)]
+    return next((e for e in hits if e.kind == "never-launch"), hits[0] if hits else None)
+
+
+def unmatched(entries: list[KnownIssue], impl_ids) -> list[KnownIssue]:
+    """Entries whose impl glob matches no registered impl (stale, or a typo)."""
+    return [e for e in entries if not any(fnmatch.fnmatchcase(i, e.impl) for i in impl_ids)]
 
 
 def quarantined_row(row: dict, entry: KnownIssue) -> dict:

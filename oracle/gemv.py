@@ -21,6 +21,10 @@ algebraic split s * sum(q x) + b * sum(x) per group (the fast kernels, `qdot`):
       as 0: `oracle.norms.kernel_view`), amplified by what multiplies it later: the q*s and +b
       roundings by |x_d|, the q*x roundings and their sum by |s| (the split form), sum(x) by
       |b|, the *x and +acc roundings by 1: amplify = sum_d 2 (|x_d| + |s| + |b| + 1).
+NaN and inf inputs (the `nonfinite` distribution): the float64 oracle's IEEE propagation, except
+that the split form may turn an oracle ±inf into NaN (inf - inf between s * sum(q x) and
+b * sum(x)), so an output NaN where the oracle has ±inf passes (`OpSpec.inf_may_be_nan`); the
+same holds for qmm and the fused rms_norm_qgemv, which allow the same split.
 Against the seed (`ops.md` §2.3: abs [5e-3, 5e-2, 2e-1] for f32/f16/bf16 at outputs ~1): at
 in = 14336 with unit-order outputs, (b) is about 2.1e-4 * scale, so never looser.
 """
@@ -140,7 +144,8 @@ register(OpSpec(
     oracle=dequant_gemv, tolerance=dequant_gemv_tolerance,
     bytes=lambda case: _io_bytes(case),
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"],
-    params={"ftz": 0}, doc=dequant_gemv.__doc__, plant=plant_logits, loss=quantization_loss))
+    params={"ftz": 0}, doc=dequant_gemv.__doc__, plant=plant_logits, loss=quantization_loss,
+    inf_may_be_nan=True))
 
 
 def _io_bytes(case) -> int:
@@ -197,4 +202,5 @@ register(OpSpec(
     oracle=dequant_gemv_expert_indexed, tolerance=_expert_tolerance,
     bytes=_expert_bytes,
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"],
-    params={"expert": 0, "ftz": 0}, doc=dequant_gemv_expert_indexed.__doc__))
+    params={"expert": 0, "ftz": 0}, doc=dequant_gemv_expert_indexed.__doc__,
+    inf_may_be_nan=True))

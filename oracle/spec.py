@@ -87,6 +87,10 @@ class OpSpec:
     # Set: `loss(inputs, case)` returns level-2 references (e.g. x @ W unquantized) or None;
     # the check reports the outputs' distance to them, never gates on it.
     loss: Callable[[dict, object], dict | None] | None = None
+    # True where the contract lets a kernel reassociate a sum so that an oracle ±inf may come
+    # out NaN (inf - inf; e.g. a GEMV's split s * sum(q x) + b * sum(x)): such an output may be
+    # NaN or the oracle's infinity. NaN stays NaN and finite stays finite either way.
+    inf_may_be_nan: bool = False
 
     def output_dtype(self, name: str, case_dtype: str) -> str:
         return next(t for t in self.outputs if t.name == name).dtype(case_dtype)

@@ -200,8 +200,10 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
              kept: list[dict] | None = None, use_ledger: bool = True) -> list[dict]:
     """Run the work list, writing rows to the store as it goes; returns the rows (with `kept`,
     the rows a resumed run already had). `use_ledger=False`: known issues are not applied."""
-    ledger = known_issues.ledger()  # a malformed entry stops here, before anything runs
-    ledger = ledger if use_ledger else []
+    ledger = known_issues.ledger() if use_ledger else []  # a malformed entry stops here
+    for entry in known_issues.unmatched(ledger, _impls()):
+        console.print(escape(f"ledger: {entry.source} names impl {entry.impl!r}, which matches "
+                             "no impl here (stale entry, or a typo)"), style="yellow")
     store = Store(args.store)
     store.ensure_writable()
     run_id = resume or new_run_id()
@@ -244,7 +246,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
 def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
     """One (impl, case)'s row: `repeat` runs of it (valid cases), judged by the known-issues
     ledger (`gpu_impls/known_issues.py`): a never-launch entry's case does not run at all."""
-    entry = known_issues.find(w.impl.id, w.case, ledger)
+    entry = known_issues.find(w.impl.id, w.case, ledger) if w.expect == "valid" else None
     if entry is not None and entry.kind == "never-launch":
         device = _backend(w.impl.backend).device()
         return known_issues.quarantined_row(base_row(w, device, run_id), entry)

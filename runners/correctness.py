@@ -69,7 +69,8 @@ def launch_impl(impl, backend, case, inputs: dict
     for t in spec.outputs:
         shape = t.shape(case.dims)
         fenced = guarded.get(t.name)
-        own = returned is not None and (fenced is None or returned.get(t.name) is not fenced.array)
+        own = returned is not None and (
+            fenced is None or not backend.same_memory(returned.get(t.name), fenced.array))
         if fenced is not None:
             host, found = fenced.read(backend)
             # an impl that returns its own array leaves the poisoned one alone: only its guards
@@ -150,7 +151,8 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         bounds = spec.tolerance(inputs, exact, oracle_case)
         out, defects = launch_impl(impl, backend, case, inputs)
         per_output = {t.name: compare(out[t.name], ref[t.name], exact[t.name], bounds[t.name],
-                                      t.dtype(case.dtype)) for t in spec.outputs}
+                                      t.dtype(case.dtype), spec.inf_may_be_nan)
+                      for t in spec.outputs}
         for t in spec.outputs:
             per_output[t.name]["digest"] = output_digest(out[t.name])
             if t.logits:
@@ -174,11 +176,11 @@ def check(work: Work, backend, run_id: str = "") -> dict:
             row["flags"] = ",".join(filter(None, [row["flags"]]
                                            + sorted({flag for flag, _ in defects})))
             row["message"] = "; ".join(text for _, text in defects)
-        if not ok and not defects:
-            row["message"] = (f"{worst}[{m['worst_index']}] = {m['worst_out']:.9g}, oracle "
-                              f"{m['worst_exact']:.9g}, bound {m['worst_bound']:.3g} "
-                              f"(budget {m['budget']:.3g}, {m['nonfinite_mismatch']} NaN/Inf "
-                              f"mismatches)")
+        if not ok:
+            row["message"] += ("; " if row["message"] else "") + (
+                f"{worst}[{m['worst_index']}] = {m['worst_out']:.9g}, oracle "
+                f"{m['worst_exact']:.9g}, bound {m['worst_bound']:.3g} (budget "
+                f"{m['budget']:.3g}, {m['nonfinite_mismatch']} NaN/Inf mismatches)")
         for k in flipped:
             v = per_output[k]
             row["message"] += (f"{'; ' if row['message'] else ''}{k}: argmax {v['argmax']}, "

@@ -33,7 +33,9 @@ from oracle.dtypes import tiny, ulp_distance
 
 
 def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarray,
-            dtype: str) -> dict:
+            dtype: str, inf_may_be_nan: bool = False) -> dict:
+    """The metrics of the table above. `inf_may_be_nan` (`OpSpec.inf_may_be_nan`): an output
+    NaN where the oracle has ±inf is no mismatch."""
     o = np.asarray(out).astype(np.float64).ravel()
     r = np.asarray(ref).astype(np.float64).ravel()
     e = np.broadcast_to(np.asarray(exact, dtype=np.float64), np.shape(ref)).ravel()
@@ -44,6 +46,8 @@ def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarr
     nan_o, nan_r = np.isnan(o), np.isnan(r)
     inf_o, inf_r = np.isinf(o), np.isinf(r)
     nonfinite_mismatch = (nan_o != nan_r) | (inf_o != inf_r) | (inf_o & inf_r & (o != r))
+    if inf_may_be_nan:
+        nonfinite_mismatch &= ~(nan_o & inf_r)
     finite = np.isfinite(o) & np.isfinite(r)
 
     with np.errstate(divide="ignore", invalid="ignore"):  # inf - inf where both are inf

@@ -16,9 +16,12 @@ from results.store import Store  # noqa: E402
 
 
 def main(store: str) -> int:
-    rows = Store(store).read("correctness").to_pylist()
-    latest = max(r["run_id"] for r in rows)
-    rows = [r for r in rows if r["run_id"] == latest]
+    runs = Store(store).read("runs").to_pylist()
+    if not runs:
+        print(f"no runs in {store}")
+        return 1
+    latest = max(runs, key=lambda r: (r["started"], r["run_id"]))["run_id"]
+    rows = [r for r in Store(store).read("correctness").to_pylist() if r["run_id"] == latest]
     print(f"run {latest}: {len(rows)} rows")
     print("\nplanted faults, every row that is not a pass:")
     for r in sorted(rows, key=lambda r: (r["impl"], r["dtype"], r["dist"], r["label"])):

@@ -123,7 +123,8 @@ for _name, _run, _det in (("fault_jitter", _jitter, False),
 # --- output defects (guard regions and poison) -------------------------------------------------
 # torch:fault_oob_write: torch:rms_norm written in place, plus one element one past the end of
 # its output (bf16 constant_rows only), as a kernel whose last block misses its bounds check.
-# torch:fault_unwritten_last: every element but the last written (bf16 constant_rows only).
+# torch:fault_unwritten_last: every element but the last written (bf16 constant_rows only);
+# torch:fault_unwritten_view: the same, returning a view of the output it was given.
 
 def _in_place(launch, inputs, outputs, case):
     """torch:rms_norm's result copied into the runner's (poisoned, guarded) output."""
@@ -148,7 +149,13 @@ def _unwritten_last(launch, inputs, outputs, case):
     _in_place(launch, inputs, outputs, case)
 
 
+def _unwritten_view(launch, inputs, outputs, case):
+    """fault_unwritten_last, returning a view of its output: still the runner's memory."""
+    _unwritten_last(launch, inputs, outputs, case)
+    return {"out": outputs["out"].view(-1).view(outputs["out"].shape)}
+
+
 for _name, _run in (("fault_oob_write", _oob_write), ("fault_unwritten_last", _unwritten_last),
-                    ("fault_in_place", _in_place)):
+                    ("fault_in_place", _in_place), ("fault_unwritten_view", _unwritten_view)):
     if f"torch:{_name}" not in impls():
         register(Impl(BASE.op, "torch", _name, _run, BASE.contract, doc=f"test-only: {_name}"))

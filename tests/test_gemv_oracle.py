@@ -278,3 +278,22 @@ def test_level2_loss_is_reported_not_gated_and_shrinks_with_bits():
         assert row["status"] == "pass", row["message"]  # level 1 holds whatever level 2 says
         loss[bits] = json.loads(row["outputs_json"])["out"]["level2"]["rel_rms"]
     assert loss[8] < loss[4] < loss[2] and loss[2] > 0.05 and loss[8] < 0.05, loss
+
+
+def test_subnormal_arithmetic_is_within_the_bound():
+    """A hypothesis draw: f32 `tiny` activations make every product subnormal, and torch's CPU
+    GEMV erred by 2 subnormal ULPs against a bound of 1 before the tolerance's subnormal term
+    (oracle/gemv.py (c)); under FTZ the term grows to 2^-126 per rounding."""
+    from gpu_impls import backend, impls
+    from runners.correctness import check
+    from cases.generate import Work
+
+    case = Case.make("dequant_gemv", {"out": 32, "in": 32, "bits": 2, "group_size": 32}, "f32",
+                     "tiny")
+    row = check(Work(impls()["torch:dequant_linear"], case, "valid"), backend("torch"))
+    assert row["status"] == "pass", row["message"]
+    inputs = make_inputs(case)
+    exact, _ = case.spec.reference(inputs, case)
+    plain = case.spec.tolerance(inputs, exact, case)["out"]
+    ftz = case.spec.tolerance(inputs, exact, case.replace(ftz=1))["out"]
+    assert (ftz > 1e6 * plain).all() and (plain > 2.0 ** -149).all()

@@ -47,6 +47,14 @@ def test_out_of_bounds_write_and_unwritten_element_fail_with_their_index(tmp_pat
         "fail, by kind: 1 unwritten, 1 oob_write" in out
 
 
+def test_an_impl_returning_a_view_of_its_output_is_still_checked(tmp_path):
+    assert main(["--store", str(tmp_path), "--plugin", FAULTS, "check", "--impl",
+                 "torch:fault_unwritten_view", *CASES]) == 1
+    bad, = [r for r in Store(tmp_path).read("correctness").to_pylist() if r["status"] != "pass"]
+    assert bad["dist"] == "constant_rows" and "unwritten" in bad["flags"].split(",")
+    assert "NaN/Inf mismatches" in bad["message"]  # the metrics' message follows the defect
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_guarded_output_is_a_poisoned_view_between_canaries(dtype):
     """The layout the runner relies on, on the torch backend here: the output is a contiguous

@@ -130,3 +130,18 @@ def test_shape_mismatch_raises():
     """An output with the wrong element count is an error, not a silent broadcast."""
     with pytest.raises(ValueError, match="3 elements"):
         compare(f32(1.0, 2.0, 3.0), f32(1.0, 2.0), np.zeros(2), np.zeros(2), "f32")
+
+
+def test_inf_may_be_nan_accepts_only_nan_for_an_oracle_infinity():
+    """OpSpec.inf_may_be_nan (the GEMV family's split form): NaN where the oracle has ±inf is
+    allowed; NaN where it is finite, a number where it is NaN, or the other infinity are not."""
+    ref = np.array([np.inf, -np.inf, 1.0, np.nan, np.inf])
+    out = np.array([np.nan, np.nan, np.nan, 2.0, -np.inf])
+    bound = np.full(5, 0.1)
+    strict = compare(out, ref, ref, bound, "f32")
+    loose = compare(out, ref, ref, bound, "f32", inf_may_be_nan=True)
+    assert strict["nonfinite_mismatch"] == 5
+    assert loose["nonfinite_mismatch"] == 3 and loose["budget"] == np.inf
+    ok = compare(np.array([np.nan, np.inf]), np.array([np.inf, np.inf]),
+                 np.array([np.inf, np.inf]), np.full(2, 0.1), "f32", inf_may_be_nan=True)
+    assert ok["nonfinite_mismatch"] == 0 and ok["budget"] == 0.0

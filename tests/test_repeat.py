@@ -63,3 +63,18 @@ def test_a_nan_in_one_repeat_fails_the_case(tmp_path):
 def test_repeat_below_one_is_bad_input(tmp_path, capsys):
     assert main(["--store", str(tmp_path), "check", "--repeat", "0"]) == 2
     assert "--repeat 0" in capsys.readouterr().out
+
+
+def test_repeats_stop_at_the_first_failing_one(tmp_path):
+    """fault_nan_once returns NaN on its second call: with --repeat 3 the third never runs."""
+    from gpu_impls import impls, load_plugin
+
+    load_plugin(FAULTS)
+    calls = impls()["torch:fault_nan_once"].run.__globals__["_calls"]  # the plugin's counters
+    calls.clear()  # other tests of this process called it already
+    assert main(["--store", str(tmp_path), "--plugin", FAULTS, "check", "--impl",
+                 "torch:fault_nan_once", *CASES, "--repeat", "3"]) == 1
+    rows = Store(tmp_path).read("correctness").to_pylist()
+    assert all(r["message"].startswith("repeat 2 of 3: ") for r in rows)
+    assert {n for (kind, case_id), n in calls.items()
+            if kind == "nan" and case_id in {r["case_id"] for r in rows}} == {2}

@@ -59,6 +59,9 @@ class CupyBackend(Backend):
     def to_host(self, array, dtype: str) -> np.ndarray:
         return array.get().view(storage_dtype(dtype))
 
+    def same_memory(self, a, b) -> bool:
+        return a is b or (hasattr(a, "data") and a.data.ptr == b.data.ptr)
+
     def synchronize(self):
         import cupy
 

@@ -54,6 +54,9 @@ class TorchBackend(Backend):
             return t.view(torch.uint16).numpy().view(storage_dtype("bf16")).copy()
         return t.numpy().astype(storage_dtype(dtype), copy=False).copy()
 
+    def same_memory(self, a, b) -> bool:
+        return a is b or (hasattr(a, "data_ptr") and a.data_ptr() == b.data_ptr())
+
     def synchronize(self):
         torch = self._torch()
         if torch.cuda.is_available():
