@@ -28,8 +28,9 @@ class CaseFileError(ValueError):
     pass
 
 
-def _closest(given: str, valid) -> str:
-    valid = sorted(valid)
+def closest(given: str, valid) -> str:
+    """The valid names, comma-separated, closest to `given` first (every bad-name message)."""
+    valid = sorted(set(valid))
     return ", ".join(difflib.get_close_matches(str(given), valid, n=len(valid), cutoff=0.0))
 
 
@@ -42,13 +43,13 @@ def _case(where: str, raw, ops) -> Case:
                             f"got {type(raw).__name__}")
     for key in raw:
         if key not in FIELDS:
-            raise bad(key, f"unknown field; valid fields (closest first): {_closest(key, FIELDS)}")
+            raise bad(key, f"unknown field; valid fields (closest first): {closest(key, FIELDS)}")
     for key in ("op", "dims", "dtype"):
         if key not in raw:
             raise bad(key, "missing (required: op, dims, dtype)")
     op = raw["op"]
     if op not in ops:
-        raise bad("op", f"unknown op {op!r}; valid ops (closest first): {_closest(op, ops)}")
+        raise bad("op", f"unknown op {op!r}; valid ops (closest first): {closest(op, ops)}")
     spec = ops[op]
     dims = raw["dims"]
     if not isinstance(dims, dict):
@@ -64,12 +65,12 @@ def _case(where: str, raw, ops) -> Case:
             raise bad(f"dims.{name}", f"expected a non-negative integer, got {value!r}")
     if raw["dtype"] not in FLOAT_DTYPES:
         raise bad("dtype", f"unknown dtype {raw['dtype']!r}; valid: "
-                  + _closest(raw["dtype"], FLOAT_DTYPES))
+                  + closest(raw["dtype"], FLOAT_DTYPES))
     dist = raw.get("dist", "normal")
     dists = DISTRIBUTIONS + (PLANTED if spec.plant or spec.loss else ())
     if dist not in dists:
         raise bad("dist", f"unknown distribution {dist!r} for {op}; valid (closest first): "
-                  + _closest(dist, dists))
+                  + closest(dist, dists))
     seed = raw.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise bad("seed", f"expected a non-negative integer, got {seed!r}")

@@ -162,21 +162,3 @@ def unmatched(entries: list[KnownIssue], impl_ids) -> list[KnownIssue]:
     """Entries whose impl glob matches no registered impl (stale, or a typo)."""
     return [e for e in entries if not any(fnmatch.fnmatchcase(i, e.impl) for i in impl_ids)]
 
-
-def quarantined_row(row: dict, entry: KnownIssue) -> dict:
-    """The row of a never-launch case: `base_row` filled in, nothing ran."""
-    return {**row, "status": "quarantined", "flags": f"known:{entry.issue}",
-            "message": f"not launched: {entry.describe()}, from {entry.source}", "seconds": 0.0}
-
-
-def judged_row(row: dict, entry: KnownIssue, failed: bool) -> dict:
-    """An xfail entry's case after it ran: `xfail` if it failed (any failing status, kept in
-    the message), `xpass` if it passed."""
-    flags = ",".join(filter(None, [row["flags"], f"known:{entry.issue}"]))
-    if failed:
-        return {**row, "status": "xfail", "flags": flags,
-                "message": f"{entry.describe()}: {row['status']}: {row['message']}"}
-    return {**row, "status": "xpass", "flags": flags,
-            "message": f"passes, but the ledger expects a failure: {entry.describe()}; the bug "
-                       f"is fixed or the entry is too wide: remove or narrow it in "
-                       f"{entry.source}"}

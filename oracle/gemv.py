@@ -35,7 +35,7 @@ import numpy as np
 
 from oracle.dtypes import eps as dtype_eps
 from oracle.dtypes import round_to, spacing
-from oracle.norms import SUBNORMAL_ERR32, TINY32, kernel_view
+from oracle.norms import kernel_view, subnormal_err
 from oracle.quant import dequantize, quantize_mlx, unpack
 from oracle.spec import OpSpec, TensorSpec, register
 
@@ -64,10 +64,9 @@ def dequant_gemv_tolerance(inputs: dict, exact: dict, case) -> dict:
     scale = (np.abs(q * s) + np.abs(b)) @ x
     per_row = 2.0 * (np.abs(s).sum(axis=-1) + np.abs(b).sum(axis=-1) + n)
     amplify = per_row.reshape(per_row.shape + (1,) * (x.ndim - 1)) + 2.0 * x.sum(axis=0)
-    subnormal = TINY32 if case.params.get("ftz") else SUBNORMAL_ERR32
     y = exact["out"]
     return {"out": 0.5 * spacing(y, case.dtype) * (y != 0) + EPS32 * (n / 8 + 5) * scale
-            + subnormal * amplify * (scale != 0)}
+            + subnormal_err(case) * amplify * (scale != 0)}
 
 
 CLEAR_MARGIN_BIAS = 0.05  # added to each bias of the top row, toward its group's sum of x

@@ -112,14 +112,16 @@ def store_bound(exact: np.ndarray, dtype: str, scale: np.ndarray, n: int, k: flo
             + SUBNORMAL_ERR32 * amplify * (scale != 0))
 
 
-def _subnormal_err(case) -> float:
+def subnormal_err(case) -> float:
+    """Absolute error of one f32 rounding in the subnormal range: 2^-150, or the smallest normal
+    2^-126 where the kernel flushes subnormals (param `ftz`)."""
     return TINY32 if case.params.get("ftz") else SUBNORMAL_ERR32
 
 
 def _amplify(inputs: dict, case, data: str = "x") -> np.ndarray:
     """inv_r · (1 + |w|): how much a subnormal f32 intermediate's error can grow by the store."""
     inv = rms_inv_rows(kernel_view(inputs, case)[data], _eps(case))
-    scale = _subnormal_err(case) / SUBNORMAL_ERR32
+    scale = subnormal_err(case) / SUBNORMAL_ERR32
     return scale * inv * (1.0 + np.abs(_f64(inputs["w"]) + case.params["weight_offset"]))
 
 
@@ -256,7 +258,7 @@ def add_rms_norm_tolerance(inputs: dict, exact: dict, case) -> dict:
     n = inputs["a"].shape[-1]
     s = exact["residual_out"]
     return {"residual_out": 0.5 * spacing(s, case.dtype) * (s != 0) + 0.5 * EPS32 * np.abs(s)
-            + _subnormal_err(case),
+            + subnormal_err(case),
             "normed_out": store_bound(exact["normed_out"], case.dtype, exact["normed_out"], n, k=8,
                                       amplify=_amplify({**inputs, "x": s}, case))}
 

@@ -44,7 +44,7 @@ import numpy as np
 from oracle.dtypes import eps as dtype_eps
 from oracle.dtypes import spacing
 from oracle.gemv import GROUPS, W_WORDS
-from oracle.norms import SUBNORMAL_ERR32, TINY32, f32_noise, kernel_view, rms_inv_rows
+from oracle.norms import f32_noise, kernel_view, rms_inv_rows, subnormal_err
 from oracle.quant import dequantize
 from oracle.spec import OpSpec, TensorSpec, get_op, register
 
@@ -82,11 +82,10 @@ def rms_norm_qgemv_tolerance(inputs: dict, exact: dict, case) -> dict:
     w_abs = _w_hat(inputs, case, np.abs(inputs["scales"]), np.abs(inputs["biases"]))
     scale = w_abs @ np.abs(normed)
     amplify = (inv + 1.0) * w_abs.sum(axis=-1) + 2.0 * np.abs(normed).sum() + 2.0 * n
-    subnormal = TINY32 if case.params.get("ftz") else SUBNORMAL_ERR32
     y = exact["out"]
     return {"out": 0.5 * spacing(y, case.dtype) * (y != 0)
             + (EPS32 * (n / 8 + 5) + f32_noise(n, NORM_K)) * scale
-            + subnormal * amplify * (scale != 0)}
+            + subnormal_err(case) * amplify * (scale != 0)}
 
 
 def _bytes(case) -> int:

@@ -351,7 +351,7 @@ def _resets(notes: list[dict], key: history.SeriesKey, runs: list[str]) -> list[
     out = []
     for a in notes:
         if history.matches(a, key):
-            i = next((j for j, r in enumerate(runs) if r >= a["run_id"]), None)
+            i = history.reset_index(runs, a["run_id"])
             if i is not None and i < len(runs) - 1:  # one at the contender accepts instead
                 out.append(i)
     return out

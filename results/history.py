@@ -353,7 +353,8 @@ def _median(values: list) -> float | None:
 
 
 def build_series(metric: str, rows: list[dict], started: dict[str, datetime]) -> list[Series]:
-    """Series from `metric_rows` rows: one point per run (the median of the run's rows)."""
+    """Series from `metric_rows` rows: one point per run, the median of the run's rows for a
+    time and their worst (max) for a budget, as `compare` and the SQL `history` view take it."""
     column = METRICS[metric][1]
     meta: dict[SeriesKey, dict] = {}
     by_run: dict[SeriesKey, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -368,8 +369,10 @@ def build_series(metric: str, rows: list[dict], started: dict[str, datetime]) ->
             rs = by_run[key][run_id]
             lo = _median([r.get("q1_ns") for r in rs]) if metric == "median_ns" else None
             hi = _median([r.get("q3_ns") for r in rs]) if metric == "median_ns" else None
+            values = [r[column] for r in rs if r[column] is not None]
+            value = max(values, default=None) if metric == "budget" else _median(values)
             points.append(Point(run_id, started.get(run_id) or started_from_id(run_id),
-                                _median([r[column] for r in rs]), lo, hi))
+                                value, lo, hi))
         m = meta[key]
         out.append(Series(key, m["op"] or "", m["dtype"] or "", m["label"] or "", points))
     return out
@@ -398,12 +401,10 @@ def matches(annotation: dict, key: SeriesKey) -> bool:
             and annotation["metric"] in ("", None, key.metric))
 
 
-def reset_index(points: list[Point], run_id: str) -> int | None:
-    """Index of the first point at or after run `run_id` (None when every point is older)."""
-    for i, p in enumerate(points):
-        if p.run_id >= run_id:
-            return i
-    return None
+def reset_index(run_ids: list[str], run_id: str) -> int | None:
+    """Index of the first of `run_ids` (oldest first) at or after run `run_id` (None when every
+    one is older)."""
+    return next((i for i, r in enumerate(run_ids) if r >= run_id), None)
 
 
 def detect_kwargs(metric: str, **overrides) -> dict:
@@ -417,7 +418,7 @@ def series_alerts(s: Series, notes: list[dict], **settings) -> list[Alert]:
     kw = detect_kwargs(s.key.metric, **settings)
     resets = {}
     for a in notes:
-        r = reset_index(s.points, a["run_id"])
+        r = reset_index([p.run_id for p in s.points], a["run_id"])
         if r is not None:
             resets[r] = a["reason"]
     found = {d.index: d for d in detect(values, resets=sorted(resets), **kw)}

@@ -18,7 +18,7 @@ runners/correctness.py or runners/timing.py imports this module).
 from __future__ import annotations
 
 from results.schema import TABLES
-from results.store import JOURNAL, Store
+from results.store import Store
 
 LATEST = """
 CREATE VIEW latest AS
@@ -49,7 +49,7 @@ def _table_view(con, store: Store, table: str) -> None:
     """DuckDB scans the table's readable parts itself; a table with rows in a killed run's
     journal (or no parts yet) is read through `Store.read` and registered as Arrow instead."""
     files = store.parts(table)
-    journaled = any((store.root / JOURNAL / table).glob("*.jsonl"))
+    journaled = store.has_journal(table)
     if files and not journaled:
         paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{paths}], "

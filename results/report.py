@@ -64,9 +64,9 @@ class ReportData:
         row = self.runs.get(run_id)
         return row["started"] if row and row.get("started") else started_from_id(run_id)
 
-    def latest_check_run(self) -> str | None:
-        """The newest run with correctness rows."""
-        with_rows = {r["run_id"] for r in self.correctness}
+    def latest_check_run(self, rows: list[dict] | None = None) -> str | None:
+        """The newest run with correctness rows (among `rows`, default all of them)."""
+        with_rows = {r["run_id"] for r in (self.correctness if rows is None else rows)}
         return next((run_id for run_id in reversed(self.order) if run_id in with_rows), None)
 
     def impls(self) -> list[str]:

@@ -20,19 +20,12 @@ import re
 from collections import Counter, defaultdict
 
 from results.report_html import NO_ROWS, colour, esc, figure, fmt, hline, layout, page, table, when
-from runners.correctness import is_failure, repro_command
+from runners.correctness import is_failure, outcome, repro_command
 
 
 def case_text(row: dict) -> str:
     """`bench:decode-1x4096` -> `decode-1x4096`, `preset:qwen3-8b` -> `qwen3-8b`."""
     return (row.get("label") or "").split(":", 1)[-1] or row.get("dims") or "?"
-
-
-def outcome(row: dict) -> str:
-    """The status as `kparity check` counts it: an expected rejection is `rejected ok`."""
-    if row["status"] == "rejected" and row["expect"] == "rejected":
-        return "rejected ok"
-    return row["status"]
 
 
 def _by_series(rows: list[dict], key, data) -> dict[tuple, list[dict]]:
@@ -145,7 +138,7 @@ def _failures(impl: str, rows: list[dict], command: str) -> str:
 
 def impl_page(data, impl: str) -> str:
     corr, bench = data.rows_of(impl, "correctness"), data.rows_of(impl, "bench")
-    latest = max((r["run_id"] for r in corr), key=lambda x: (data.started(x), x), default=None)
+    latest = data.latest_check_run(corr)
     now = [r for r in corr if r["run_id"] == latest]
     ops = ", ".join(sorted({r["op"] for r in corr + bench}))
     devices = ", ".join(sorted({r["device"] for r in corr + bench}))

@@ -12,8 +12,8 @@ from oracle.dtypes import FLOAT_DTYPES
 from results.report import ReportData, impl_page_name
 from results.report_html import (NO_ROWS, colour, esc, figure, fmt, hline, layout, link, page,
                                  table, when)
-from results.report_impl import case_text, outcome
-from runners.correctness import is_failure
+from results.report_impl import case_text
+from runners.correctness import is_failure, outcome
 
 STATUS_ORDER = ["pass", "fail", "error", "rejected", "rejected ok", "timeout", "crash",
                 "xpass", "xfail", "quarantined", "unsupported"]
@@ -72,7 +72,7 @@ def _impl_index(data: ReportData) -> str:
     rows = []
     for impl in data.impls():
         corr = data.rows_of(impl, "correctness")
-        latest = max((r["run_id"] for r in corr), key=lambda x: (data.started(x), x), default="")
+        latest = data.latest_check_run(corr) or ""
         now = [r for r in corr if r["run_id"] == latest]
         timed = sum(r["status"] == "ok" for r in data.rows_of(impl, "bench"))
         rows.append([link(impl_page_name(impl), impl), esc(_counts_text(now) or "-"),

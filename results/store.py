@@ -136,6 +136,10 @@ class Store:
     def _journal_dir(self, table: str) -> Path:
         return self.root / JOURNAL / table
 
+    def has_journal(self, table: str) -> bool:
+        """Whether a killed run left unwritten rows of `table` in its journal."""
+        return any(self._journal_dir(table).glob("*.jsonl"))
+
     def journal_path(self, table: str, run_id: str) -> Path:
         return self._journal_dir(table) / f"{run_id}.jsonl"
 

@@ -8,7 +8,6 @@ closest first), 3 nothing could run (no backend here for what was asked).
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import statistics
 import sys
@@ -19,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cases.casefile import CaseFileError
+from cases.casefile import CaseFileError, closest
 from cases.generate import Work, gate_cases, plan, valid_cases, violating_cases
 from cases.model import Case
 from gpu_impls import known_issues
@@ -27,7 +26,8 @@ from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
-from runners.correctness import base_row, failure_kind, is_failure, repeated_row
+from runners.correctness import (failure_kind, is_failure, judged_row, outcome, quarantined_row,
+                                 repeated_row)
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
@@ -39,10 +39,8 @@ class UsageError(Exception):
 
 
 def unknown(kind: str, given: str, valid) -> UsageError:
-    valid = sorted(set(valid))
-    close = difflib.get_close_matches(given, valid, n=len(valid), cutoff=0.0)
     return UsageError(f"unknown {kind} {given!r}. Valid {kind}s (closest first): "
-                      + ", ".join(close))
+                      + closest(given, valid))
 
 
 def _split(values) -> list[str]:
@@ -248,8 +246,7 @@ def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
     ledger (`gpu_impls/known_issues.py`): a never-launch entry's case does not run at all."""
     entry = known_issues.find(w.impl.id, w.case, ledger) if w.expect == "valid" else None
     if entry is not None and entry.kind == "never-launch":
-        device = _backend(w.impl.backend).device()
-        return known_issues.quarantined_row(base_row(w, device, run_id), entry)
+        return quarantined_row(w, _backend(w.impl.backend).device(), run_id, entry)
     rows = [run_case(w, run_id)]
     if w.expect == "valid" and repeat > 1:
         while len(rows) < repeat and not is_failure(rows[-1]):  # a failed repeat decides
@@ -257,7 +254,7 @@ def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
         row = repeated_row(w.impl, rows, repeat)
     else:
         row = rows[0]
-    return known_issues.judged_row(row, entry, is_failure(row)) if entry is not None else row
+    return judged_row(row, entry) if entry is not None else row
 
 
 # Columns shown only when some row of the run has that status.
@@ -275,16 +272,15 @@ def summarize(rows: list[dict], run_id: str, store: Store) -> None:
     for r in rows:
         by_impl[r["impl"]].append(r)
     for impl, rs in sorted(by_impl.items()):
-        c = Counter("rejected ok" if r["status"] == "rejected" and r["expect"] == "rejected"
-                    else ("fail" if r["status"] == "rejected" else r["status"]) for r in rs)
+        # an unexpected rejection (`outcome` "rejected") is counted with the failures
+        c = Counter("fail" if outcome(r) == "rejected" else outcome(r) for r in rs)
         budgets = [r["budget"] for r in rs if r["budget"] is not None]
         ulps = [r["max_ulp"] for r in rs if r["max_ulp"] is not None]
         style = "red" if any(is_failure(r) for r in rs) else "green"
         table.add_row(f"[{style}]{impl}[/]", rs[0]["device"], *(str(c[col]) for col in columns),
                       f"{max(budgets):.3g}" if budgets else "-", str(max(ulps)) if ulps else "-")
     console.print(table)
-    kinds = Counter(failure_kind(r) for r in rows
-                    if r["status"] == "fail" or (r["status"] == "rejected" and is_failure(r)))
+    kinds = Counter(failure_kind(r) for r in rows if outcome(r) in ("fail", "rejected"))
     if kinds:
         console.print("fail, by kind: " + ", ".join(f"{n} {k}" for k, n in kinds.most_common()))
     _print_reported(rows)

@@ -173,8 +173,8 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         flipped = [k for k, v in per_output.items() if v.get("argmax_fail")]
         row["status"] = "pass" if ok and not flipped and not defects else "fail"
         if defects:  # out-of-bounds writes and unwritten elements, with their indices
-            row["flags"] = ",".join(filter(None, [row["flags"]]
-                                           + sorted({flag for flag, _ in defects})))
+            for flag in sorted({flag for flag, _ in defects}):
+                row["flags"] = _with_flag(row["flags"], flag)
             row["message"] = "; ".join(text for _, text in defects)
         if not ok:
             row["message"] += ("; " if row["message"] else "") + (
@@ -234,24 +234,53 @@ def _with_flag(flags: str, flag: str) -> str:
 
 
 def failure_kind(row: dict) -> str:
-    """What a `fail` row failed on, for the summary: a guard or poison defect, bits differing
-    between repeats, NaN/Inf where the oracle disagrees, a flipped argmax, or a value over its
-    bound (`rejected`: a valid case the contract refused)."""
-    flags = row["flags"].split(",") if row["flags"] else []
+    """What a failing `fail` or `rejected` row failed on, for the summary: a guard or poison
+    defect, a valid case rejected, a violating case launched, bits differing between repeats,
+    NaN/Inf where the oracle disagrees, a flipped argmax, or a value over its bound."""
+    flags = set(row["flags"].split(",")) if row["flags"] else set()
     for flag in ("oob_write", "unwritten"):
         if flag in flags:
             return flag
     if row["status"] == "rejected":
         return "valid case rejected"
-    if row["message"].startswith("nondeterministic"):
-        return "nondeterministic"
+    if row["expect"] == "rejected":
+        return "violating case launched"
+    if any(f.startswith("nondeterministic:") for f in flags):
+        return "nondeterministic"  # flagged and failed: the impl declares determinism
     if row["nonfinite_mismatch"]:
         return "NaN/Inf mismatch"
-    if "argmax" in row["message"]:
+    if any(m.get("argmax_fail") for m in json.loads(row["outputs_json"] or "{}").values()):
         return "argmax flip"
-    if row["message"].startswith("contract accepted"):
-        return "violating case launched"
     return "over bound"
+
+
+def outcome(row: dict) -> str:
+    """The status as `kparity check` counts it: an expected rejection is `rejected ok` (a
+    violating case refused, as it should be), an unexpected one stays `rejected` (a failure)."""
+    if row["status"] == "rejected" and row["expect"] == "rejected":
+        return "rejected ok"
+    return row["status"]
+
+
+def quarantined_row(work: Work, device: str, run_id: str, entry) -> dict:
+    """The row of a case a never-launch ledger entry (`gpu_impls.known_issues`) keeps from
+    running: `base_row`, status `quarantined`."""
+    return {**base_row(work, device, run_id), "status": "quarantined",
+            "flags": f"known:{entry.issue}", "seconds": 0.0,
+            "message": f"not launched: {entry.describe()}, from {entry.source}"}
+
+
+def judged_row(row: dict, entry) -> dict:
+    """A case an xfail ledger entry covers, after it ran: `xfail` if it failed (any failing
+    status, kept in the message), `xpass` if it passed (a failure: the entry is stale)."""
+    flags = _with_flag(row["flags"], f"known:{entry.issue}")
+    if is_failure(row):
+        return {**row, "status": "xfail", "flags": flags,
+                "message": f"{entry.describe()}: {row['status']}: {row['message']}"}
+    return {**row, "status": "xpass", "flags": flags,
+            "message": f"passes, but the ledger expects a failure: {entry.describe()}; the bug "
+                       f"is fixed or the entry is too wide: remove or narrow it in "
+                       f"{entry.source}"}
 
 
 def is_failure(row: dict) -> bool:
