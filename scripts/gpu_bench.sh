@@ -15,6 +15,9 @@
 #   bash scripts/gpu_bench.sh faults    issue 6: one check sweep of every CUDA impl plus the planted
 #     faults of tests/faults_cuda.py, each case twice (--repeat 2: the race), isolated per case;
 #     then each fault's rows and every real impl's status counts (scripts/fault_summary.py)
+#   bash scripts/gpu_bench.sh pdl       kp_ impls as programmatic dependent launches: kp gate, per-head
+#     and decode against torch.compile, the same kernels with and without PDL, the GEMV at the
+#     issue's shapes with and without PDL against dense bf16 F.linear
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -66,6 +69,15 @@ gemv)
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1
   run bench --op rms_norm_qgemv,qmm,dequant_gemv_expert_indexed --dtype bf16 --min-time 0.1
   run ab torch:linear_dense cuda:kp_qgemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
+  ;;
+pdl)
+  timeout 240 python3 -m pytest -m gpu -q -x -p no:cacheprovider -k "kp_" >> "$LOG" 2>&1; echo "gate rc=$?" >> "$LOG"
+  tail -2 "$LOG"
+  V="--plugin scripts/kp_variants.py"
+  run ab torch:rms_norm_per_head_compiled cuda:kp_rms_norm_per_head $T
+  run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset decode-1x4096,decode-64x4096 $T
+  run $V ab cuda:kp_rms_norm_per_head_nopdl cuda:kp_rms_norm_per_head --dtype bf16 $T
+  run $V bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_nopdl,torch:linear_dense --min-time 0.1
   ;;
 faults)
   start=$(date +%s)

@@ -7,6 +7,8 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
     cuda:kp_qgemv_r2, cuda:kp_qgemv_r8: 2 or 8 rows per block instead of KP_ROWS = 4
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
     cuda:kp_qgemv_mma_t1, cuda:kp_qgemv_mma_t2: 1 or 2 m16 tiles per warp
+    cuda:kp_rms_norm_nopdl, cuda:kp_rms_norm_per_head_nopdl, cuda:kp_qgemv_nopdl: the same
+        kernels launched ordinarily instead of as programmatic dependent launches
     cuda:kp_qgemv_diag_load_only: kp_qgemv's loads with almost none of its math (wrong results:
         time it with `bench --no-verify`), the memory-only time of its access pattern;
         _diag_codes_x: also without the scale and bias loads (served from L1), _diag_codes: also
@@ -48,3 +50,11 @@ for _suffix, _defines in (
         ("diag_math_no_groups", ("KPARITY_DIAG_NO_GROUP_LOADS",))):
     register(dataclasses.replace(_kp_impl, name=f"kp_qgemv_{_suffix}", run=_kp_make(_defines),
                                  doc=f"timing diagnostic: kp_qgemv with {' '.join(_defines)}"))
+
+for _name, _kernel in (("kp_rms_norm", "kp_rms_norm"), ("kp_rms_norm_per_head", "kp_rms_norm")):
+    register(dataclasses.replace(impls()[f"cuda:{_name}"], name=f"{_name}_nopdl",
+                                 run=kp._launcher(_kernel, kp.X_W, ("out",), pdl=False)(),
+                                 doc=f"cuda:{_name} launched without PDL"))
+register(dataclasses.replace(_kp_impl, name="kp_qgemv_nopdl",
+                             run=gemv._aligned(gemv.KP, "kp_qgemv", gemv._kp_rows)(),
+                             doc="cuda:kp_qgemv launched without PDL"))

@@ -111,3 +111,32 @@ def test_exact_peers_are_bit_identical(work):
     differ = exact_peer_mismatches(work.impl, gpu_impls.backend(work.impl.backend), work.case)
     assert not differ, (f"{work.impl.id} must equal {work.impl.exact_peer.peer} bit for bit: "
                         f"{differ}\nrepro: {repro_command(work.impl.id, work.case.id)}")
+
+
+@pytest.mark.cuda
+def test_pdl_launch_reads_what_the_kernel_before_it_wrote():
+    """kp_rms_norm launched as a programmatic dependent launch right after a CuPy kernel that
+    rewrites its input reads the new values, round after round (`pdl_wait` before any load).
+    The shift by i changes the normalised rows each round (a scale would not)."""
+    import cupy
+    import numpy as np
+
+    from gpu_impls.cuda._module import kernel, launch
+    from gpu_impls.cuda.kp_norms import pick
+
+    rows, n, rounds = 1 << 14, 64, 20
+    items, tpr = pick(n // 4, rows)  # f32: 4 elements per 16-byte vector
+    k = kernel("kp_rms_norm.cu", "kp_rms_norm", "f32", (), (items, tpr))
+    base = cupy.random.default_rng(0).standard_normal((rows, n), dtype=cupy.float32)
+    w = cupy.ones(n, dtype=cupy.float32)
+    x = cupy.empty_like(base)
+    outs = [cupy.empty_like(base) for _ in range(rounds)]
+    for i, out in enumerate(outs):
+        cupy.add(base, np.float32(i), out=x)  # the writer, queued just before the reader
+        launch(k, (rows * tpr // 64, 1, 1), (64, 1, 1), (x, w, out, np.float32(1e-6), np.float32(0.0),
+                                                 np.int32(rows), np.int32(n)), pdl=True)
+    for i, out in enumerate(outs):
+        xi = (base + np.float32(i)).astype(cupy.float64)
+        ref = xi / cupy.sqrt((xi * xi).mean(axis=1, keepdims=True) + 1e-6)
+        err = float(cupy.abs(out - ref).max())
+        assert err < 1e-5, f"round {i}: max |out - ref| = {err} (read a stale input?)"

@@ -14,10 +14,13 @@ options but not by included headers; the source is therefore prefixed with a has
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import hashlib
 from pathlib import Path
+
+import numpy as np
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 TRAIT = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
@@ -46,6 +49,74 @@ def kernel(source_file: str, name: str, dtype: str, defines: tuple = (),
         options=("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines)),
         name_expressions=[expression])
     return module.get_function(expression)
+
+
+# --- launching, optionally as a programmatic dependent launch ----------------------------------
+
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h, CUlaunchAttributeID
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte union
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("value_pad", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_CTYPE = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.int32): ctypes.c_int32,
+          np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.int64): ctypes.c_int64}
+
+
+@functools.lru_cache(maxsize=None)
+def _cu_launch_kernel_ex():
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p]
+    return fn
+
+
+def _kernel_arg(a):
+    if hasattr(a, "data") and hasattr(a.data, "ptr"):  # a CuPy array: its device pointer
+        return ctypes.c_void_p(a.data.ptr)
+    if isinstance(a, np.generic) and a.dtype in _CTYPE:
+        return _CTYPE[a.dtype](a.item())
+    raise TypeError(f"kernel argument {a!r}: pass a CuPy array or one of "
+                    f"{sorted(str(d) for d in _CTYPE)} as a NumPy scalar")
+
+
+def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False) -> None:
+    """Launch the `cupy.RawKernel` k on the current stream.
+
+    pdl=True makes it a programmatic dependent launch (sm_90+, `cuLaunchKernelEx` with
+    PROGRAMMATIC_STREAM_SERIALIZATION): its blocks may start once every block of the kernel
+    before it in the stream has run `griddepcontrol.launch_dependents` (or exited), instead of
+    after that kernel has finished. Only a kernel written for it may be launched so: it must run
+    `griddepcontrol.wait` (kp_pdl_wait() in common.cuh), which returns once the kernels before
+    it have completed and their writes are visible, before its first load of anything another
+    kernel may write and before its first store. Stream capture keeps the relation as a
+    programmatic edge of the CUDA graph. Without pdl (or before sm_90) both instructions are
+    no-ops and the launch is the ordinary one."""
+    if not pdl:
+        k(grid, block, args)
+        return
+    import cupy
+
+    values = [_kernel_arg(a) for a in args]  # kept alive until the call returns
+    params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+    attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), 0,
+                           ctypes.c_void_p(cupy.cuda.get_current_stream().ptr),
+                           ctypes.pointer(attr), 1)
+    status = _cu_launch_kernel_ex()(ctypes.byref(config), ctypes.c_void_p(k.kernel.ptr),
+                                    params, None)
+    if status != 0:
+        raise RuntimeError(f"cuLaunchKernelEx (programmatic dependent launch) of {k.name} "
+                           f"returned CUresult {status}; launch it with pdl=False")
 
 
 # --- impls built from a maker, so that test mutants can recompile them with defines -----------

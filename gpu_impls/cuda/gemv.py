@@ -20,7 +20,8 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
 * `cuda:kp_qgemv` (kparity): 16-byte weight chunks, ROWS = 4 rows per block of 1 to 4 warps
   that split K (enough warps that a lane has at most 8 chunks per row), each x load shared by
   the ROWS rows, the next chunks in flight during the math, codes to f32 by PRMT instead of
-  I2F. Contract: bits in (4, 8). The kernel's own rules (whole 16-byte chunks of 128 / bits codes per row, a
+  I2F, launched as a programmatic dependent launch (waits for its predecessors before any
+  load). Contract: bits in (4, 8). The kernel's own rules (whole 16-byte chunks of 128 / bits codes per row, a
   chunk inside one group) follow from the layout: G in {32, 64, 128} is a multiple of 32 and 16,
   and in % G == 0. Rows past `out` are bounds-checked, so any out.
 """
@@ -31,7 +32,7 @@ import numpy as np
 
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
-from gpu_impls.cuda._module import cuda_impl, kernel
+from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.impl import ExactPeer
 from gpu_impls.quant_layout import EXPERT_IN_RANGE, LAYOUT, expert_slabs
 from oracle.quant import BITS
@@ -194,21 +195,26 @@ def _expert(defines: tuple = ()):
     return run
 
 
-def _aligned(source: str, name: str, template_args):
+def _aligned(source: str, name: str, template_args, pdl: bool = False):
     """Maker of kparity's GEMV launches (16-byte vector loads of w and x, rows bounds-checked):
-    `template_args(dims, launch)` picks the kernel instance."""
+    `template_args(dims, launch)` picks the kernel instance; pdl: a programmatic dependent
+    launch (`_module.launch`), for kernels written for it."""
     def make(defines: tuple = ()):
         def run(launch, inputs, outputs, case):
             d = case.dims
             k = kernel(source, name, case.dtype, defines, template_args(d, launch))
-            k(launch.grid, launch.block, (*_args(inputs, outputs, case, aligned=True),
-                                          np.int32(d["out"]), np.int32(d["in"]),
-                                          np.int32(d["group_size"])))
+            cuda_launch(k, launch.grid, launch.block,
+                        (*_args(inputs, outputs, case, aligned=True), np.int32(d["out"]),
+                         np.int32(d["in"]), np.int32(d["group_size"])), pdl=pdl)
         return run
     return make
 
 
-_kp = _aligned(KP, "kp_qgemv", lambda d, launch: (d["bits"], launch.extra["rows"]))
+def _kp_rows(d, launch):
+    return d["bits"], launch.extra["rows"]
+
+
+_kp = _aligned(KP, "kp_qgemv", _kp_rows, pdl=True)
 _mma = _aligned(MMA, "kp_qgemv_mma", lambda d, launch: (launch.extra["tiles"],))
 
 

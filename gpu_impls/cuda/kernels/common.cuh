@@ -136,3 +136,22 @@ __device__ __forceinline__ float normed(float x, float inv, float w) {
     return x * inv * w;
 #endif
 }
+
+// --- programmatic dependent launch (sm_90+) -----------------------------------------------------
+// A kernel launched with pdl=True (gpu_impls/cuda/_module.py `launch`) may start while the kernel
+// before it in the stream is still running. `pdl_launch_dependents` lets the next kernel's
+// blocks be scheduled once every block of this one has run it (or exited); `pdl_wait` returns
+// once the kernels before this one have completed and their writes are visible, so it must come
+// before the first load of anything another kernel may write and before the first store. Both
+// are no-ops in an ordinary launch, so such a kernel is correct launched either way.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

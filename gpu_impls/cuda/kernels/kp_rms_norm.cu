@@ -56,6 +56,12 @@
 // full occupancy. __launch_bounds__(MAX_BLOCK, 1024 / MAX_BLOCK) caps registers at 64 so at
 // least 1024 threads fit per SM (sm_90: every instance fits, 23..64 registers, no spills, no
 // stack). Row offsets are size_t: rows * n may exceed 2^31 elements.
+//
+// Launch. The launcher makes every launch a programmatic dependent launch (common.cuh): the
+// kernel first lets its successor's blocks be scheduled, then waits for its predecessors, so
+// the next kernel's launch and block scheduling overlap this one's run. At decode and per-head
+// shapes (2 us kernels) that launch latency is a large part of the time; on an ordinary launch
+// the two instructions are no-ops.
 #include "common.cuh"
 
 namespace kp {
@@ -108,6 +114,10 @@ __device__ __forceinline__ void kp_row(const typename T::storage* __restrict__ x
     const uint4* xv = reinterpret_cast<const uint4*>(x + base);
     const uint4* wv = reinterpret_cast<const uint4*>(w);
 
+    // Launched as a programmatic dependent launch (kp_norms.py): let the next kernel's blocks
+    // be scheduled now, and wait for the kernels before this one to finish before any load.
+    pdl_launch_dependents();
+    pdl_wait();
     // Issue every load before the first use: x (and y), then w (L2-resident, reused by all rows).
     bool ok[ITEMS];
     uint4 xr[ITEMS], yr[ITEMS], wr[ITEMS];
