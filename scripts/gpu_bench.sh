@@ -18,6 +18,9 @@
 #   bash scripts/gpu_bench.sh pdl       kp_ impls as programmatic dependent launches: kp gate, per-head
 #     and decode against torch.compile, the same kernels with and without PDL, the GEMV at the
 #     issue's shapes with and without PDL against dense bf16 F.linear
+#   bash scripts/gpu_bench.sh pdl-family  the rest of the RMSNorm A/Bs after the PDL change: HBM
+#     shapes against torch.compile, per-head against eager, residual and add against both
+#     (with `eager` and `pdl`: every issue-3 A/B on the shipped launch)
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -78,6 +81,14 @@ pdl)
   run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset decode-1x4096,decode-64x4096 $T
   run $V ab cuda:kp_rms_norm_per_head_nopdl cuda:kp_rms_norm_per_head --dtype bf16 $T
   run $V bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_nopdl,torch:linear_dense --min-time 0.1
+  ;;
+pdl-family)
+  run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset hbm $T
+  run ab torch:rms_norm_per_head cuda:kp_rms_norm_per_head $T
+  for op in rms_norm_residual add_rms_norm; do
+    run ab torch:${op} cuda:kp_${op} --preset hbm-16384x8192,decode-1x4096 --dtype bf16 $T
+    run ab torch:${op}_compiled cuda:kp_${op} --preset hbm-16384x8192,decode-1x4096 --dtype bf16 $T
+  done
   ;;
 faults)
   start=$(date +%s)
