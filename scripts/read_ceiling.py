@@ -15,12 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 SOURCE = r'''
+#include "common.cuh"
 extern "C" __global__ void __launch_bounds__(256) read_all(const uint4* __restrict__ p, long long n,
                                                            unsigned* __restrict__ out) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    pdl_launch_dependents();  // as the kp kernels: no-ops in an ordinary launch
+    pdl_wait();
     unsigned acc = 0;
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const long long step = (long long)gridDim.x * blockDim.x;
@@ -42,11 +41,11 @@ CALLS = 64
 def main() -> None:
     import cupy
 
-    from gpu_impls.cuda._module import launch
+    from gpu_impls.cuda._module import KERNEL_DIR, launch
     from gpu_impls.cuda._timer import CupyTimer
 
     timer = CupyTimer()
-    k = cupy.RawKernel(SOURCE, "read_all")
+    k = cupy.RawKernel(SOURCE, "read_all", options=(f"-I{KERNEL_DIR}",))
     sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     copy = timer.ceilings()["copy_gbps"]
     print(f"copy ceiling {copy:.0f} GB/s, L2 {timer.l2_bytes() >> 20} MiB, {sms} SMs")
