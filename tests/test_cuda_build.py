@@ -36,7 +36,7 @@ def test_planted_fault_kernels_compile_for_sm90(tmp_path):
 
 # Sources whose kernels the wrappers launch as programmatic dependent launches (kp_norms.py,
 # gemv.py `_kp`): each must wait for its predecessors before touching global memory.
-PDL_SOURCES = ("kp_rms_norm.cu", "kp_qgemv.cu")
+PDL_SOURCES = ("kp_rms_norm.cu", "kp_qgemv.cu", "kp_qgemv_mma.cu")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

@@ -89,8 +89,10 @@ def _kernel_arg(a):
                     f"{sorted(str(d) for d in _CTYPE)} as a NumPy scalar")
 
 
-def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False) -> None:
-    """Launch the `cupy.RawKernel` k on the current stream.
+def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False,
+           shared_bytes: int = 0) -> None:
+    """Launch the `cupy.RawKernel` k on the current stream, with `shared_bytes` of dynamic
+    shared memory (at most 48 KiB: no kernel here opts in to more).
 
     pdl=True makes it a programmatic dependent launch (sm_90+, `cuLaunchKernelEx` with
     PROGRAMMATIC_STREAM_SERIALIZATION): its blocks may start once every block of the kernel
@@ -102,15 +104,15 @@ def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False) -> None
     programmatic edge of the CUDA graph. Without pdl (or before sm_90) both instructions are
     no-ops and the launch is the ordinary one."""
     if not pdl:
-        k(grid, block, args)
+        k(grid, block, args, shared_mem=shared_bytes)
         return
     import cupy
 
     values = [_kernel_arg(a) for a in args]  # kept alive until the call returns
     params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
     attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-    config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), 0,
-                           ctypes.c_void_p(cupy.cuda.get_current_stream().ptr),
+    config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
+                           shared_bytes, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr),
                            ctypes.pointer(attr), 1)
     status = _cu_launch_kernel_ex()(ctypes.byref(config), ctypes.c_void_p(k.kernel.ptr),
                                     params, None)

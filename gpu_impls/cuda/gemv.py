@@ -21,9 +21,15 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
   that split K (enough warps that a lane has at most 8 chunks per row), each x load shared by
   the ROWS rows, the next chunks in flight during the math, codes to f32 by PRMT instead of
   I2F, launched as a programmatic dependent launch (waits for its predecessors before any
-  load). Contract: bits in (4, 8). The kernel's own rules (whole 16-byte chunks of 128 / bits codes per row, a
-  chunk inside one group) follow from the layout: G in {32, 64, 128} is a multiple of 32 and 16,
-  and in % G == 0. Rows past `out` are bounds-checked, so any out.
+  load). Contract: bits in (4, 8). The kernel's own rules (whole 16-byte chunks of 128 / bits
+  codes per row, a chunk inside one group) follow from the layout: G in {32, 64, 128} is a
+  multiple of 32 and 16, and in % G == 0. Rows past `out` are bounds-checked, so any out.
+* `cuda:kp_qgemv_mma` (kparity, tensor cores, the bandwidth kernel): int4 codes exact in f16 /
+  bf16 A fragments of mma.m16n8k16, f32 accumulation, groups as B's 8 columns; 16 TILES rows
+  per block, K split over WARPS warps by super-blocks of 8 groups, loads in batches of DEPTH
+  128-code blocks (the next batch in flight during the math), x and the group sums of x staged
+  in shared memory; a programmatic dependent launch. Contract: bits == 4, f16/bf16,
+  in % 128 == 0, in <= 16384.
 """
 
 from __future__ import annotations
@@ -53,16 +59,25 @@ KP_BITS = (4, 8)
 VEC_BYTES = 16
 
 MMA = "kp_qgemv_mma.cu"
-MMA_TILES = 2          # m16 tiles per warp of kp_qgemv_mma (they share the x fragments)
-MMA_TILE_CHOICES = (1, 2)  # instantiated, for A/B-ing the choice (scripts/kp_variants.py)
+# m16 tiles per warp of kp_qgemv_mma (they share the x fragments) and 128-code blocks per batch
+# of loads: 2 and 2 were the fastest of MMA_CHOICES at the three bench shapes on an H100, bf16
+# (benchmarks/h100-2026-11-23-mma).
+MMA_TILES = 2
+MMA_DEPTH = 2
+# (tiles, depth) instances, for A/B-ing the choice (scripts/kp_variants.py)
+MMA_CHOICES = ((1, 2), (1, 4), (2, 2))
 MMA_MAX_WARPS = 8      # warps per block splitting K by super-blocks of 8 groups
+# Warps the launcher aims the grid at: ~16 per SM of a 132-SM H100, each with DEPTH * 2 TILES
+# 16-byte loads per lane in flight, over the bytes HBM needs in flight (Little's law).
+MMA_TARGET_WARPS = 2048
+MMA_MAX_IN = 16384     # x (2 bytes a value) and the group sums live in shared memory
 
 KERNELS = [
     (SEED, "dequant_gemv", [(b,) for b in BITS]),
     (SEED, "dequant_gemv_int4_fast"),
     (SEED, "dequant_gemv_int4_expert_indexed"),
     (KP, "kp_qgemv", [(b, r) for b in KP_BITS for r in KP_ROWS_CHOICES]),
-    (MMA, "kp_qgemv_mma", [(t,) for t in MMA_TILE_CHOICES]),
+    (MMA, "kp_qgemv_mma", list(MMA_CHOICES)),
 ]
 
 
@@ -88,12 +103,19 @@ def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
                                     block=(32 * warps, 1, 1), extra={"rows": rows})
 
 
-def _mma_geometry(dims, params, tiles: int = MMA_TILES):
-    """16 * tiles rows per block; warps split K by super-blocks of 8 groups (8 * G codes)."""
+def _mma_geometry(dims, params, tiles: int = MMA_TILES, depth: int = MMA_DEPTH):
+    """16 * tiles rows per block; its warps split K by super-blocks of 8 groups (G / 16 blocks
+    of 128 codes). Warps: as many as keep the grid near MMA_TARGET_WARPS (at most 8, at most one
+    per super-block), then the fewest that give the same longest run (equal runs: llama3-8b-down's
+    28 super-blocks take 7 warps of 4, not 8 of 3 or 4)."""
     supers = -(-(dims["in"] // 128) // (dims["group_size"] // 16))
-    warps = max(1, min(MMA_MAX_WARPS, supers))
-    return {"warps": warps}, Launch(grid=(-(-dims["out"] // (16 * tiles)), 1, 1),
-                                    block=(32 * warps, 1, 1), extra={"tiles": tiles})
+    row_tiles = -(-dims["out"] // (16 * tiles))
+    most = max(1, min(MMA_MAX_WARPS, supers, MMA_TARGET_WARPS // row_tiles))
+    warps = min(range(1, most + 1), key=lambda w: (-(-supers // w), w))
+    # x as T, 64 zero bytes (x outside a lane's column), the sums of x per group
+    shared = 2 * dims["in"] + 64 + 4 * (dims["in"] // dims["group_size"])
+    return {"warps": warps}, Launch(grid=(row_tiles, 1, 1), block=(32 * warps, 1, 1),
+                                    shared_bytes=shared, extra={"tiles": tiles, "depth": depth})
 
 
 # --- contracts -----------------------------------------------------------------------------------
@@ -142,7 +164,11 @@ MMA_CONTRACT = Contract(
                           lambda ns: "bits = 4, or use cuda:kp_qgemv (int4/int8)", {"bits": 8},
                           ("bits",)),
                 _multiple("in", 128, "a warp walks K in blocks of 128 codes (64 bytes per row, "
-                          "16 per quad thread) with no bounds check", 1568)),
+                          "16 per quad thread) with no bounds check", 1568),
+                Invariant(f"in <= {MMA_MAX_IN}", lambda ns: ns["in"] <= MMA_MAX_IN,
+                          "x and the group sums of x are staged in shared memory (48 KiB)",
+                          lambda ns: f"in <= {MMA_MAX_IN}, or use cuda:kp_qgemv",
+                          {"in": MMA_MAX_IN + 128}, ("in",))),
     dtypes=("f16", "bf16"),
     geometry=_mma_geometry)
 KP_CONTRACT = Contract(
@@ -197,15 +223,19 @@ def _expert(defines: tuple = ()):
 
 def _aligned(source: str, name: str, template_args, pdl: bool = False):
     """Maker of kparity's GEMV launches (16-byte vector loads of w and x, rows bounds-checked):
-    `template_args(dims, launch)` picks the kernel instance; pdl: a programmatic dependent
-    launch (`_module.launch`), for kernels written for it."""
-    def make(defines: tuple = ()):
+    `template_args(dims, launch)` picks the kernel instance. make(defines, pdl): pdl (default
+    as given here) makes it a programmatic dependent launch (`_module.launch`), for kernels
+    written for it."""
+    default_pdl = pdl
+
+    def make(defines: tuple = (), pdl: bool = default_pdl):
         def run(launch, inputs, outputs, case):
             d = case.dims
             k = kernel(source, name, case.dtype, defines, template_args(d, launch))
             cuda_launch(k, launch.grid, launch.block,
                         (*_args(inputs, outputs, case, aligned=True), np.int32(d["out"]),
-                         np.int32(d["in"]), np.int32(d["group_size"])), pdl=pdl)
+                         np.int32(d["in"]), np.int32(d["group_size"])), pdl=pdl,
+                        shared_bytes=launch.shared_bytes)
         return run
     return make
 
@@ -215,14 +245,16 @@ def _kp_rows(d, launch):
 
 
 _kp = _aligned(KP, "kp_qgemv", _kp_rows, pdl=True)
-_mma = _aligned(MMA, "kp_qgemv_mma", lambda d, launch: (launch.extra["tiles"],))
+_mma = _aligned(MMA, "kp_qgemv_mma",
+                lambda d, launch: (launch.extra["tiles"], launch.extra["depth"]), pdl=True)
 
 
 register(
     cuda_impl("kp_qgemv_mma", "dequant_gemv", MMA_CONTRACT, _mma,
               "kparity tensor-core GEMV: int4 codes exact in f16/bf16 A fragments, x in B "
               "split by group over the 8 columns, f32 accumulation, scales per group after; "
-              "f16/bf16, in % 128"),
+              "K split over warps, DEPTH blocks of loads in flight, x in shared memory, PDL; "
+              "f16/bf16, in % 128, in <= 16384"),
     cuda_impl("dequant_gemv", "dequant_gemv", SCALAR, _scalar,
               "seed dequant_gemv_int{2..8}: one 64-thread block per row, dequantize then dot"),
     cuda_impl("dequant_gemv_int4_fast", "dequant_gemv", FAST, _fast,

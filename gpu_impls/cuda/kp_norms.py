@@ -163,11 +163,11 @@ PER_HEAD = Contract(
 
 # --- launch -----------------------------------------------------------------------------------
 
-def _launcher(name: str, ins: tuple[str, ...], outs: tuple[str, ...], pdl: bool = True):
-    """make(defines) -> run: launches `name<T, ITEMS, TPR>` on the `ins`, then the `outs`, then
-    eps, weight_offset, rows, n; as a programmatic dependent launch unless pdl=False (the kernel
-    is written for both: see kp_rms_norm.cu)."""
-    def make(defines: tuple = ()):
+def _launcher(name: str, ins: tuple[str, ...], outs: tuple[str, ...]):
+    """make(defines, pdl) -> run: launches `name<T, ITEMS, TPR>` on the `ins`, then the `outs`,
+    then eps, weight_offset, rows, n; as a programmatic dependent launch unless pdl=False (the
+    kernel is written for both: see kp_rms_norm.cu)."""
+    def make(defines: tuple = (), pdl: bool = True):
         def run(launch, inputs, outputs, case):
             arrays = (*(inputs[k] for k in ins), *(outputs[k] for k in outs))
             for key, a in zip((*ins, *outs), arrays):
