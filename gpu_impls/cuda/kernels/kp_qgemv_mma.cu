@@ -33,10 +33,11 @@
 // flight into registers, puts the next batch in flight, then does the math of the one it took.
 // Why batches and not a ring refilled one block at a time: the compiler gives all of a warp's
 // global loads one scoreboard, and waiting for any of them waits for all, so a ring waits a
-// full memory latency per block (H100, llama3-8b-up: 26 us with a ring of 4, 18 us in batches
-// of 2). A super-block's scales and biases are loaded one super-block ahead of their use. The
-// launcher picks WARPS (gemv.py) so that about 2048 warps share the GPU and the warps of a
-// block get equal runs. x (as T) and the sum of x over every group are staged once per block
+// full memory latency per block (H100, llama3-8b-up, one tile: a ring of 4 took 23.9 us,
+// batches of 4 22.5 us, batches of 2 20.4 us; benchmarks/h100-2026-11-23-mma). A
+// super-block's scales and biases are loaded one super-block ahead of their use. The launcher
+// picks WARPS (gemv.py) so that about 2048 warps share the GPU and the warps of a block get
+// equal runs. x (as T) and the sum of x over every group are staged once per block
 // in shared memory (in * 2 + 64 + 4 * groups bytes, dynamic: x, 64 zero bytes that lanes
 // outside a column read instead of x, the sums) by cp.async, while the first batch of weights
 // is in flight.
