@@ -6,9 +6,9 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
         rows: more rows per block, fewer blocks), instead of MIN_BLOCK = 64
     cuda:kp_qgemv_r2, cuda:kp_qgemv_r8: 2 or 8 rows per block instead of KP_ROWS = 4
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
-    cuda:kp_qgemv_mma_t1d2, _t1d4, _t2d2: that many m16 tiles per warp (t) and 128-code blocks
-        per batch of loads (d) (gemv.MMA_CHOICES); _w{1,2,4,8}: that many warps per block instead of
-        the launcher's choice
+    cuda:kp_qgemv_mma_t1d2, _t1d4, _t2d2: that many m16 tiles per warp (t) and 128-code
+        blocks per batch of loads (d) (gemv.MMA_CHOICES); _w{1,2,4,8}: that many warps per
+        block instead of the launcher's choice
     cuda:kp_rms_norm_nopdl, cuda:kp_rms_norm_per_head_nopdl, cuda:kp_qgemv_nopdl,
         cuda:kp_qgemv_mma_nopdl: the same kernels launched ordinarily instead of as
         programmatic dependent launches
@@ -29,14 +29,6 @@ from gpu_impls.cuda._module import _MAKERS, mutant
 from gpu_impls.cuda import kp_norms as kp
 
 
-def _mma_warps(dims, params, warps: int):
-    """kp_qgemv_mma's geometry with `warps` warps per block (at most one per super-block)."""
-    names, launch = gemv._mma_geometry(dims, params)
-    supers = -(-(dims["in"] // 128) // (dims["group_size"] // 16))
-    warps = min(warps, supers)
-    return {"warps": warps}, dataclasses.replace(launch, block=(32 * warps, 1, 1))
-
-
 def variant(impl_id: str, geometry, suffix: str, **knobs):
     impl = impls()[impl_id]
     contract = dataclasses.replace(impl.contract, geometry=partial(geometry, **knobs))
@@ -53,7 +45,8 @@ register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in
            for r in (4, 8) for w in (1, 2, 4)))
 register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}d{d}", tiles=t, depth=d)
            for t, d in gemv.MMA_CHOICES),
-         *(variant("cuda:kp_qgemv_mma", _mma_warps, f"w{w}", warps=w) for w in (1, 2, 4, 8)))
+         *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"w{w}", warps=w)
+           for w in (1, 2, 4, 8)))
 register(mutant("cuda:kp_qgemv", "kp_qgemv_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"))
 _kp_impl, _kp_make = _MAKERS["cuda:kp_qgemv"]
 for _suffix, _defines in (

@@ -103,15 +103,18 @@ def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
                                     block=(32 * warps, 1, 1), extra={"rows": rows})
 
 
-def _mma_geometry(dims, params, tiles: int = MMA_TILES, depth: int = MMA_DEPTH):
+def _mma_geometry(dims, params, tiles: int = MMA_TILES, depth: int = MMA_DEPTH,
+                  warps: int | None = None):
     """16 * tiles rows per block; its warps split K by super-blocks of 8 groups (G / 16 blocks
-    of 128 codes). Warps: as many as keep the grid near MMA_TARGET_WARPS (at most 8, at most one
-    per super-block), then the fewest that give the same longest run (equal runs: llama3-8b-down's
-    28 super-blocks take 7 warps of 4, not 8 of 3 or 4)."""
+    of 128 codes). Warps (unless given; at most one per super-block either way): as many as keep
+    the grid near MMA_TARGET_WARPS (at most 8), then the fewest that give the same longest run
+    (equal runs: llama3-8b-down's 28 super-blocks take 7 warps of 4, not 8 of 3 or 4)."""
     supers = -(-(dims["in"] // 128) // (dims["group_size"] // 16))
     row_tiles = -(-dims["out"] // (16 * tiles))
-    most = max(1, min(MMA_MAX_WARPS, supers, MMA_TARGET_WARPS // row_tiles))
-    warps = min(range(1, most + 1), key=lambda w: (-(-supers // w), w))
+    if warps is None:
+        most = max(1, min(MMA_MAX_WARPS, supers, MMA_TARGET_WARPS // row_tiles))
+        warps = min(range(1, most + 1), key=lambda w: (-(-supers // w), w))
+    warps = min(warps, supers)
     # x as T, 64 zero bytes (x outside a lane's column), the sums of x per group
     shared = 2 * dims["in"] + 64 + 4 * (dims["in"] // dims["group_size"])
     return {"warps": warps}, Launch(grid=(row_tiles, 1, 1), block=(32 * warps, 1, 1),
@@ -226,9 +229,7 @@ def _aligned(source: str, name: str, template_args, pdl: bool = False):
     `template_args(dims, launch)` picks the kernel instance. make(defines, pdl): pdl (default
     as given here) makes it a programmatic dependent launch (`_module.launch`), for kernels
     written for it."""
-    default_pdl = pdl
-
-    def make(defines: tuple = (), pdl: bool = default_pdl):
+    def make(defines: tuple = (), pdl: bool = pdl):
         def run(launch, inputs, outputs, case):
             d = case.dims
             k = kernel(source, name, case.dtype, defines, template_args(d, launch))
