@@ -54,6 +54,7 @@ def kernel(source_file: str, name: str, dtype: str, defines: tuple = (),
 # --- launching, optionally as a programmatic dependent launch ----------------------------------
 
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h, CUlaunchAttributeID
+SHARED_WITHOUT_OPT_IN = 48 * 1024  # dynamic shared bytes a kernel may take without opting in
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte union
@@ -92,7 +93,7 @@ def _kernel_arg(a):
 def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False,
            shared_bytes: int = 0) -> None:
     """Launch the `cupy.RawKernel` k on the current stream, with `shared_bytes` of dynamic
-    shared memory (at most 48 KiB: no kernel here opts in to more).
+    shared memory (over 48 KiB, the kernel is first opted in to that much).
 
     pdl=True makes it a programmatic dependent launch (sm_90+, `cuLaunchKernelEx` with
     PROGRAMMATIC_STREAM_SERIALIZATION): its blocks may start once every block of the kernel
@@ -103,6 +104,8 @@ def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False,
     kernel may write and before its first store. Stream capture keeps the relation as a
     programmatic edge of the CUDA graph. Without pdl (or before sm_90) both instructions are
     no-ops and the launch is the ordinary one."""
+    if shared_bytes > SHARED_WITHOUT_OPT_IN and k.max_dynamic_shared_size_bytes < shared_bytes:
+        k.max_dynamic_shared_size_bytes = shared_bytes  # cuFuncSetAttribute, once per size
     if not pdl:
         k(grid, block, args, shared_mem=shared_bytes)
         return

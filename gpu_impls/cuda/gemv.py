@@ -26,9 +26,9 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
   multiple of 32 and 16, and in % G == 0. Rows past `out` are bounds-checked, so any out.
 * `cuda:kp_qgemv_mma` (kparity, tensor cores, the bandwidth kernel): int4 codes exact in f16 /
   bf16 A fragments of mma.m16n8k16, f32 accumulation, groups as B's 8 columns; 16 TILES rows
-  per block, K split over WARPS warps by super-blocks of 8 groups, loads in batches of DEPTH
-  128-code blocks (the next batch in flight during the math), x and the group sums of x staged
-  in shared memory; a programmatic dependent launch. Contract: bits == 4, f16/bf16,
+  per block, K split over WARPS warps by super-blocks of 8 groups, weights streamed through
+  shared memory by a per-lane cp.async pipeline of STAGES 128-code blocks, x (in fragment
+  order) and the group sums of x staged in shared memory; a programmatic dependent launch. Contract: bits == 4, f16/bf16,
   in % 128 == 0, in <= 16384.
 """
 
@@ -59,17 +59,22 @@ KP_BITS = (4, 8)
 VEC_BYTES = 16
 
 MMA = "kp_qgemv_mma.cu"
-# m16 tiles per warp of kp_qgemv_mma (they share the x fragments) and 128-code blocks per batch
-# of loads: 2 and 2 were the fastest of MMA_CHOICES at the three bench shapes on an H100, bf16
-# (benchmarks/h100-2026-11-23-mma).
+# m16 tiles per warp of kp_qgemv_mma (they share the x fragments) and stages of its cp.async
+# weight pipeline (one 128-code block of the warp's 16 TILES rows each; STAGES - 1 in flight).
 MMA_TILES = 2
-MMA_DEPTH = 2
-# (tiles, depth) instances, for A/B-ing the choice (scripts/kp_variants.py)
-MMA_CHOICES = ((1, 2), (1, 4), (2, 2))
-MMA_MAX_WARPS = 8      # warps per block splitting K by super-blocks of 8 groups
-# Warps the launcher aims the grid at: ~16 per SM of a 132-SM H100, each with DEPTH * 2 TILES
-# 16-byte loads per lane in flight, over the bytes HBM needs in flight (Little's law).
+MMA_STAGES = 3
+# (tiles, stages) instances, for A/B-ing the choice (scripts/kp_variants.py)
+MMA_CHOICES = ((1, 3), (2, 2), (2, 3), (2, 4))
+MMA_MAX_WARPS = 16     # warps per block splitting K by super-blocks of 8 groups (KPM_MAX_WARPS)
+# Warps the launcher aims the grid at: ~16 per SM of a 132-SM H100 (all resident at once: at
+# most 128 registers a thread), each with STAGES - 1 blocks of 2 TILES 16-byte copies per lane
+# in flight, over the bytes HBM needs in flight (Little's law).
 MMA_TARGET_WARPS = 2048
+MMA_STAGE_BYTES = 32 * 16  # one 16-byte vector per lane, per row pair of a tile
+# The GPUs the speed target names (H100, H200 SXM): 132 SMs of 228 KiB shared memory, 1 KiB of
+# it reserved per block. The launcher keeps every block resident at once where it can.
+MMA_SMS = 132
+MMA_SHARED_PER_SM = 228 * 1024
 MMA_MAX_IN = 16384     # x (2 bytes a value) and the group sums live in shared memory
 
 KERNELS = [
@@ -103,22 +108,37 @@ def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
                                     block=(32 * warps, 1, 1), extra={"rows": rows})
 
 
-def _mma_geometry(dims, params, tiles: int = MMA_TILES, depth: int = MMA_DEPTH,
+def _mma_shared(dims, tiles: int, stages: int, warps: int) -> int:
+    """Dynamic shared bytes of a block: each warp's weight stages; the block's rows' scales and
+    biases; x as T; 64 zero bytes (x outside a lane's column); the sums of x per group."""
+    groups = dims["in"] // dims["group_size"]
+    return (warps * stages * 2 * tiles * MMA_STAGE_BYTES + 2 * 2 * 16 * tiles * groups
+            + 2 * dims["in"] + 64 + 4 * groups)
+
+
+def _mma_geometry(dims, params, tiles: int = MMA_TILES, stages: int | None = None,
                   warps: int | None = None):
     """16 * tiles rows per block; its warps split K by super-blocks of 8 groups (G / 16 blocks
     of 128 codes). Warps (unless given; at most one per super-block either way): as many as keep
-    the grid near MMA_TARGET_WARPS (at most 8), then the fewest that give the same longest run
-    (equal runs: llama3-8b-down's 28 super-blocks take 7 warps of 4, not 8 of 3 or 4)."""
+    the grid near MMA_TARGET_WARPS (at most 16), then the fewest that give the same longest run
+    (equal runs: llama3-8b-down's 28 super-blocks take 14 warps of 2, not 16 of 1 or 2).
+    Stages (unless given): MMA_STAGES, or 2 where that many would keep some blocks from being
+    resident together on MMA_SMS SMs (qwen2.5-32b-up: 864 blocks of 33 KB, 7 an SM, need 2:
+    2 waves took 40.1 us, 1 wave 35.2 us on an H100)."""
     supers = -(-(dims["in"] // 128) // (dims["group_size"] // 16))
     row_tiles = -(-dims["out"] // (16 * tiles))
     if warps is None:
         most = max(1, min(MMA_MAX_WARPS, supers, MMA_TARGET_WARPS // row_tiles))
         warps = min(range(1, most + 1), key=lambda w: (-(-supers // w), w))
     warps = min(warps, supers)
-    # x as T, 64 zero bytes (x outside a lane's column), the sums of x per group
-    shared = 2 * dims["in"] + 64 + 4 * (dims["in"] // dims["group_size"])
+    if stages is None:
+        per_sm = -(-row_tiles // MMA_SMS)
+        fits = (per_sm * (_mma_shared(dims, tiles, MMA_STAGES, warps) + 1024)
+                <= MMA_SHARED_PER_SM)
+        stages = MMA_STAGES if fits else 2
     return {"warps": warps}, Launch(grid=(row_tiles, 1, 1), block=(32 * warps, 1, 1),
-                                    shared_bytes=shared, extra={"tiles": tiles, "depth": depth})
+                                    shared_bytes=_mma_shared(dims, tiles, stages, warps),
+                                    extra={"tiles": tiles, "stages": stages})
 
 
 # --- contracts -----------------------------------------------------------------------------------
@@ -169,7 +189,7 @@ MMA_CONTRACT = Contract(
                 _multiple("in", 128, "a warp walks K in blocks of 128 codes (64 bytes per row, "
                           "16 per quad thread) with no bounds check", 1568),
                 Invariant(f"in <= {MMA_MAX_IN}", lambda ns: ns["in"] <= MMA_MAX_IN,
-                          "x and the group sums of x are staged in shared memory (48 KiB)",
+                          "x and the group sums of x are staged in shared memory",
                           lambda ns: f"in <= {MMA_MAX_IN}, or use cuda:kp_qgemv",
                           {"in": MMA_MAX_IN + 128}, ("in",))),
     dtypes=("f16", "bf16"),
@@ -185,13 +205,14 @@ KP_CONTRACT = Contract(
 
 # --- launch --------------------------------------------------------------------------------------
 
-def _args(inputs, outputs, case, aligned: bool = False):
+def _args(inputs, outputs, case, aligned: tuple = ()):
+    """The kernel arguments; the inputs named in `aligned` must start on 16 bytes."""
     arrays = (inputs["w"], inputs["scales"], inputs["biases"], inputs["x"], outputs["out"])
-    if aligned:
-        for key in ("w", "x"):
-            if inputs[key].data.ptr % VEC_BYTES:
-                raise ValueError(f"{key} is not {VEC_BYTES}-byte aligned: kp_qgemv reads "
-                                 "16-byte vectors")
+    for key in aligned:
+        if inputs[key].data.ptr % VEC_BYTES:
+            raise ValueError(f"{key} is not {VEC_BYTES}-byte aligned: the kernel reads it in "
+                             f"{VEC_BYTES}-byte vectors; pass a fresh CuPy array (256-byte "
+                             "aligned) or a view at a multiple of 16 bytes")
     return arrays
 
 
@@ -224,17 +245,18 @@ def _expert(defines: tuple = ()):
     return run
 
 
-def _aligned(source: str, name: str, template_args, pdl: bool = False):
-    """Maker of kparity's GEMV launches (16-byte vector loads of w and x, rows bounds-checked):
-    `template_args(dims, launch)` picks the kernel instance. make(defines, pdl): pdl (default
-    as given here) makes it a programmatic dependent launch (`_module.launch`), for kernels
-    written for it."""
+def _aligned(source: str, name: str, template_args, pdl: bool = False,
+             vectors: tuple = ("w", "x")):
+    """Maker of kparity's GEMV launches (16-byte vector loads of the inputs in `vectors`, rows
+    bounds-checked): `template_args(dims, launch)` picks the kernel instance. make(defines,
+    pdl): pdl (default as given here) makes it a programmatic dependent launch
+    (`_module.launch`), for kernels written for it."""
     def make(defines: tuple = (), pdl: bool = pdl):
         def run(launch, inputs, outputs, case):
             d = case.dims
             k = kernel(source, name, case.dtype, defines, template_args(d, launch))
             cuda_launch(k, launch.grid, launch.block,
-                        (*_args(inputs, outputs, case, aligned=True), np.int32(d["out"]),
+                        (*_args(inputs, outputs, case, aligned=vectors), np.int32(d["out"]),
                          np.int32(d["in"]), np.int32(d["group_size"])), pdl=pdl,
                         shared_bytes=launch.shared_bytes)
         return run
@@ -247,14 +269,15 @@ def _kp_rows(d, launch):
 
 _kp = _aligned(KP, "kp_qgemv", _kp_rows, pdl=True)
 _mma = _aligned(MMA, "kp_qgemv_mma",
-                lambda d, launch: (launch.extra["tiles"], launch.extra["depth"]), pdl=True)
+                lambda d, launch: (launch.extra["tiles"], launch.extra["stages"]), pdl=True,
+                vectors=("w", "x", "scales", "biases"))
 
 
 register(
     cuda_impl("kp_qgemv_mma", "dequant_gemv", MMA_CONTRACT, _mma,
               "kparity tensor-core GEMV: int4 codes exact in f16/bf16 A fragments, x in B "
               "split by group over the 8 columns, f32 accumulation, scales per group after; "
-              "K split over warps, DEPTH blocks of loads in flight, x in shared memory, PDL; "
+              "K split over warps, cp.async weight pipeline, x in shared memory, PDL; "
               "f16/bf16, in % 128, in <= 16384"),
     cuda_impl("dequant_gemv", "dequant_gemv", SCALAR, _scalar,
               "seed dequant_gemv_int{2..8}: one 64-thread block per row, dequantize then dot"),
