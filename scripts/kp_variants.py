@@ -6,10 +6,11 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
         rows: more rows per block, fewer blocks), instead of MIN_BLOCK = 64
     cuda:kp_qgemv_r2, cuda:kp_qgemv_r8: 2 or 8 rows per block instead of KP_ROWS = 4
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
-    cuda:kp_qgemv_mma_t1s4, _t2s3, _t2s4, _t2s6: that many m16 tiles per warp (t) and stages
-        of the weight pipeline (s) (gemv.MMA_CHOICES); _w{1,2,4,8,16}: that many warps per
+    cuda:kp_qgemv_mma_t{t}s{s}: that many m16 tiles per warp (t) and stages of the weight
+        pipeline (s), for each (t, s) in gemv.MMA_CHOICES; _w{1,2,4,8,16}: that many warps per
         block instead of the launcher's choice; _diag_load_only: its copies and x staging
-        without the math (wrong results: `bench --no-verify`)
+        without the math (wrong results: `bench --no-verify`); _early: the next kernel let in
+        at the top of the kernel instead of after the main loop
     cuda:kp_rms_norm_nopdl, cuda:kp_rms_norm_per_head_nopdl, cuda:kp_qgemv_nopdl,
         cuda:kp_qgemv_mma_nopdl: the same kernels launched ordinarily instead of as
         programmatic dependent launches
