@@ -6,11 +6,11 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
         rows: more rows per block, fewer blocks), instead of MIN_BLOCK = 64
     cuda:kp_qgemv_r2, cuda:kp_qgemv_r8: 2 or 8 rows per block instead of KP_ROWS = 4
     cuda:kp_qgemv_r{4,8}w{1,2,4}: that many rows per block and warps splitting K
-    cuda:kp_qgemv_mma_t{t}s{s}: that many m16 tiles per warp (t) and stages of the weight
-        pipeline (s), for each (t, s) in gemv.MMA_CHOICES; _w{1,2,4,8,16}: that many warps per
-        block instead of the launcher's choice; _diag_load_only: its copies and x staging
-        without the math (wrong results: `bench --no-verify`); _early: the next kernel let in
-        at the top of the kernel instead of after the main loop
+    cuda:kp_qgemv_mma_s{s}: that many stages of the weight pipeline, for each s in
+        gemv.MMA_STAGE_CHOICES; _p{1,2,4,8}: that many K parts (warps per 16 rows) and _t{1,2,4,8}
+        that many 16-row tiles per block instead of the launcher's choice; _diag_load_only: its
+        copies and x staging without the math (wrong results: `bench --no-verify`); _early: the
+        next kernel let in at the top of the kernel instead of after the main loop
     cuda:kp_rms_norm_nopdl, cuda:kp_rms_norm_per_head_nopdl, cuda:kp_qgemv_nopdl,
         cuda:kp_qgemv_mma_nopdl: the same kernels launched ordinarily instead of as
         programmatic dependent launches
@@ -45,10 +45,10 @@ for _impl, _geometry in (("cuda:kp_rms_norm", kp._row_geometry),
 register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in (2, 8)),
          *(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}w{w}", rows=r, warps=w)
            for r in (4, 8) for w in (1, 2, 4)))
-register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}s{s}", tiles=t, stages=s)
-           for t, s in gemv.MMA_CHOICES),
-         *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"w{w}", warps=w)
-           for w in (1, 2, 4, 8, 16)))
+register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"s{s}", stages=s)
+           for s in gemv.MMA_STAGE_CHOICES),
+         *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"p{p}", parts=p) for p in (1, 2, 4, 8)),
+         *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}", tiles=t) for t in (1, 2, 4, 8)))
 register(mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"),
          mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_early", "KPARITY_DIAG_EARLY_DEPENDENTS"))
 register(mutant("cuda:kp_qgemv", "kp_qgemv_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"))

@@ -14,6 +14,7 @@ the process that runs it forever, `fault_segv` kills it.
 |                    |                            | a torch backend whose to_device raises       |
 | torch:fault_none   | (none)                     | torch:rms_norm, renamed                      |
 
+`fault_hang` creates the file `$KPARITY_FAULT_HANG_MARK` (when set) as it starts hanging.
 `fault_brick` marks the device broken by creating the file `$KPARITY_FAULT_BRICK_MARK` (unset:
 it only crashes); only isolation workers read the mark, never the process that runs the sweep.
 """
@@ -33,9 +34,12 @@ BASE = impls()["torch:rms_norm"]
 FAULTY_DIST = {"fault_hang": "tiny", "fault_segv": "zero_rows", "fault_sticky": "outlier_rows",
                "fault_brick": "tiny"}
 BRICK_MARK = os.environ.get("KPARITY_FAULT_BRICK_MARK", "")
+HANG_MARK = os.environ.get("KPARITY_FAULT_HANG_MARK", "")
 
 
 def hang(case):
+    if HANG_MARK:  # tells a test the hang has begun (test_isolation's Ctrl-C)
+        Path(HANG_MARK).touch()
     while True:
         time.sleep(0.05)
 

@@ -25,10 +25,11 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
   codes per row, a chunk inside one group) follow from the layout: G in {32, 64, 128} is a
   multiple of 32 and 16, and in % G == 0. Rows past `out` are bounds-checked, so any out.
 * `cuda:kp_qgemv_mma` (kparity, tensor cores, the bandwidth kernel): int4 codes exact in f16 /
-  bf16 A fragments of mma.m16n8k16, f32 accumulation, groups as B's 8 columns; 16 TILES rows
-  per block, K split over WARPS warps by super-blocks of 8 groups, weights streamed through
-  shared memory by a per-lane cp.async pipeline of STAGES 128-code blocks, x (in fragment
-  order) and the group sums of x staged in shared memory; a programmatic dependent launch. Contract: bits == 4, f16/bf16,
+  bf16 A fragments of mma.m16n8k16, f32 accumulation, groups as B's 8 columns; a warp owns 16
+  rows and one of `parts` K runs, a block `tiles` x `parts` warps; weights streamed through
+  shared memory by a warp's cp.async pipeline of STAGES steps (16 rows x 256 bytes each, two
+  contiguous 256-byte runs a copy instruction), x (in fragment order) and the group sums of x
+  staged in shared memory; a programmatic dependent launch. Contract: bits == 4, f16/bf16,
   in % 128 == 0, in <= 16384.
 """
 
@@ -59,22 +60,25 @@ KP_BITS = (4, 8)
 VEC_BYTES = 16
 
 MMA = "kp_qgemv_mma.cu"
-# m16 tiles per warp of kp_qgemv_mma (they share the x fragments) and stages of its cp.async
-# weight pipeline (one 128-code block of the warp's 16 TILES rows each; STAGES - 1 in flight).
-MMA_TILES = 2
-MMA_STAGES = 3
-# (tiles, stages) instances, for A/B-ing the choice (scripts/kp_variants.py)
-MMA_CHOICES = ((1, 3), (2, 2), (2, 3), (2, 4))
-MMA_MAX_WARPS = 16     # warps per block splitting K by super-blocks of 8 groups (KPM_MAX_WARPS)
-# Warps the launcher aims the grid at: ~16 per SM of a 132-SM H100 (all resident at once: at
-# most 128 registers a thread), each with STAGES - 1 blocks of 2 TILES 16-byte copies per lane
-# in flight, over the bytes HBM needs in flight (Little's law).
-MMA_TARGET_WARPS = 2048
-MMA_STAGE_BYTES = 32 * 16  # one 16-byte vector per lane, per row pair of a tile
+# Stages of kp_qgemv_mma's cp.async weight pipeline: each is 16 rows x 256 bytes (a step of 4
+# blocks of 128 codes) of a warp's rows; STAGES - 1 in flight while one is consumed.
+MMA_STAGES = 2
+MMA_STAGE_CHOICES = (2, 3)  # instantiated, for A/B-ing the choice (scripts/kp_variants.py)
+MMA_STEP_BLOCKS = 4
+MMA_STAGE_BYTES = 16 * 256
+MMA_MAX_WARPS = 16     # warps per block (KPM_MAX_WARPS): tiles x K parts
+# Warps the launcher aims the grid at: ~14 per SM of a 132-SM H100, all resident at once. A
+# read of the same bytes in 8 rows x 256 bytes a warp step reached 87-94 % of the copy ceiling
+# with 1792-2048 warps, 75 % with twice as many (two waves) and 68-78 % in kp_qgemv_mma's
+# earlier 32 rows x 64 bytes steps (scripts/access_pattern.py,
+# benchmarks/h100-2026-11-24-steps/access_pattern.log).
+MMA_TARGET_WARPS = 14 * 132
 # The GPUs the speed target names (H100, H200 SXM): 132 SMs of 228 KiB shared memory, 1 KiB of
-# it reserved per block. The launcher keeps every block resident at once where it can.
+# it reserved per block; at most 20 of these warps an SM (<= 96 registers a thread).
 MMA_SMS = 132
 MMA_SHARED_PER_SM = 228 * 1024
+MMA_WARPS_PER_SM = 20
+MMA_SHARED_PER_BLOCK = 227 * 1024  # the most a block may opt in to
 MMA_MAX_IN = 16384     # x (2 bytes a value) and the group sums live in shared memory
 
 KERNELS = [
@@ -82,7 +86,7 @@ KERNELS = [
     (SEED, "dequant_gemv_int4_fast"),
     (SEED, "dequant_gemv_int4_expert_indexed"),
     (KP, "kp_qgemv", [(b, r) for b in KP_BITS for r in KP_ROWS_CHOICES]),
-    (MMA, "kp_qgemv_mma", list(MMA_CHOICES)),
+    (MMA, "kp_qgemv_mma", [(st,) for st in MMA_STAGE_CHOICES]),
 ]
 
 
@@ -108,37 +112,60 @@ def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
                                     block=(32 * warps, 1, 1), extra={"rows": rows})
 
 
-def _mma_shared(dims, tiles: int, stages: int, warps: int) -> int:
+def _mma_shared(dims, tiles: int, parts: int, stages: int) -> int:
     """Dynamic shared bytes of a block: each warp's weight stages; the block's rows' scales and
     biases; x as T; 64 zero bytes (x outside a lane's column); the sums of x per group."""
     groups = dims["in"] // dims["group_size"]
-    return (warps * stages * 2 * tiles * MMA_STAGE_BYTES + 2 * 2 * 16 * tiles * groups
+    return (tiles * parts * stages * MMA_STAGE_BYTES + 2 * 2 * 16 * tiles * groups
             + 2 * dims["in"] + 64 + 4 * groups)
 
 
-def _mma_geometry(dims, params, tiles: int = MMA_TILES, stages: int | None = None,
-                  warps: int | None = None):
-    """16 * tiles rows per block; its warps split K by super-blocks of 8 groups (G / 16 blocks
-    of 128 codes). Warps (unless given; at most one per super-block either way): as many as keep
-    the grid near MMA_TARGET_WARPS (at most 16), then the fewest that give the same longest run
-    (equal runs: llama3-8b-down's 28 super-blocks take 14 warps of 2, not 16 of 1 or 2).
-    Stages (unless given): MMA_STAGES, or 2 where that many would keep some blocks from being
-    resident together on MMA_SMS SMs (qwen2.5-32b-up: 864 blocks of 33 KB, 7 an SM, need 2:
-    2 waves took 40.1 us, 1 wave 35.2 us on an H100)."""
-    supers = -(-(dims["in"] // 128) // (dims["group_size"] // 16))
-    row_tiles = -(-dims["out"] // (16 * tiles))
-    if warps is None:
-        most = max(1, min(MMA_MAX_WARPS, supers, MMA_TARGET_WARPS // row_tiles))
-        warps = min(range(1, most + 1), key=lambda w: (-(-supers // w), w))
-    warps = min(warps, supers)
-    if stages is None:
-        per_sm = -(-row_tiles // MMA_SMS)
-        fits = (per_sm * (_mma_shared(dims, tiles, MMA_STAGES, warps) + 1024)
-                <= MMA_SHARED_PER_SM)
-        stages = MMA_STAGES if fits else 2
-    return {"warps": warps}, Launch(grid=(row_tiles, 1, 1), block=(32 * warps, 1, 1),
-                                    shared_bytes=_mma_shared(dims, tiles, stages, warps),
-                                    extra={"tiles": tiles, "stages": stages})
+def _mma_waves(dims, tiles: int, parts: int, stages: int) -> int:
+    """How many rounds of resident blocks the grid takes on MMA_SMS SMs."""
+    blocks = -(-dims["out"] // (16 * tiles))
+    per_sm = min((MMA_SHARED_PER_SM // (_mma_shared(dims, tiles, parts, stages) + 1024)),
+                 MMA_WARPS_PER_SM // (tiles * parts))
+    return -(-blocks // (MMA_SMS * per_sm)) if per_sm else 1 << 30
+
+
+def _mma_geometry(dims, params, stages: int | None = None, parts: int | None = None,
+                  tiles: int | None = None):
+    """A warp owns 16 rows (an m16 tile) and one of `parts` contiguous K runs (whole chunks of
+    max(4 blocks, a super-block of 8 groups)); a block is `tiles` tiles x `parts` (block
+    (32 tiles, parts)), so its warps share x and the tiles' scales and biases.
+    Parts (unless given): as many as keep the grid near MMA_TARGET_WARPS, then the fewest that
+    give the same longest run (llama3-8b-down's 28 chunks: 7 parts of 4).
+    Parts fewer where their stages would not fit one block's shared memory.
+    Tiles (unless given): the fewest rounds of resident blocks first, then a grid of at least
+    MMA_SMS blocks (every SM streams), then the most (x staged by fewer blocks):
+    Stages (unless given): 3 (two steps in flight a warp) where that grid is one round of
+    resident blocks, else MMA_STAGES = 2 (H100 bf16: llama3-8b-up 15.4 us with 3, 17.6 with 2;
+    qwen2.5-32b-up 31.8 us with 2, 44.8 with 3 in two rounds). At the issue's shapes (g64):
+    llama3-8b-up 7 tiles x 2 parts, 3 stages; llama3-8b-down 2 x 7, 3; qwen2.5-32b-up 7 x 1, 2."""
+    if stages is None:  # 3 where that grid is still one round of resident blocks, else 2
+        more = max(MMA_STAGE_CHOICES)
+        pick, launch = _mma_geometry(dims, params, more, parts, tiles)
+        if _mma_waves(dims, pick["tiles"], pick["parts"], more) == 1:
+            return pick, launch
+        stages = MMA_STAGES
+    chunk = max(MMA_STEP_BLOCKS, dims["group_size"] // 16)
+    chunks = -(-(dims["in"] // 128) // chunk)
+    row_tiles = -(-dims["out"] // 16)
+    if parts is None:
+        most = max(1, min(MMA_MAX_WARPS, chunks, MMA_TARGET_WARPS // row_tiles))
+        parts = min(range(1, most + 1), key=lambda p: (-(-chunks // p), p))
+    parts = min(parts, chunks)
+    while parts > 1 and _mma_shared(dims, 1, parts, stages) > MMA_SHARED_PER_BLOCK:
+        parts -= 1  # in = 16384 with 3 stages: 16 parts' stages and x do not fit a block
+    if tiles is not None:
+        tiles = min(tiles, MMA_MAX_WARPS // parts)  # a block has at most KPM_MAX_WARPS warps
+    else:
+        tiles = min(range(1, min(MMA_MAX_WARPS // parts, row_tiles) + 1),
+                    key=lambda t: (_mma_waves(dims, t, parts, stages),
+                                   -(-row_tiles // t) < MMA_SMS, -t))
+    return {"parts": parts, "tiles": tiles}, Launch(
+        grid=(-(-row_tiles // tiles), 1, 1), block=(32 * tiles, parts, 1),
+        shared_bytes=_mma_shared(dims, tiles, parts, stages), extra={"stages": stages})
 
 
 # --- contracts -----------------------------------------------------------------------------------
@@ -269,7 +296,7 @@ def _kp_rows(d, launch):
 
 _kp = _aligned(KP, "kp_qgemv", _kp_rows, pdl=True)
 _mma = _aligned(MMA, "kp_qgemv_mma",
-                lambda d, launch: (launch.extra["tiles"], launch.extra["stages"]), pdl=True,
+                lambda d, launch: (launch.extra["stages"],), pdl=True,
                 vectors=("w", "x", "scales", "biases"))
 
 

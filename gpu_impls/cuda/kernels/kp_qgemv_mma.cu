@@ -1,4 +1,4 @@
-// kp_qgemv_mma<T, TILES, STAGES>: kparity's int4 GEMV on tensor cores (f16 / bf16 activations),
+// kp_qgemv_mma<T, STAGES>: kparity's int4 GEMV on tensor cores (f16 / bf16 activations),
 // built to stream the packed weights at the HBM limit.
 //
 //     out[r] = sum_g ( s[r,g] * sum_{d in g} q[r,d] x[d]  +  b[r,g] * sum_{d in g} x[d] )
@@ -15,9 +15,9 @@
 // bias are applied in f32 per group after the products, as the algebraic split of the seed's
 // fast kernels. The bound of oracle/gemv.py (f32 accumulation over `in` terms) covers it.
 //
-// Fragments. A warp owns TILES m16 tiles (16 TILES rows; the tiles share B) and walks K in
-// blocks of 128 codes (64 bytes per row): the quad thread c = lane % 4 loads 16 bytes (32 codes)
-// of rows g = lane / 4 and g + 8: codes 32c .. 32c + 31 of the block. mma step s (0..7) of a
+// Fragments. A warp owns one m16 tile (16 rows) and walks K in blocks of 128 codes (64 bytes
+// per row): the quad thread c = lane % 4 reads 16 bytes (32 codes) of rows g = lane / 4 and
+// g + 8: codes 32c .. 32c + 31 of the block. mma step s (0..7) of a
 // block uses word s / 2 of those 16 bytes: nibble pairs (p, p + 4) land in one register as
 // T x 2 (LOP3 with mask 0x000F000F), p = 0, 1 for even s and 2, 3 for odd s. The k slots of A
 // and B are the same slots (the sum is over slots; which code sits in which slot only has to
@@ -29,31 +29,36 @@
 // exactly per group; at the end of each super-block the thread folds its C values (rows g,
 // g + 8; columns 2c, 2c + 1) into f32 row sums with the groups' scales and biases and clears C.
 //
-// Streaming. A block owns 16 TILES rows; its WARPS warps split K, warp w taking a contiguous run
-// of super-blocks (floor(w S / WARPS) .. floor((w + 1) S / WARPS)), so each warp reads one
-// contiguous span of every row. Weights reach registers through shared memory: each lane runs
-// its own cp.async pipeline of STAGES stages (one 128-code block of its rows each; STAGES - 1
-// in flight), waits for the oldest with cp.async.wait_group, reads it back (its own 16-byte
-// slots, so no barrier) and refills the stage it consumed one iteration earlier. Why not
-// registers: the compiler gives all of a warp's global loads one scoreboard, so a register
-// pipeline waits for every load in flight whenever it needs one of them (a ring of 4 took
-// 23.9 us at llama3-8b-up, batches of 2 copied out of the way 17.9 us; this pipeline 15.6 us
-// on an H100). Before the loop, by the whole block and as copy group 0: x, and the scales and
-// biases of the block's rows (one contiguous run each, streamed in whole lines; loaded a
-// super-block at a time from scattered rows they cost 2-7 us at the bench shapes on an H100,
-// benchmarks/h100-2026-11-23-cp-async); then each group's sum of x and x's fragment order. At
-// most 128 registers a thread (16 warps a block), so the launcher's ~2048 warps are resident at
-// once; it picks WARPS for equal runs and STAGES that keep the blocks' shared memory within
-// one wave (gemv.py). Dynamic shared memory: WARPS * STAGES * TILES * 1 KiB of stages,
-// 128 TILES * groups bytes of scales and biases, 2 in bytes of x, 64 zero bytes (x where a lane
-// is outside its column), 4 groups bytes of sums.
+// Streaming. A block is (32 tiles, parts) threads: warp (tile, part) owns rows 16 tile ..
+// 16 tile + 15 of the block's and K part `part`, a contiguous run of whole chunks (max(4
+// blocks, a super-block)), so each warp reads one contiguous span of each of its rows. Weights
+// reach registers through shared memory, a step of 4 blocks at a time: 16 rows x 256 bytes,
+// which the warp copies with cp.async as two contiguous 256-byte runs per instruction. A
+// read-only kernel in such 8-16 row x 256-byte steps streams at 87-94 % of the copy ceiling,
+// in the earlier 32 rows x 64 bytes (each lane copying its own fragments) at 68-78 %
+// (scripts/access_pattern.py, benchmarks/h100-2026-11-24-steps). The warp runs a pipeline of
+// STAGES steps (STAGES - 1 in flight): it waits for the oldest with cp.async.wait_group, a
+// __syncwarp makes every lane's copies visible to all (and ends the reads of the stage it
+// refills), and the stage consumed one iteration earlier is refilled. Why not registers: the
+// compiler gives all of a warp's global loads one scoreboard, so a register pipeline waits for
+// every load in flight whenever it needs one of them. Stages are swizzled (vector u of row r at
+// u ^ 4 (r & 1)), so the quarter warps' 16-byte reads are free of bank conflicts. Before the
+// loop, by the whole block and as copy group 0: x, and the scales and biases of the block's
+// rows (one contiguous run each, streamed in whole lines; loaded a super-block at a time from
+// scattered rows they cost 2-7 us at the bench shapes on an H100,
+// benchmarks/h100-2026-11-23-cp-async); then each group's sum of x and x's fragment order.
+// The launcher (gemv.py) aims at ~14 warps an SM, all resident at once, and picks parts for
+// equal runs, tiles and STAGES (3 where one round of blocks still fits, else 2) from the
+// blocks' shared memory: tiles * parts * STAGES * 4 KiB of stages, 64 tiles * groups bytes of
+// scales and biases, 2 in bytes of x, 64 zero bytes (x where a lane is outside its column),
+// 4 groups bytes of sums.
 //
-// Reductions (deterministic): the 4 quad threads' row sums by two shuffles, the block's warps in
-// shared memory in warp order; each group's sum of x in 8 fixed chains.
+// Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
+// shared memory in part order; each group's sum of x in 8 fixed chains.
 //
 // DISPATCH INVARIANTS (gpu_impls/cuda/gemv.py): int4, T in {f16, bf16}, group_size in
 // {32, 64, 128}, in % 128 == 0, in <= 16384 (x in shared memory), 16-byte aligned w, x,
-// scales and biases; rows past `out` read row 0's codes and store nothing. Launched as a
+// scales and biases; rows past `out` read the last row's codes and store nothing. Launched as a
 // programmatic dependent launch: it waits for the kernels before it before any load, and lets
 // the next one in after its main loop. Test-only mutants (tests/mutants.py):
 // KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS, _SKIP_LAST_GROUP.
@@ -131,7 +136,7 @@ __device__ __forceinline__ unsigned nibble_pair(unsigned word, int shift) {
 
 }  // namespace kpmma
 
-template <typename T, int TILES, int STAGES>
+template <typename T, int STAGES>
 __global__ void __launch_bounds__(32 * KPM_MAX_WARPS)
 kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
              const typename T::storage* __restrict__ biases,
@@ -148,64 +153,82 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
     if constexpr (sizeof(typename T::storage) == 4) {
         __trap();  // f32 activations have no exact tensor-core path: the contract refuses them
     } else {
-        constexpr int R = 2 * TILES;  // rows per thread: g and g + 8 of each m16 tile
         typedef typename T::storage S;
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+        constexpr int STEP = 4;  // 128-code blocks per step: 256 bytes of each of 16 rows
+        const int lane = threadIdx.x & 31, tile = threadIdx.x >> 5, tiles = blockDim.x >> 5;
+        const int part = threadIdx.y, parts = blockDim.y;
+        const int warp = part * tiles + tile;
         const int g = lane >> 2, c = lane & 3;
-        const int row0 = blockIdx.x * 16 * TILES;
+        const int block_row0 = blockIdx.x * 16 * tiles;
+        const int row0 = block_row0 + 16 * tile;  // this warp's 16 rows
         const int groups = in_dim / group_size;
         const int group_shift = 31 - __clz(group_size);  // G is a power of two (32, 64, 128)
         const int bps = group_size / 16;         // 128-code blocks per super-block of 8 groups
         const int blocks = in_dim / 128;
-        const int supers = (blocks + bps - 1) / bps;
-        const int s_begin = warp * supers / warps, s_end = (warp + 1) * supers / warps;
-        const int b_begin = s_begin * bps, b_end = min(s_end * bps, blocks);
-        const int n = b_end - b_begin;           // this warp's blocks (0 if more warps than supers)
+        // K parts: runs of whole chunks (a step and a super-block both divide a chunk).
+        const int chunk = max(STEP, bps);
+        const int chunks = (blocks + chunk - 1) / chunk;
+        const int b_begin = min(part * chunks / parts * chunk, blocks);
+        const int b_end = min((part + 1) * chunks / parts * chunk, blocks);
+        const int n = b_end - b_begin;           // this warp's blocks
+        const int steps = (n + STEP - 1) / STEP;
 
-        // Dynamic shared memory: every warp's STAGES weight stages (R x 32 vectors each); the
-        // block's rows' scales and biases ([16 TILES][groups] each, as in global memory); x in
-        // fragment order; 64 zero bytes; the groups' sums of x.
+        // Dynamic shared memory: every warp's STAGES stages (16 rows x 16 vectors, swizzled:
+        // vector u of row r at u ^ 4 (r & 1), so the 8 lanes of a quarter warp reading rows
+        // g, g + 1 at vectors 4 j + c hit distinct banks); the block's rows' scales and biases
+        // ([16 tiles][groups] each, as in global memory); x in fragment order; 64 zero bytes;
+        // the groups' sums of x.
         extern __shared__ uint4 kpm_shared[];
-        uint4* stage_s = kpm_shared + warp * (STAGES * R * 32) + lane;  // this lane's slots
-        S* scale_s = reinterpret_cast<S*>(kpm_shared + warps * (STAGES * R * 32));
-        S* bias_s = scale_s + 16 * TILES * groups;
-        uint4* x_s = reinterpret_cast<uint4*>(bias_s + 16 * TILES * groups);  // in / 8 vectors
+        uint4* stage_s = kpm_shared + warp * (STAGES * 256);
+        S* scale_s = reinterpret_cast<S*>(kpm_shared + parts * tiles * (STAGES * 256));
+        S* bias_s = scale_s + 16 * tiles * groups;
+        uint4* x_s = reinterpret_cast<uint4*>(bias_s + 16 * tiles * groups);  // in / 8 vectors
         uint4* zero_s = x_s + in_dim / 8;                               // x where not "mine"
         float* xsum_s = reinterpret_cast<float*>(zero_s + 4);           // one per group
-        __shared__ float partial[KPM_MAX_WARPS][16 * TILES];
+        __shared__ float partial[KPM_MAX_WARPS][16];
 
-        // This lane's rows (index 2 i + h: tile i, row g + 8 h), from this warp's first block.
-        const uint4* wp[R];
-        int gp[R];  // the row's first group in scales / biases
+        // Copies: step st (blocks b_begin + 4 st ..) of the warp's 16 rows, lane l taking
+        // vector l % 16 of rows 2 k + l / 16 (k = 0..7): each copy instruction reads two
+        // contiguous 256-byte runs. Rows past `out` read the last row (their sums are never
+        // stored).
+        const int half = lane >> 4, u = lane & 15;
+        const uint4* wl = w + 4 * b_begin + u;
+        const int row_vectors = in_dim / 32;
+        auto copy_step = [&](int slot, int st) {
+            const int nb = min(STEP, n - STEP * st);  // blocks in this step
+            uint4* dst = stage_s + slot * 256;
 #pragma unroll
-        for (int k = 0; k < R; ++k) {
-            const int row = row0 + 16 * (k >> 1) + g + 8 * (k & 1);
-            const int r = row < out_dim ? row : 0;
-            wp[k] = w + (size_t)r * (in_dim / 32) + 4 * b_begin + c;
-            gp[k] = r * groups;
-        }
+            for (int k = 0; k < 8; ++k) {
+                const int r = 2 * k + half;
+                const int row = min(row0 + r, out_dim - 1);
+                if (u < 4 * nb)
+                    kpmma::copy_async(&dst[r * 16 + (u ^ ((r & 1) << 2))],
+                                      wl + (size_t)row * row_vectors + 16 * st);
+            }
+        };
 
         // Prologue. Copy group 0, by the whole block: x, and the scales and biases of the
-        // block's rows, which are one contiguous run each (16 TILES rows of `groups` values
-        // from row row0: 16-byte aligned, as 64 TILES groups bytes a block are a multiple of
-        // 16), so they stream in whole lines; rows past `out` are not copied (their sums are
-        // never stored). Groups 1 .. STAGES - 1: this lane's first STAGES - 1 blocks
-        // (empty groups past the run keep the count uniform).
+        // block's rows, which are one contiguous run each (16 tiles rows of `groups` values
+        // from row block_row0: 16-byte aligned, as 32 groups bytes a tile are a multiple of
+        // 16), so they stream in whole lines; rows past `out` are not copied. Groups
+        // 1 .. STAGES - 1: this warp's first STAGES - 1 steps (empty groups past the run keep
+        // the count uniform).
+        const int threads = blockDim.x * blockDim.y;
+        const int tid = threadIdx.y * blockDim.x + threadIdx.x;
         const uint4* xv = reinterpret_cast<const uint4*>(x);
-        for (int v = threadIdx.x; v < in_dim / 8; v += blockDim.x)
-            kpmma::copy_async(&x_s[v], &xv[v]);
+        for (int v = tid; v < in_dim / 8; v += threads) kpmma::copy_async(&x_s[v], &xv[v]);
         {
-            const int count = min(16 * TILES, out_dim - row0) * groups;  // values to copy
-            const size_t first = (size_t)row0 * groups;
+            const int count = min(16 * tiles, out_dim - block_row0) * groups;  // values
+            const size_t first = (size_t)block_row0 * groups;
             const uint4* sv = reinterpret_cast<const uint4*>(scales + first);
             const uint4* bv = reinterpret_cast<const uint4*>(biases + first);
             uint4* ssv = reinterpret_cast<uint4*>(scale_s);
             uint4* bsv = reinterpret_cast<uint4*>(bias_s);
-            for (int v = threadIdx.x; v < count / 8; v += blockDim.x) {
+            for (int v = tid; v < count / 8; v += threads) {
                 kpmma::copy_async(&ssv[v], &sv[v]);
                 kpmma::copy_async(&bsv[v], &bv[v]);
             }
-            for (int e = (count / 8) * 8 + threadIdx.x; e < count; e += blockDim.x) {
+            for (int e = (count / 8) * 8 + tid; e < count; e += threads) {
                 scale_s[e] = scales[first + e];  // a tail shorter than 16 bytes
                 bias_s[e] = biases[first + e];
             }
@@ -213,158 +236,150 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         kpmma::copy_async_commit();
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) {
-            if (st < n) {
-#pragma unroll
-                for (int k = 0; k < R; ++k) kpmma::copy_async(&stage_s[(st * R + k) * 32], wp[k] + 4 * st);
-            }
+            if (st < steps) copy_step(st, st);
             kpmma::copy_async_commit();
         }
-        if (threadIdx.x < 4) zero_s[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+        if (tid < 4) zero_s[tid] = make_uint4(0u, 0u, 0u, 0u);
         kpmma::copy_async_wait<STAGES - 1>();  // x has landed (the weight groups may not have)
         __syncthreads();
         // Each group's sum of x (8 fixed chains), and its vectors put in fragment order: the
         // 8 values x0..x7 of a vector as the words (x0, x4), (x1, x5), (x2, x6), (x3, x7), which
         // are b0, b1 of mma steps with p = 0 and p = 2 (see the math below).
-        for (int grp = threadIdx.x; grp < groups; grp += blockDim.x) {
-            float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int grp = tid; grp < groups; grp += threads) {
+            float partsum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             for (int v = 0; v < group_size / 8; ++v) {
                 uint4& vec = x_s[grp * (group_size / 8) + v];
                 float f[8];
                 Vec<T>::unpack(vec, f);
 #pragma unroll
-                for (int k = 0; k < 8; ++k) part[k] += f[k];
+                for (int k = 0; k < 8; ++k) partsum[k] += f[k];
                 vec = make_uint4(__byte_perm(vec.x, vec.z, 0x5410), __byte_perm(vec.x, vec.z, 0x7632),
                                  __byte_perm(vec.y, vec.w, 0x5410), __byte_perm(vec.y, vec.w, 0x7632));
             }
-            xsum_s[grp] = ((part[0] + part[1]) + (part[2] + part[3])) +
-                          ((part[4] + part[5]) + (part[6] + part[7]));
+            xsum_s[grp] = ((partsum[0] + partsum[1]) + (partsum[2] + partsum[3])) +
+                          ((partsum[4] + partsum[5]) + (partsum[6] + partsum[7]));
         }
         __syncthreads();
 
-        float acc[R];
-        float cacc[TILES][4];
-#pragma unroll
-        for (int k = 0; k < R; ++k) acc[k] = 0.0f;
-        int sup = s_begin, pos = 0;  // super-block of the current block, and its place in it
-        int stage = 0;               // the stage holding block i
-        const uint4* xb = x_s + (size_t)b_begin * 16 + 4 * c;  // x of block i at this lane's codes
-        for (int i = 0; i < n; ++i) {
-            // Block i is copy group i + 1: wait until at most STAGES - 2 younger ones are in
-            // flight, take it, and refill the stage taken last iteration (already consumed)
-            // with block i + STAGES - 1.
+        float acc[2] = {0.0f, 0.0f};  // rows g, g + 8
+        float cacc[4];
+        int sup = b_begin / bps, pos = 0;  // super-block of the current block, its place in it
+        const uint4* xb = x_s + (size_t)b_begin * 16 + 4 * c;  // x of the block at this lane's codes
+        const int swz = (g & 1) << 2;      // rows g and g + 8 have the same swizzle
+        for (int i = 0; i < steps; ++i) {
+            // Step i is copy group i + 1: wait until at most STAGES - 2 younger ones are in
+            // flight; the warp's barrier makes every lane's copies visible to all and ends
+            // every lane's reads of the slot taken last iteration, which is refilled with
+            // step i + STAGES - 1.
             kpmma::copy_async_wait<STAGES - 2>();
-            uint4 cur[R];
-#pragma unroll
-            for (int k = 0; k < R; ++k) cur[k] = stage_s[(stage * R + k) * 32];
-            const int refill = stage == 0 ? STAGES - 1 : stage - 1;
-            if (i + STAGES - 1 < n) {
-#pragma unroll
-                for (int k = 0; k < R; ++k)
-                    kpmma::copy_async(&stage_s[(refill * R + k) * 32], wp[k] + 4 * (i + STAGES - 1));
-            }
+            __syncwarp();
+            const int slot = i % STAGES;
+            if (i + STAGES - 1 < steps) copy_step((i + STAGES - 1) % STAGES, i + STAGES - 1);
             kpmma::copy_async_commit();
-            stage = stage == STAGES - 1 ? 0 : stage + 1;
-
+            const uint4* cur_s = stage_s + slot * 256;
+            const int nb = min(STEP, n - STEP * i);
+            for (int j = 0; j < nb; ++j) {
+                uint4 cur[2];
+                cur[0] = cur_s[g * 16 + ((4 * j + c) ^ swz)];
+                cur[1] = cur_s[(g + 8) * 16 + ((4 * j + c) ^ swz)];
 #ifdef KPARITY_DIAG_LOAD_ONLY
-            // timing diagnostic (wrong results): the copies and their reads, none of the math
+                // timing diagnostic (wrong results): the copies and their reads, none of the math
 #pragma unroll
-            for (int k = 0; k < R; ++k)
-                acc[k] += __uint_as_float((cur[k].x ^ cur[k].y ^ cur[k].z ^ cur[k].w) & 0x3fffffu);
-            continue;
+                for (int k = 0; k < 2; ++k)
+                    acc[k] += __uint_as_float((cur[k].x ^ cur[k].y ^ cur[k].z ^ cur[k].w) & 0x3fffffu);
+                continue;
 #endif
-            if (pos == 0) {  // a super-block starts: clear C
-#pragma unroll
-                for (int t = 0; t < TILES; ++t)
-                    cacc[t][0] = cacc[t][1] = cacc[t][2] = cacc[t][3] = 0.0f;
-            }
-            // x at this thread's 32 codes where they belong to column g's group, else 0.
-            const int code0 = pos * 128 + 32 * c;
-            int column = code0 >> group_shift;
+                if (pos == 0) cacc[0] = cacc[1] = cacc[2] = cacc[3] = 0.0f;  // a super-block starts
+                // x at this thread's 32 codes where they belong to column g's group, else 0.
+                const int code0 = pos * 128 + 32 * c;
+                int column = code0 >> group_shift;
 #ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
-            // mutant: a group's last 32 codes are added into the next group
-            if (((code0 + 32) & (group_size - 1)) == 0 && column + 1 < 8 &&
-                8 * sup + column + 1 < groups)
-                column += 1;
+                // mutant: a group's last 32 codes are added into the next group
+                if (((code0 + 32) & (group_size - 1)) == 0 && column + 1 < 8 &&
+                    8 * sup + column + 1 < groups)
+                    column += 1;
 #endif
-            const uint4* xs = column == g ? xb : zero_s;
-            xb += 16;
-            unsigned xr[16];
+                const uint4* xs = column == g ? xb : zero_s;
+                xb += 16;
+                unsigned xr[16];
 #pragma unroll
-            for (int v = 0; v < 4; ++v) {
-                const uint4 q = xs[v];
-                xr[4 * v] = q.x;
-                xr[4 * v + 1] = q.y;
-                xr[4 * v + 2] = q.z;
-                xr[4 * v + 3] = q.w;
-            }
+                for (int v = 0; v < 4; ++v) {
+                    const uint4 q = xs[v];
+                    xr[4 * v] = q.x;
+                    xr[4 * v + 1] = q.y;
+                    xr[4 * v + 2] = q.z;
+                    xr[4 * v + 3] = q.w;
+                }
+                const unsigned* wa = reinterpret_cast<const unsigned*>(&cur[0]);
+                const unsigned* wb = reinterpret_cast<const unsigned*>(&cur[1]);
 #pragma unroll
-            for (int s = 0; s < 8; ++s) {
-                const int wi = s >> 1, p = (s & 1) * 2;  // word, first nibble of the pair
-                // fragment order: xr[4 wi + p] = x at codes (8wi+p, 8wi+p+4), xr[4 wi + p + 1]
-                // = x at (8wi+p+1, 8wi+p+5): the codes of a[0], a[1] and of a[2], a[3].
-                const unsigned b0 = xr[4 * wi + p], b1 = xr[4 * wi + p + 1];
-#pragma unroll
-                for (int t = 0; t < TILES; ++t) {
-                    const unsigned* wa = reinterpret_cast<const unsigned*>(&cur[2 * t]);
-                    const unsigned* wb = reinterpret_cast<const unsigned*>(&cur[2 * t + 1]);
+                for (int s = 0; s < 8; ++s) {
+                    const int wi = s >> 1, p = (s & 1) * 2;  // word, first nibble of the pair
+                    // fragment order: xr[4 wi + p] = x at codes (8wi+p, 8wi+p+4), xr[4 wi + p
+                    // + 1] = x at (8wi+p+1, 8wi+p+5): the codes of a[0], a[1] and a[2], a[3].
+                    const unsigned b0 = xr[4 * wi + p], b1 = xr[4 * wi + p + 1];
                     unsigned a[4];
                     a[0] = kpmma::nibble_pair<T>(wa[wi], 4 * p);      // row g,   (p, p+4)
                     a[1] = kpmma::nibble_pair<T>(wb[wi], 4 * p);      // row g+8, (p, p+4)
                     a[2] = kpmma::nibble_pair<T>(wa[wi], 4 * p + 4);  // row g,   (p+1, p+5)
                     a[3] = kpmma::nibble_pair<T>(wb[wi], 4 * p + 4);  // row g+8, (p+1, p+5)
-                    kpmma::Mma<T>::mma(cacc[t], a, b0, b1);
+                    kpmma::Mma<T>::mma(cacc, a, b0, b1);
                 }
-            }
-            if (pos == bps - 1 || i == n - 1) {
-                // Fold: C[row][col] is sum q x over group 8 sup + col of this super-block.
+                const int bi = STEP * i + j;
+                if (pos == bps - 1 || bi == n - 1) {
+                    // Fold: C[row][col] is sum q x over group 8 sup + col of this super-block.
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int grp = 8 * sup + 2 * c + j;
-                    if (grp >= groups) continue;
+                    for (int jj = 0; jj < 2; ++jj) {
+                        const int grp = 8 * sup + 2 * c + jj;
+                        if (grp >= groups) continue;
 #ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
-                    if (grp == groups - 1) continue;
+                        if (grp == groups - 1) continue;
 #endif
-                    const float xsum = xsum_s[grp];
+                        const float xsum = xsum_s[grp];
 #pragma unroll
-                    for (int k = 0; k < R; ++k) {
-                        const float q_x = cacc[k >> 1][2 * (k & 1) + j];
-                        const int at = (16 * (k >> 1) + g + 8 * (k & 1)) * groups + grp;
-                        const float scale = T::to_f32(scale_s[at]);
+                        for (int h = 0; h < 2; ++h) {
+                            const float q_x = cacc[2 * h + jj];
+                            const int at = (16 * tile + g + 8 * h) * groups + grp;
+                            const float scale = T::to_f32(scale_s[at]);
 #ifdef KPARITY_MUTANT_DROP_BIAS
-                        acc[k] = fmaf(scale, q_x, acc[k]);
+                            acc[h] = fmaf(scale, q_x, acc[h]);
 #else
-                        const float bias = T::to_f32(bias_s[at]);
-                        acc[k] = fmaf(scale, q_x, fmaf(bias, xsum, acc[k]));
+                            const float bias = T::to_f32(bias_s[at]);
+                            acc[h] = fmaf(scale, q_x, fmaf(bias, xsum, acc[h]));
 #endif
+                        }
                     }
                 }
-            }
-            if (++pos == bps) {
-                pos = 0;
-                ++sup;
+                if (++pos == bps) {
+                    pos = 0;
+                    ++sup;
+                }
             }
         }
         kpmma::copy_async_wait<0>();  // no copy outlives the block (its shared memory)
 #ifndef KPARITY_DIAG_EARLY_DEPENDENTS
-        // Only now let the next kernel's blocks be scheduled: let in at the top, their waiting
-        // blocks cost llama3-8b-up 1.3 us (17.1 us with PDL, 15.8 without, H100).
+        // Only now let the next kernel's blocks be scheduled (let in at the top, their waiting
+        // blocks cost the 32-row version 1.3 us at llama3-8b-up; this one 0.0-0.1 us, H100:
+        // benchmarks/h100-2026-11-24-steps/mma.log, `_early`).
         pdl_launch_dependents();
 #endif
         // The quad's 4 threads hold disjoint groups of the same rows: add them (fixed order).
 #pragma unroll
-        for (int k = 0; k < R; ++k) {
-            acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 1);
-            acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 2);
+        for (int h = 0; h < 2; ++h) {
+            acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
+            acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 2);
         }
         if (c == 0) {
-#pragma unroll
-            for (int k = 0; k < R; ++k) partial[warp][16 * (k >> 1) + g + 8 * (k & 1)] = acc[k];
+            partial[warp][g] = acc[0];
+            partial[warp][g + 8] = acc[1];
         }
         __syncthreads();
-        if (threadIdx.x < 16 * TILES && row0 + (int)threadIdx.x < out_dim) {
-            float v = partial[0][threadIdx.x];
-            for (int j = 1; j < warps; ++j) v += partial[j][threadIdx.x];
-            T::store(out, row0 + threadIdx.x, v);
+        // Row r of the block: its tile's K parts added in part order.
+        if (tid < 16 * tiles && block_row0 + tid < out_dim) {
+            const int t = tid >> 4, r = tid & 15;
+            float v = partial[t][r];
+            for (int q = 1; q < parts; ++q) v += partial[q * tiles + t][r];
+            T::store(out, block_row0 + tid, v);
         }
     }
 }
