@@ -69,10 +69,10 @@ __global__ void __launch_bounds__(128) read_tiles(const uint4* __restrict__ w, i
 }
 '''
 
+from read_ceiling import graph_seconds  # noqa: E402  (scripts/ is this script's directory)
+
 SHAPES = {"llama3-8b-up": (14336, 2048), "llama3-8b-down": (4096, 7168),
           "qwen2.5-32b-up": (27648, 2560)}
-CALLS = 64
-
 
 def main() -> None:
     import cupy
@@ -106,17 +106,10 @@ def main() -> None:
                 for hint in (0, 1):
                     k = module.get_function(f"read_tiles<{r}, {hint}>")
                     grid = -(-warps // 4)
-                    with timer.stream():
-                        calls = [lambda buf=buf: launch(
-                            k, (grid, 1, 1), (128, 1, 1),
-                            (buf, np.int32(rows), np.int32(row_bytes), np.int32(split), sink),
-                            pdl=True) for buf in bufs]
-                        for c in calls:
-                            c()
-                        replay = timer.sequence([calls[i % sets] for i in range(CALLS)])
-                    replay()
-                    times = sorted(timer.elapsed(replay) / CALLS for _ in range(11))
-                    t = times[len(times) // 2]
+                    t = graph_seconds(timer, [lambda buf=buf: launch(
+                        k, (grid, 1, 1), (128, 1, 1),
+                        (buf, np.int32(rows), np.int32(row_bytes), np.int32(split), sink),
+                        pdl=True) for buf in bufs], repeats=11)
                     gbps = nbytes / t / 1e9
                     print(f"{label:15s} {r:2d} rows x {b:4d} B  split {split:2d}  warps {warps:5d}"
                           f"  L2::128B {hint}  {t * 1e6:7.2f} us  {gbps:5.0f} GB/s"

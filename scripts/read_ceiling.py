@@ -38,6 +38,18 @@ SIZES = {"llama3-8b-up/down (int4 g64, bytes of the op)": 33_070_000,
 CALLS = 64
 
 
+def graph_seconds(timer, calls: list, repeats: int) -> float:
+    """Median seconds per call of a graph of CALLS launches cycling over `calls` (one per
+    buffer set: graph_rot's protocol), replayed `repeats` times after a warm-up replay."""
+    with timer.stream():
+        for c in calls:
+            c()
+        replay = timer.sequence([calls[i % len(calls)] for i in range(CALLS)])
+    replay()
+    times = sorted(timer.elapsed(replay) / CALLS for _ in range(repeats))
+    return times[len(times) // 2]
+
+
 def main() -> None:
     import cupy
 
@@ -58,16 +70,9 @@ def main() -> None:
         for blocks_per_sm in (8, 16):
             grid = min(sms * blocks_per_sm, -(-n // 256))
             for pdl in (False, True):
-                with timer.stream():
-                    calls = [lambda b=b: launch(k, (grid, 1, 1), (256, 1, 1),
-                                                (b, np.int64(n), sink), pdl=pdl)
-                             for b in bufs]
-                    for c in calls:
-                        c()
-                    replay = timer.sequence([calls[i % sets] for i in range(CALLS)])
-                replay()
-                times = sorted(timer.elapsed(replay) / CALLS for _ in range(15))
-                t = times[len(times) // 2]
+                t = graph_seconds(timer, [lambda b=b: launch(k, (grid, 1, 1), (256, 1, 1),
+                                                             (b, np.int64(n), sink), pdl=pdl)
+                                          for b in bufs], repeats=15)
                 gbps = nbytes / t / 1e9
                 print(f"{label:48s} grid {grid:5d} pdl={pdl!s:5}  {t * 1e6:8.2f} us  "
                       f"{gbps:6.0f} GB/s  {100 * gbps / copy:5.1f} % of copy")
