@@ -107,26 +107,32 @@ def test_ctrl_c_during_a_hung_case_leaves_no_worker(tmp_path, monkeypatch):
     hanging = tmp_path / "hanging"  # the worker creates it as the hung case starts (faults.py)
     monkeypatch.setenv("KPARITY_FAULT_HANG_MARK", str(hanging))
     stop = threading.Event()
+    seen = []  # what the watcher did, for the failure message
 
     def interrupt_once_hung():  # the 4th case (bf16 tiny) hangs: Ctrl-C while it runs
-        # Sent to the main thread, where a terminal's Ctrl-C is handled; polling the journal
-        # for the rows before the hang instead left the run uninterrupted in some full-suite
-        # runs (cause not found), so the trigger is the hung case itself.
+        # to the main thread, where a terminal's Ctrl-C is handled
         while not stop.wait(0.05):
             if hanging.exists():
+                seen.append("saw the hung case start")
                 stop.wait(0.5)
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                seen.append("sent SIGINT to the main thread")
                 return
 
     watcher = threading.Thread(target=interrupt_once_hung, daemon=True)
     watcher.start()
+    interrupted = False
     try:
-        with pytest.raises(KeyboardInterrupt):
-            main(["--store", str(store), "--plugin", FAULTS, "check", "--impl",
-                  "torch:fault_hang", *CASES, "--isolate", "case", "--case-timeout", "60"])
+        main(["--store", str(store), "--plugin", FAULTS, "check", "--impl",
+              "torch:fault_hang", *CASES, "--isolate", "case", "--case-timeout", "60"])
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         stop.set()
         watcher.join()
+    # Known intermittent failure in full-suite runs (both with this trigger and with an earlier
+    # one polling the journal): the sweep runs on to the case's timeout; cause not found yet.
+    assert interrupted, f"no KeyboardInterrupt; the watcher: {seen or 'never saw the hang'}"
     assert_no_workers()
     assert Counter(r["status"] for r in rows(store)) == {"pass": 3}  # written before the hang
 
