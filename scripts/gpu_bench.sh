@@ -89,6 +89,8 @@ mma)
   V="--plugin scripts/kp_variants.py"
   echo "\$ python3 scripts/access_pattern.py" >> "$LOG"
   python3 scripts/access_pattern.py >> "$LOG" 2>&1
+  echo "\$ python3 scripts/mma_trace.py" >> "$LOG"
+  python3 scripts/mma_trace.py >> "$LOG" 2>&1
   run $V bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma,cuda:kp_qgemv_mma_s2,cuda:kp_qgemv_mma_s3,cuda:kp_qgemv_mma_p2,cuda:kp_qgemv_mma_p4,cuda:kp_qgemv_mma_p8,cuda:kp_qgemv_mma_t1,cuda:kp_qgemv_mma_t2,cuda:kp_qgemv_mma_t4,cuda:kp_qgemv_mma_early,cuda:kp_qgemv_mma_nopdl --min-time 0.1
   run $V bench --no-verify --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv_mma_diag_load_only --min-time 0.1
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1

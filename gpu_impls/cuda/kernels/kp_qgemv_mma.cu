@@ -53,6 +53,16 @@
 // scales and biases, 2 in bytes of x, 64 zero bytes (x where a lane is outside its column),
 // 4 groups bytes of sums.
 //
+// Where the time goes (H100 bf16 llama3-8b-up; scripts/mma_trace.py, which builds this file with
+// KPARITY_DIAG_TRACE, and ncu; benchmarks/h100-2026-11-24-trace): the first step lands ~4.8 us
+// after the start; then a warp takes ~2 us to compute a step, about what the memory takes to
+// deliver the next (~2.2 us), so the last step's math (~1.9 us) and the blocks' uneven ends
+// (~1 us) are what the copies alone do not pay. Over the kernel a scheduler issues ~0.5
+// instructions a cycle with 3.5 warps, most stalls waiting on dependent ALU results; the 4
+// blocks of a step are unrolled (1-2 % faster than a loop). Tried and equal or slower: two
+// accumulator chains, shifts as multiply-highs (IMAD.HI: 8-12 % slower), the last 4 blocks as
+// two steps of 2, steps 1 .. STAGES - 2 copied only after x landed.
+//
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
 //
@@ -65,6 +75,25 @@
 #include "common.cuh"
 
 #define KPM_MAX_WARPS 16
+
+#ifdef KPARITY_DIAG_TRACE
+// Timing diagnostic (scripts/mma_trace.py): lane 0 of each warp records when its phases end.
+// Per warp: [0] globaltimer at the start, [1] SM, [2] its steps, [3] clock64 at the start (after
+// the wait for the kernels before), [4] x landed, [5] the prologue done, [6 + 2 i] step i
+// landed, [7 + 2 i] step i computed (i < KPM_TRACE_STEPS), [38] the end, [39] globaltimer then.
+#define KPM_TRACE_STEPS 16
+#define KPM_TRACE_EVENTS 40
+#define KPM_TRACE_WARPS 16384
+__device__ long long kpm_trace[KPM_TRACE_WARPS][KPM_TRACE_EVENTS];
+#define KPM_MARK(e, v) \
+    if (lane == 0 && trace_warp < KPM_TRACE_WARPS) kpm_trace[trace_warp][e] = (v)
+#define KPM_CLOCK(e) KPM_MARK(e, clock64())
+#define KPM_STEP_CLOCK(e) if (i < KPM_TRACE_STEPS) KPM_CLOCK(e)
+#else
+#define KPM_STEP_CLOCK(e)
+#define KPM_MARK(e, v)
+#define KPM_CLOCK(e)
+#endif
 
 namespace kpmma {
 
@@ -158,6 +187,18 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         const int lane = threadIdx.x & 31, tile = threadIdx.x >> 5, tiles = blockDim.x >> 5;
         const int part = threadIdx.y, parts = blockDim.y;
         const int warp = part * tiles + tile;
+#ifdef KPARITY_DIAG_TRACE
+        const int trace_warp = blockIdx.x * tiles * parts + warp;
+        {
+            long long now;
+            unsigned sm;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            KPM_MARK(0, now);
+            KPM_MARK(1, sm);
+            KPM_CLOCK(3);
+        }
+#endif
         const int g = lane >> 2, c = lane & 3;
         const int block_row0 = blockIdx.x * 16 * tiles;
         const int row0 = block_row0 + 16 * tile;  // this warp's 16 rows
@@ -172,6 +213,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         const int b_end = min((part + 1) * chunks / parts * chunk, blocks);
         const int n = b_end - b_begin;           // this warp's blocks
         const int steps = (n + STEP - 1) / STEP;
+        KPM_MARK(2, steps);
 
         // Dynamic shared memory: every warp's STAGES stages (16 rows x 16 vectors, swizzled:
         // vector u of row r at u ^ 4 (r & 1), so the 8 lanes of a quarter warp reading rows
@@ -242,6 +284,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         if (tid < 4) zero_s[tid] = make_uint4(0u, 0u, 0u, 0u);
         kpmma::copy_async_wait<STAGES - 1>();  // x has landed (the weight groups may not have)
         __syncthreads();
+        KPM_CLOCK(4);
         // Each group's sum of x (8 fixed chains), and its vectors put in fragment order: the
         // 8 values x0..x7 of a vector as the words (x0, x4), (x1, x5), (x2, x6), (x3, x7), which
         // are b0, b1 of mma steps with p = 0 and p = 2 (see the math below).
@@ -260,6 +303,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                           ((partsum[4] + partsum[5]) + (partsum[6] + partsum[7]));
         }
         __syncthreads();
+        KPM_CLOCK(5);
 
         float acc[2] = {0.0f, 0.0f};  // rows g, g + 8
         float cacc[4];
@@ -273,11 +317,13 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
             // step i + STAGES - 1.
             kpmma::copy_async_wait<STAGES - 2>();
             __syncwarp();
+            KPM_STEP_CLOCK(6 + 2 * i);
             const int slot = i % STAGES;
             if (i + STAGES - 1 < steps) copy_step((i + STAGES - 1) % STAGES, i + STAGES - 1);
             kpmma::copy_async_commit();
             const uint4* cur_s = stage_s + slot * 256;
-            const int nb = min(STEP, n - STEP * i);
+            const int nb = min(STEP, n - STEP * i);  // <= STEP: unrolled, guarded
+#pragma unroll
             for (int j = 0; j < nb; ++j) {
                 uint4 cur[2];
                 cur[0] = cur_s[g * 16 + ((4 * j + c) ^ swz)];
@@ -355,6 +401,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                     ++sup;
                 }
             }
+            KPM_STEP_CLOCK(7 + 2 * i);
         }
         kpmma::copy_async_wait<0>();  // no copy outlives the block (its shared memory)
 #ifndef KPARITY_DIAG_EARLY_DEPENDENTS
@@ -381,5 +428,13 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
             for (int q = 1; q < parts; ++q) v += partial[q * tiles + t][r];
             T::store(out, block_row0 + tid, v);
         }
+#ifdef KPARITY_DIAG_TRACE
+        KPM_CLOCK(38);
+        {
+            long long now;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            KPM_MARK(39, now);
+        }
+#endif
     }
 }
