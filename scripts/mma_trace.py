@@ -58,9 +58,12 @@ def summarize(trace: np.ndarray, warps_per_block: int, ns_per_clock: float) -> l
 
 def main() -> None:
     import cupy
+    import ml_dtypes
 
     from gpu_impls.cuda import gemv
-    from gpu_impls.cuda._module import _source, KERNEL_DIR, launch, name_expression
+    from gpu_impls.cuda._module import kernel as compiled_kernel
+    from gpu_impls.cuda._module import launch
+    from gpu_impls.cuda._module import module as compiled_module
     from gpu_impls.cuda._timer import CupyTimer
 
     timer = CupyTimer()
@@ -73,27 +76,22 @@ def main() -> None:
         sets = max(2, -(-4 * timer.l2_bytes() // nbytes))
         rng = np.random.default_rng(0)
         groups = in_dim // 64
-        bufs = []
-        for _ in range(sets):
-            w = cupy.asarray(rng.integers(0, 2**32, size=nbytes // 4, dtype=np.uint32))
-            sc = cupy.asarray((rng.random(out_dim * groups, dtype=np.float32) * 0.01 + 0.001)
-                              .view(np.uint32) >> 16).astype(cupy.uint16)
-            bi = cupy.asarray((-rng.random(out_dim * groups, dtype=np.float32) * 0.05)
-                              .view(np.uint32) >> 16).astype(cupy.uint16)
-            bufs.append((w, sc, bi))
-        x = cupy.asarray((rng.standard_normal(in_dim, dtype=np.float32) / np.sqrt(in_dim))
-                         .view(np.uint32) >> 16).astype(cupy.uint16)
+
+        def bf16_bits(values):  # the kernel takes bf16 as its 16 bits
+            return cupy.asarray(values.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+        bufs = [(cupy.asarray(rng.integers(0, 2**32, size=nbytes // 4, dtype=np.uint32)),
+                 bf16_bits(rng.random(out_dim * groups) * 0.01 + 0.001),
+                 bf16_bits(-rng.random(out_dim * groups) * 0.05)) for _ in range(sets)]
+        x = bf16_bits(rng.standard_normal(in_dim) / np.sqrt(in_dim))
         out = cupy.zeros(out_dim, dtype=cupy.uint16)
         print(f"{label} ({out_dim} x {in_dim}, int4 g64, bf16): grid {geo.grid[0]} blocks of "
               f"{warps_per_block} warps, {stages} stages; times in us from each block's start, "
               f"p10 / p50 / p90 over blocks")
         for variant, defines in VARIANTS.items():
-            expression = name_expression("kp_qgemv_mma", "bf16", (stages,))
-            module = cupy.RawModule(code=_source(gemv.MMA), name_expressions=[expression],
-                                    options=("-std=c++17", f"-I{KERNEL_DIR}",
-                                             *(f"-D{d}" for d in defines)))
-            kernel = module.get_function(expression)
-            trace_ptr = module.get_global("kpm_trace")
+            kernel = compiled_kernel(gemv.MMA, "kp_qgemv_mma", "bf16", defines, (stages,))
+            trace_ptr = compiled_module(gemv.MMA, "kp_qgemv_mma", "bf16", defines,
+                                        (stages,)).get_global("kpm_trace")
             for w, sc, bi in bufs * 3:  # the last launch's trace is read
                 launch(kernel, geo.grid, geo.block,
                        (w, sc, bi, x, out, np.int32(out_dim), np.int32(in_dim), np.int32(64)),

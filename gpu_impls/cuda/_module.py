@@ -38,17 +38,24 @@ def name_expression(name: str, dtype: str, template_args: tuple = ()) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def module(source_file: str, name: str, dtype: str, defines: tuple = (),
+           template_args: tuple = ()):
+    """The `cupy.RawModule` holding `name<TRAIT[dtype], *template_args>` from
+    `kernels/source_file` (its `get_global` reads a kernel's `__device__` variables)."""
+    import cupy
+
+    return cupy.RawModule(
+        code=_source(source_file),
+        options=("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines)),
+        name_expressions=[name_expression(name, dtype, template_args)])
+
+
+@functools.lru_cache(maxsize=None)
 def kernel(source_file: str, name: str, dtype: str, defines: tuple = (),
            template_args: tuple = ()):
     """The `cupy.RawKernel` for `name<TRAIT[dtype], *template_args>` from `kernels/source_file`."""
-    import cupy
-
-    expression = name_expression(name, dtype, template_args)
-    module = cupy.RawModule(
-        code=_source(source_file),
-        options=("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines)),
-        name_expressions=[expression])
-    return module.get_function(expression)
+    return module(source_file, name, dtype, defines, template_args).get_function(
+        name_expression(name, dtype, template_args))
 
 
 # --- launching, optionally as a programmatic dependent launch ----------------------------------
