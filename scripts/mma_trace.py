@@ -5,8 +5,9 @@ phase ends (x landed, prologue done, each step landed and computed, the end) and
 its start and end (`kpm_trace` in the .cu). This script launches it at the issue's shapes over
 rotating buffers (weights never in L2 from the launch before), reads the trace of the last
 launch and prints, per shape, the kernel's span and the phases' times from each block's start:
-the median over a block's warps, then the 10th / 50th / 90th percentile over blocks. With
-`_diag_load_only` (copies without the math) beside it, the gap is where the math shows.
+the median over a block's warps, then the 10th / 50th / 90th percentile over blocks. Beside
+it: `subtract` (always the subtraction path, KPARITY_DIAG_SUBTRACT) and `load_only` (copies
+without the math): the gaps are what the fast path saves and where the math shows.
 
     PYTHONPATH=. python3 scripts/mma_trace.py     # on a CUDA machine, from the checkout
 """
@@ -19,6 +20,7 @@ SHAPES = {"llama3-8b-up": (14336, 4096), "llama3-8b-down": (4096, 14336),
           "qwen2.5-32b-up": (27648, 5120)}
 EVENTS = 40
 VARIANTS = {"math": ("KPARITY_DIAG_TRACE",),
+            "subtract": ("KPARITY_DIAG_TRACE", "KPARITY_DIAG_SUBTRACT"),
             "load_only": ("KPARITY_DIAG_TRACE", "KPARITY_DIAG_LOAD_ONLY")}
 
 

@@ -140,3 +140,51 @@ def test_pdl_launch_reads_what_the_kernel_before_it_wrote():
         ref = xi / cupy.sqrt((xi * xi).mean(axis=1, keepdims=True) + 1e-6)
         err = float(cupy.abs(out - ref).max())
         assert err < 1e-5, f"round {i}: max |out - ref| = {err} (read a stale input?)"
+
+
+def _with_x(inputs: dict, dtype: str, kind: str) -> dict:
+    """The case's inputs with x moved into or out of kp_qgemv_mma's fast-path window."""
+    import numpy as np
+
+    from oracle.dtypes import round_to
+
+    x = inputs["x"].astype(np.float64)
+    if kind == "subnormal":  # bf16: a subnormal x leaves the window; f16: one inside it
+        x[0] = 2.0 ** -130 if dtype == "bf16" else 2.0 ** -20
+    elif kind == "wide":     # bf16: |x| spanning 2^100; f16: |x| >= 4096
+        x[1], x[2] = (2.0 ** 60, 2.0 ** -40) if dtype == "bf16" else (8192.0, -0.25)
+    return {**inputs, "x": round_to(x, dtype)}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("kind", ["in_window", "subnormal", "wide"])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_kp_qgemv_mma_exact_paths(dtype, kind, group):
+    """kp_qgemv_mma reads the codes without the bf16/f16 subtraction when every nonzero |x| lies
+    in a window (its docstring), else through (BASE + q) - BASE. Both are within the oracle's
+    bound on x inside and outside the window, and the fast path equals the subtraction path
+    (built with KPARITY_DIAG_SUBTRACT) bit for bit: it is the same sum scaled by 2^(k - TINY)."""
+    import numpy as np
+
+    from cases.model import Case, make_inputs
+    from gpu_impls.cuda._module import mutant
+    from runners.correctness import run_impl
+    from runners.metrics import compare
+
+    be = gpu_impls.backend("cuda")
+    impl = gpu_impls.impls()["cuda:kp_qgemv_mma"]
+    subtract = mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_subtract", "KPARITY_DIAG_SUBTRACT")
+    case = Case.make("dequant_gemv", {"out": 24, "in": 1536, "bits": 4, "group_size": group},
+                     dtype)
+    inputs = _with_x(make_inputs(case), dtype, kind)
+    exact, ref = case.spec.reference(inputs, case)
+    bound = case.spec.tolerance(inputs, exact, case)["out"]
+    out = run_impl(impl, be, case, inputs)["out"]
+    verdict = compare(out, ref["out"], exact["out"], bound, dtype, case.spec.inf_may_be_nan)
+    assert verdict["budget"] <= 1.0 and verdict["nonfinite_mismatch"] == 0, (
+        f"kp_qgemv_mma, x {kind}, {dtype} g{group}: budget {verdict['budget']:.3g}")
+    slow = run_impl(subtract, be, case, inputs)["out"]
+    differ = np.flatnonzero(out.view(np.uint16) != slow.view(np.uint16))
+    assert differ.size == 0, (f"x {kind}, {dtype} g{group}: fast and subtraction paths differ "
+                              f"at rows {differ[:8].tolist()}: {out[differ[:4]]} vs {slow[differ[:4]]}")

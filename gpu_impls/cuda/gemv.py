@@ -25,7 +25,9 @@ Impls and their dispatch contracts (checked before any launch; every rule has a 
   codes per row, a chunk inside one group) follow from the layout: G in {32, 64, 128} is a
   multiple of 32 and 16, and in % G == 0. Rows past `out` are bounds-checked, so any out.
 * `cuda:kp_qgemv_mma` (kparity, tensor cores, the bandwidth kernel): int4 codes exact in f16 /
-  bf16 A fragments of mma.m16n8k16, f32 accumulation, groups as B's 8 columns; a warp owns 16
+  bf16 A fragments of mma.m16n8k16 (the masked word read as q 2^-TINY, x pre-scaled by a power
+  of two, where x's range allows; else (BASE + q) - BASE: the two agree bit for bit), f32
+  accumulation, groups as B's 8 columns; a warp owns 16
   rows and one of `parts` K runs, a block `tiles` x `parts` warps; weights streamed through
   shared memory by a warp's cp.async pipeline of STAGES steps (16 rows x 256 bytes each, two
   contiguous 256-byte runs a copy instruction), x (in fragment order) and the group sums of x
@@ -302,7 +304,8 @@ _mma = _aligned(MMA, "kp_qgemv_mma",
 
 register(
     cuda_impl("kp_qgemv_mma", "dequant_gemv", MMA_CONTRACT, _mma,
-              "kparity tensor-core GEMV: int4 codes exact in f16/bf16 A fragments, x in B "
+              "kparity tensor-core GEMV: int4 codes exact in f16/bf16 A fragments (no "
+              "subtraction where x's range allows), x in B "
               "split by group over the 8 columns, f32 accumulation, scales per group after; "
               "K split over warps, cp.async weight pipeline, x in shared memory, PDL; "
               "f16/bf16, in % 128, in <= 16384"),

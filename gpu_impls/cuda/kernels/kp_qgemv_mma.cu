@@ -9,11 +9,22 @@
 // per code (shift, LOP3, subtract, two codes per 32-bit register); the main loop is ~2.2 SASS
 // instructions per code in all.
 //
-// Exactness. A = codes q as T: (MAGIC | q) is the T value BASE + q exactly (bf16 128 + q,
-// f16 1024 + q), and subtracting BASE (sub.rn.{bf16,f16}x2) gives q exactly. B = x in T, exact.
-// Every product q * x is exact in f32 and the tensor core accumulates in f32; the scale and
-// bias are applied in f32 per group after the products, as the algebraic split of the seed's
-// fast kernels. The bound of oracle/gemv.py (f32 accumulation over `in` terms) covers it.
+// Exactness. Two exact paths; the block picks one from x's range (the same in every block).
+// Subtraction path: A = codes q as T: (MAGIC | q) is the T value BASE + q exactly (bf16
+// 128 + q, f16 1024 + q), and subtracting BASE (sub.rn.{bf16,f16}x2) gives q exactly; B = x.
+// Fast path, no subtraction: a T bit pattern below 2^(mantissa bits + 1) is that integer times
+// 2^-TINY (bf16 2^-133, f16 2^-24: subnormals and the first binade), so the masked word itself
+// is A = q 2^-TINY (low nibble of a half) or 16 q 2^-TINY (high nibble): 5 instructions per 8
+// codes instead of 11. B = x 2^k (low-nibble slots) and x 2^(k - 4) (high-nibble slots), staged
+// once per block, so every product is q x 2^(k - TINY), and the fold multiplies the sums by
+// 2^(TINY - k). Where x lies in the window of Mma::fast (bf16: all nonzero |x| normal, below
+// 2^114, within 2^90 of each other; f16: |x| < 4096) every B is exact and every nonzero product
+// a normal f32 at least 2^28 above the smallest normal, so the tensor core computes the same
+// sums scaled by a power of two: the two paths agree bit for bit (tests/test_gpu.py, on x in and
+// out of the window; KPARITY_DIAG_SUBTRACT forces the subtraction path). Every product q x is
+// exact in f32 and the tensor core accumulates in f32; the scale and bias are applied in f32
+// per group after the products, as the algebraic split of the seed's fast kernels. The bound
+// of oracle/gemv.py (f32 accumulation over `in` terms) covers it.
 //
 // Fragments. A warp owns one m16 tile (16 rows) and walks K in blocks of 128 codes (64 bytes
 // per row): the quad thread c = lane % 4 reads 16 bytes (32 codes) of rows g = lane / 4 and
@@ -54,14 +65,19 @@
 // 4 groups bytes of sums.
 //
 // Where the time goes (H100 bf16 llama3-8b-up; scripts/mma_trace.py, which builds this file with
-// KPARITY_DIAG_TRACE, and ncu; benchmarks/h100-2026-11-24-trace): the first step lands ~4.8 us
-// after the start; then a warp takes ~2 us to compute a step, about what the memory takes to
-// deliver the next (~2.2 us), so the last step's math (~1.9 us) and the blocks' uneven ends
-// (~1 us) are what the copies alone do not pay. Over the kernel a scheduler issues ~0.5
-// instructions a cycle with 3.5 warps, most stalls waiting on dependent ALU results; the 4
-// blocks of a step are unrolled (1-2 % faster than a loop). Tried and equal or slower: two
-// accumulator chains, shifts as multiply-highs (IMAD.HI: 8-12 % slower), the last 4 blocks as
-// two steps of 2, steps 1 .. STAGES - 2 copied only after x landed.
+// KPARITY_DIAG_TRACE, and ncu; benchmarks/h100-2026-11-24-trace, -subnormal): the first step
+// lands ~4.5 us after the start; then a warp takes ~1.5 us to compute a step on the fast path
+// (~2 us subtracting), close to what the memory takes to deliver the next (~2.2 us), so the
+// last step's math and the blocks' uneven ends (~1 us) are what the copies alone do not pay.
+// Over the kernel a scheduler issued ~0.5 instructions a cycle with 3.5 warps (subtraction
+// path), most stalls waiting on dependent ALU results; the 4 blocks of a step are unrolled
+// (1-2 % faster than a loop). Tried and equal or slower: two accumulator chains (twice), shifts
+// as multiply-highs (IMAD.HI: 8-12 % slower), the last 4 blocks as two steps of 2, steps
+// 1 .. STAGES - 2 copied only after x landed, each step's copies from one pointer and a row
+// stride (1-4 % slower), the weight, scale and bias copies issued before the wait for the
+// kernel before (0-12 % slower with PDL, 7-19 % without). Static shared memory is exactly
+// `partial` (1024 bytes): 16 bytes more put the dynamic stages off their 1024-byte alignment
+// and cost 2.5-3.5 us at the bench shapes.
 //
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
@@ -71,7 +87,7 @@
 // scales and biases; rows past `out` read the last row's codes and store nothing. Launched as a
 // programmatic dependent launch: it waits for the kernels before it before any load, and lets
 // the next one in after its main loop. Test-only mutants (tests/mutants.py):
-// KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS, _SKIP_LAST_GROUP.
+// KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS, _SKIP_LAST_GROUP (on both paths).
 #include "common.cuh"
 
 #define KPM_MAX_WARPS 16
@@ -114,6 +130,46 @@ struct Mma {
             asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(MAGIC));
         return r;
     }
+    // Codes without the subtraction (the fast path): a bit pattern P < 2^(mantissa bits + 1) of T
+    // is P 2^-TINY exactly (exponent field 0 or 1: bf16 P < 0x100, TINY = 133; f16 P < 0x800,
+    // TINY = 24), so w & 0x000F000F holds two codes as q 2^-TINY and w & 0x00F000F0 two as
+    // q 2^(4 - TINY), each one LOP3 from the packed word.
+    static constexpr int TINY = IS_BF16<T> ? 133 : 24;
+    // The fast path's x: B = x 2^k in the low nibbles' k slots, x 2^(k - 4) in the high ones, so
+    // every product is q x 2^(k - TINY). Where `fast`: every nonzero |x| in a window where these
+    // B values are exact T and every nonzero product is a normal f32 at least 2^28 above the
+    // smallest normal (what a tensor core might flush is far below the f32 bound); the sums
+    // then scale back by `unscale` = 2^(TINY - k) exactly. hi, lo: the largest and the smallest
+    // nonzero |x| bit patterns of the whole x. Else the subtraction path runs.
+    //   bf16: all nonzero |x| normal, below 2^114, within 2^90 of each other; k = 252 - the
+    //     largest exponent field (B < 2^126; products >= 2^(-8 - 90) = 2^-98).
+    //   f16: |x| < 4096 (16 x exact, finite); k = 4 (products >= 2^-24 2^-20, normal).
+    static __device__ __forceinline__ bool fast(unsigned hi, unsigned lo) {
+        if constexpr (IS_BF16<T>)
+            return hi == 0 || (lo >= 0x80u && hi < (241u << 7) && (hi >> 7) - (lo >> 7) <= 90u);
+        else
+            return hi < 0x6C00u;
+    }
+    static __device__ __forceinline__ int k(unsigned hi) {
+        return IS_BF16<T> ? 252 - (int)(hi >> 7) : 4;
+    }
+    static __device__ __forceinline__ float unscale(unsigned hi) {  // 2^(TINY - k)
+        return IS_BF16<T> ? __uint_as_float(((hi >> 7) + 8u) << 23) : 1048576.0f;
+    }
+    // Both halves of `pair` times 2^e, exact under `fast` (bf16: add to the exponent field).
+    static __device__ __forceinline__ unsigned scaled(unsigned pair, int e) {
+        unsigned out = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            unsigned short v = (unsigned short)(pair >> (16 * h));
+            if constexpr (IS_BF16<T>)
+                v = (v & 0x7FFFu) ? (unsigned short)(v + (e << 7)) : v;
+            else
+                v = F16::from_f32(F16::to_f32(v) * (float)(1 << e));
+            out |= (unsigned)v << (16 * h);
+        }
+        return out;
+    }
     // c += A (16 x 16, T) B (16 x 8, T), f32 accumulation.
     static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1) {
@@ -149,24 +205,34 @@ __device__ __forceinline__ void copy_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
-// T x 2 of nibbles (p, p + 4) of `word` (p = shift / 4): the exact codes.
-template <typename T>
-__device__ __forceinline__ unsigned nibble_pair(unsigned word, int shift) {
-    unsigned m;
+// A packed word as the kernel reads it (the identity, but for a test-only mutant).
+__device__ __forceinline__ unsigned codes_word(unsigned word) {
 #ifdef KPARITY_MUTANT_NIBBLE_ORDER  // mutant: nibbles of a word read in reverse order
     word = __byte_perm(word, 0u, 0x0123);
     word = ((word >> 4) & 0x0F0F0F0Fu) | ((word & 0x0F0F0F0Fu) << 4);
 #endif
-    const unsigned v = word >> shift;
+    return word;
+}
+
+// T x 2 of nibbles (p, p + 4) of `word` (p = shift / 4): the exact codes (subtraction path).
+template <typename T>
+__device__ __forceinline__ unsigned nibble_pair(unsigned word, int shift) {
+    unsigned m;
+    const unsigned v = codes_word(word) >> shift;
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(m) : "r"(v), "r"(0x000F000Fu),
         "r"(Mma<T>::MAGIC));  // (v & mask) | magic
     return Mma<T>::codes(m);
 }
 
+template <bool B>
+struct Flag {
+    static constexpr bool value = B;
+};
+
 }  // namespace kpmma
 
 template <typename T, int STAGES>
-__global__ void __launch_bounds__(32 * KPM_MAX_WARPS)
+__global__ void __maxnreg__(96)  // 20 warps an SM (gemv.py MMA_WARPS_PER_SM); blocks <= 16
 kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
              const typename T::storage* __restrict__ biases,
              const typename T::storage* __restrict__ x, typename T::storage* __restrict__ out,
@@ -282,12 +348,48 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
             kpmma::copy_async_commit();
         }
         if (tid < 4) zero_s[tid] = make_uint4(0u, 0u, 0u, 0u);
+        // The largest and the smallest nonzero |x| bit patterns, in `partial` (used only at the
+        // end): static shared memory stays 1024 bytes, so the dynamic stages keep their
+        // 1024-byte alignment (16 bytes more cost 2.5 us at llama3-8b-up, H100).
+        unsigned* x_range = reinterpret_cast<unsigned*>(&partial[0][0]);
+        if (tid == 0) {
+            x_range[0] = 0u;
+            x_range[1] = 0xFFFFu;
+        }
         kpmma::copy_async_wait<STAGES - 1>();  // x has landed (the weight groups may not have)
         __syncthreads();
         KPM_CLOCK(4);
+        {  // x's range decides the path (the same in every block: all read the whole x)
+            unsigned hi = 0u, lo = 0xFFFFu;
+            for (int v = tid; v < in_dim / 8; v += threads) {
+                const uint4 vec = x_s[v];
+                const unsigned w[4] = {vec.x, vec.y, vec.z, vec.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const unsigned a = (w[e >> 1] >> (16 * (e & 1))) & 0x7FFFu;
+                    hi = max(hi, a);
+                    lo = a ? min(lo, a) : lo;
+                }
+            }
+            hi = __reduce_max_sync(0xffffffffu, hi);
+            lo = __reduce_min_sync(0xffffffffu, lo);
+            if (lane == 0) {
+                atomicMax(&x_range[0], hi);
+                atomicMin(&x_range[1], lo);
+            }
+        }
+        __syncthreads();
+#ifndef KPARITY_DIAG_SUBTRACT
+        const bool fast = kpmma::Mma<T>::fast(x_range[0], x_range[1]);
+#else
+        const bool fast = false;  // timing diagnostic: always the subtraction path
+#endif
+        const int k_lo = kpmma::Mma<T>::k(x_range[0]);
+        const float unscale = fast ? kpmma::Mma<T>::unscale(x_range[0]) : 1.0f;
         // Each group's sum of x (8 fixed chains), and its vectors put in fragment order: the
         // 8 values x0..x7 of a vector as the words (x0, x4), (x1, x5), (x2, x6), (x3, x7), which
-        // are b0, b1 of mma steps with p = 0 and p = 2 (see the math below).
+        // are b0, b1 of mma steps with p = 0 and p = 2 (see the math below); on the fast path
+        // scaled by 2^k (b0: low nibbles) and 2^(k - 4) (b1: high nibbles).
         for (int grp = tid; grp < groups; grp += threads) {
             float partsum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             for (int v = 0; v < group_size / 8; ++v) {
@@ -296,8 +398,16 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                 Vec<T>::unpack(vec, f);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) partsum[k] += f[k];
-                vec = make_uint4(__byte_perm(vec.x, vec.z, 0x5410), __byte_perm(vec.x, vec.z, 0x7632),
-                                 __byte_perm(vec.y, vec.w, 0x5410), __byte_perm(vec.y, vec.w, 0x7632));
+                uint4 frag = make_uint4(__byte_perm(vec.x, vec.z, 0x5410),
+                                        __byte_perm(vec.x, vec.z, 0x7632),
+                                        __byte_perm(vec.y, vec.w, 0x5410),
+                                        __byte_perm(vec.y, vec.w, 0x7632));
+                if (fast)
+                    frag = make_uint4(kpmma::Mma<T>::scaled(frag.x, k_lo),
+                                      kpmma::Mma<T>::scaled(frag.y, k_lo - 4),
+                                      kpmma::Mma<T>::scaled(frag.z, k_lo),
+                                      kpmma::Mma<T>::scaled(frag.w, k_lo - 4));
+                vec = frag;
             }
             xsum_s[grp] = ((partsum[0] + partsum[1]) + (partsum[2] + partsum[3])) +
                           ((partsum[4] + partsum[5]) + (partsum[6] + partsum[7]));
@@ -310,99 +420,115 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         int sup = b_begin / bps, pos = 0;  // super-block of the current block, its place in it
         const uint4* xb = x_s + (size_t)b_begin * 16 + 4 * c;  // x of the block at this lane's codes
         const int swz = (g & 1) << 2;      // rows g and g + 8 have the same swizzle
-        for (int i = 0; i < steps; ++i) {
-            // Step i is copy group i + 1: wait until at most STAGES - 2 younger ones are in
-            // flight; the warp's barrier makes every lane's copies visible to all and ends
-            // every lane's reads of the slot taken last iteration, which is refilled with
-            // step i + STAGES - 1.
-            kpmma::copy_async_wait<STAGES - 2>();
-            __syncwarp();
-            KPM_STEP_CLOCK(6 + 2 * i);
-            const int slot = i % STAGES;
-            if (i + STAGES - 1 < steps) copy_step((i + STAGES - 1) % STAGES, i + STAGES - 1);
-            kpmma::copy_async_commit();
-            const uint4* cur_s = stage_s + slot * 256;
-            const int nb = min(STEP, n - STEP * i);  // <= STEP: unrolled, guarded
-#pragma unroll
-            for (int j = 0; j < nb; ++j) {
-                uint4 cur[2];
-                cur[0] = cur_s[g * 16 + ((4 * j + c) ^ swz)];
-                cur[1] = cur_s[(g + 8) * 16 + ((4 * j + c) ^ swz)];
-#ifdef KPARITY_DIAG_LOAD_ONLY
-                // timing diagnostic (wrong results): the copies and their reads, none of the math
-#pragma unroll
-                for (int k = 0; k < 2; ++k)
-                    acc[k] += __uint_as_float((cur[k].x ^ cur[k].y ^ cur[k].z ^ cur[k].w) & 0x3fffffu);
-                continue;
-#endif
-                if (pos == 0) cacc[0] = cacc[1] = cacc[2] = cacc[3] = 0.0f;  // a super-block starts
-                // x at this thread's 32 codes where they belong to column g's group, else 0.
-                const int code0 = pos * 128 + 32 * c;
-                int column = code0 >> group_shift;
-#ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
-                // mutant: a group's last 32 codes are added into the next group
-                if (((code0 + 32) & (group_size - 1)) == 0 && column + 1 < 8 &&
-                    8 * sup + column + 1 < groups)
-                    column += 1;
-#endif
-                const uint4* xs = column == g ? xb : zero_s;
-                xb += 16;
-                unsigned xr[16];
-#pragma unroll
-                for (int v = 0; v < 4; ++v) {
-                    const uint4 q = xs[v];
-                    xr[4 * v] = q.x;
-                    xr[4 * v + 1] = q.y;
-                    xr[4 * v + 2] = q.z;
-                    xr[4 * v + 3] = q.w;
-                }
-                const unsigned* wa = reinterpret_cast<const unsigned*>(&cur[0]);
-                const unsigned* wb = reinterpret_cast<const unsigned*>(&cur[1]);
-#pragma unroll
-                for (int s = 0; s < 8; ++s) {
-                    const int wi = s >> 1, p = (s & 1) * 2;  // word, first nibble of the pair
-                    // fragment order: xr[4 wi + p] = x at codes (8wi+p, 8wi+p+4), xr[4 wi + p
-                    // + 1] = x at (8wi+p+1, 8wi+p+5): the codes of a[0], a[1] and a[2], a[3].
-                    const unsigned b0 = xr[4 * wi + p], b1 = xr[4 * wi + p + 1];
-                    unsigned a[4];
-                    a[0] = kpmma::nibble_pair<T>(wa[wi], 4 * p);      // row g,   (p, p+4)
-                    a[1] = kpmma::nibble_pair<T>(wb[wi], 4 * p);      // row g+8, (p, p+4)
-                    a[2] = kpmma::nibble_pair<T>(wa[wi], 4 * p + 4);  // row g,   (p+1, p+5)
-                    a[3] = kpmma::nibble_pair<T>(wb[wi], 4 * p + 4);  // row g+8, (p+1, p+5)
-                    kpmma::Mma<T>::mma(cacc, a, b0, b1);
-                }
-                const int bi = STEP * i + j;
-                if (pos == bps - 1 || bi == n - 1) {
-                    // Fold: C[row][col] is sum q x over group 8 sup + col of this super-block.
-#pragma unroll
-                    for (int jj = 0; jj < 2; ++jj) {
-                        const int grp = 8 * sup + 2 * c + jj;
-                        if (grp >= groups) continue;
-#ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
-                        if (grp == groups - 1) continue;
-#endif
-                        const float xsum = xsum_s[grp];
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const float q_x = cacc[2 * h + jj];
-                            const int at = (16 * tile + g + 8 * h) * groups + grp;
-                            const float scale = T::to_f32(scale_s[at]);
-#ifdef KPARITY_MUTANT_DROP_BIAS
-                            acc[h] = fmaf(scale, q_x, acc[h]);
-#else
-                            const float bias = T::to_f32(bias_s[at]);
-                            acc[h] = fmaf(scale, q_x, fmaf(bias, xsum, acc[h]));
-#endif
+        // The main loop, on one of the two exact paths (`fast`: codes without the subtraction).
+        auto main_loop = [&](auto path) {
+            for (int i = 0; i < steps; ++i) {
+                // Step i is copy group i + 1: wait until at most STAGES - 2 younger ones are in
+                // flight; the warp's barrier makes every lane's copies visible to all and ends
+                // every lane's reads of the slot taken last iteration, which is refilled with
+                // step i + STAGES - 1.
+                kpmma::copy_async_wait<STAGES - 2>();
+                __syncwarp();
+                KPM_STEP_CLOCK(6 + 2 * i);
+                const int slot = i % STAGES;
+                if (i + STAGES - 1 < steps) copy_step((i + STAGES - 1) % STAGES, i + STAGES - 1);
+                kpmma::copy_async_commit();
+                const uint4* cur_s = stage_s + slot * 256;
+                const int nb = min(STEP, n - STEP * i);  // <= STEP: unrolled, guarded
+    #pragma unroll
+                for (int j = 0; j < nb; ++j) {
+                    uint4 cur[2];
+                    cur[0] = cur_s[g * 16 + ((4 * j + c) ^ swz)];
+                    cur[1] = cur_s[(g + 8) * 16 + ((4 * j + c) ^ swz)];
+    #ifdef KPARITY_DIAG_LOAD_ONLY
+                    // timing diagnostic (wrong results): the copies and their reads, none of the math
+    #pragma unroll
+                    for (int k = 0; k < 2; ++k)
+                        acc[k] += __uint_as_float((cur[k].x ^ cur[k].y ^ cur[k].z ^ cur[k].w) & 0x3fffffu);
+                    continue;
+    #endif
+                    if (pos == 0) cacc[0] = cacc[1] = cacc[2] = cacc[3] = 0.0f;  // a super-block starts
+                    // x at this thread's 32 codes where they belong to column g's group, else 0.
+                    const int code0 = pos * 128 + 32 * c;
+                    int column = code0 >> group_shift;
+    #ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
+                    // mutant: a group's last 32 codes are added into the next group
+                    if (((code0 + 32) & (group_size - 1)) == 0 && column + 1 < 8 &&
+                        8 * sup + column + 1 < groups)
+                        column += 1;
+    #endif
+                    const uint4* xs = column == g ? xb : zero_s;
+                    xb += 16;
+                    unsigned xr[16];
+    #pragma unroll
+                    for (int v = 0; v < 4; ++v) {
+                        const uint4 q = xs[v];
+                        xr[4 * v] = q.x;
+                        xr[4 * v + 1] = q.y;
+                        xr[4 * v + 2] = q.z;
+                        xr[4 * v + 3] = q.w;
+                    }
+                    const unsigned* wa = reinterpret_cast<const unsigned*>(&cur[0]);
+                    const unsigned* wb = reinterpret_cast<const unsigned*>(&cur[1]);
+    #pragma unroll
+                    for (int s = 0; s < 8; ++s) {
+                        const int wi = s >> 1, p = (s & 1) * 2;  // word, first nibble of the pair
+                        // fragment order: xr[4 wi + p] = x at codes (8wi+p, 8wi+p+4), xr[4 wi + p
+                        // + 1] = x at (8wi+p+1, 8wi+p+5): the codes of a[0], a[1] and a[2], a[3].
+                        const unsigned b0 = xr[4 * wi + p], b1 = xr[4 * wi + p + 1];
+                        unsigned a[4];
+                        if constexpr (decltype(path)::value) {  // codes q 2^-TINY, 16 q 2^-TINY
+                            const unsigned va = kpmma::codes_word(wa[wi]) >> (4 * p);
+                            const unsigned vb = kpmma::codes_word(wb[wi]) >> (4 * p);
+                            a[0] = va & 0x000F000Fu;  // row g,   (p, p+4)
+                            a[1] = vb & 0x000F000Fu;  // row g+8, (p, p+4)
+                            a[2] = va & 0x00F000F0u;  // row g,   (p+1, p+5)
+                            a[3] = vb & 0x00F000F0u;  // row g+8, (p+1, p+5)
+                        } else {  // codes q: (BASE + q) - BASE
+                            a[0] = kpmma::nibble_pair<T>(wa[wi], 4 * p);      // row g,   (p, p+4)
+                            a[1] = kpmma::nibble_pair<T>(wb[wi], 4 * p);      // row g+8, (p, p+4)
+                            a[2] = kpmma::nibble_pair<T>(wa[wi], 4 * p + 4);  // row g,   (p+1, p+5)
+                            a[3] = kpmma::nibble_pair<T>(wb[wi], 4 * p + 4);  // row g+8, (p+1, p+5)
+                        }
+                        kpmma::Mma<T>::mma(cacc, a, b0, b1);
+                    }
+                    const int bi = STEP * i + j;
+                    if (pos == bps - 1 || bi == n - 1) {
+                        // Fold: C[row][col] is sum q x over group 8 sup + col of this super-block.
+    #pragma unroll
+                        for (int jj = 0; jj < 2; ++jj) {
+                            const int grp = 8 * sup + 2 * c + jj;
+                            if (grp >= groups) continue;
+    #ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
+                            if (grp == groups - 1) continue;
+    #endif
+                            const float xsum = xsum_s[grp];
+    #pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const float q_x = cacc[2 * h + jj] * unscale;  // exact
+                                const int at = (16 * tile + g + 8 * h) * groups + grp;
+                                const float scale = T::to_f32(scale_s[at]);
+    #ifdef KPARITY_MUTANT_DROP_BIAS
+                                acc[h] = fmaf(scale, q_x, acc[h]);
+    #else
+                                const float bias = T::to_f32(bias_s[at]);
+                                acc[h] = fmaf(scale, q_x, fmaf(bias, xsum, acc[h]));
+    #endif
+                            }
                         }
                     }
+                    if (++pos == bps) {
+                        pos = 0;
+                        ++sup;
+                    }
                 }
-                if (++pos == bps) {
-                    pos = 0;
-                    ++sup;
-                }
+                KPM_STEP_CLOCK(7 + 2 * i);
             }
-            KPM_STEP_CLOCK(7 + 2 * i);
-        }
+        };
+        if (fast)
+            main_loop(kpmma::Flag<true>());
+        else
+            main_loop(kpmma::Flag<false>());
         kpmma::copy_async_wait<0>();  // no copy outlives the block (its shared memory)
 #ifndef KPARITY_DIAG_EARLY_DEPENDENTS
         // Only now let the next kernel's blocks be scheduled (let in at the top, their waiting
