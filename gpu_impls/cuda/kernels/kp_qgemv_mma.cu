@@ -72,10 +72,11 @@
 // Over the kernel a scheduler issued ~0.5 instructions a cycle with 3.5 warps (subtraction
 // path), most stalls waiting on dependent ALU results; the 4 blocks of a step are unrolled
 // (1-2 % faster than a loop). Tried and equal or slower: two accumulator chains (twice), shifts
-// as multiply-highs (IMAD.HI: 8-12 % slower), the last 4 blocks as two steps of 2, steps
-// 1 .. STAGES - 2 copied only after x landed, each step's copies from one pointer and a row
-// stride (1-4 % slower), the weight, scale and bias copies issued before the wait for the
-// kernel before (0-12 % slower with PDL, 7-19 % without). Static shared memory is exactly
+// as multiply-highs (IMAD.HI: 8-12 % slower), the last 4 blocks as two steps of 2 (and again
+// on the fast path, as 2 or 4 steps: 0-5 % slower), steps 1 .. STAGES - 2 copied only after x
+// landed, each step's copies from one pointer and a row stride (1-4 % slower), the weight,
+// scale and bias copies issued before the wait for the kernel before (0-12 % slower with
+// PDL, 7-19 % without). Static shared memory is exactly
 // `partial` (1024 bytes): 16 bytes more put the dynamic stages off their 1024-byte alignment
 // and cost 2.5-3.5 us at the bench shapes.
 //
