@@ -67,7 +67,7 @@
 // Where the time goes (H100 bf16 llama3-8b-up; scripts/mma_trace.py, which builds this file with
 // KPARITY_DIAG_TRACE, and ncu; benchmarks/h100-2026-11-24-trace, -subnormal): the first step
 // lands ~4.5 us after the start; then a warp takes ~1.5 us to compute a step on the fast path
-// (~2 us subtracting), close to what the memory takes to deliver the next (~2.2 us), so the
+// (~1.7 us subtracting), close to what the memory takes to deliver the next (~2.2 us), so the
 // last step's math and the blocks' uneven ends (~1 us) are what the copies alone do not pay.
 // Over the kernel a scheduler issued ~0.5 instructions a cycle with 3.5 warps (subtraction
 // path), most stalls waiting on dependent ALU results; the 4 blocks of a step are unrolled
@@ -77,8 +77,9 @@
 // landed, each step's copies from one pointer and a row stride (1-4 % slower), the weight,
 // scale and bias copies issued before the wait for the kernel before (0-12 % slower with
 // PDL, 7-19 % without). Static shared memory is exactly
-// `partial` (1024 bytes): 16 bytes more put the dynamic stages off their 1024-byte alignment
-// and cost 2.5-3.5 us at the bench shapes.
+// `partial` (1024 bytes): 16 bytes more moved the dynamic stages 16 bytes off the 1024-byte
+// boundary they start on and cost 3.3-4.7 us at the bench shapes (which alignment the copies
+// need was not isolated).
 //
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
@@ -350,8 +351,8 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         }
         if (tid < 4) zero_s[tid] = make_uint4(0u, 0u, 0u, 0u);
         // The largest and the smallest nonzero |x| bit patterns, in `partial` (used only at the
-        // end): static shared memory stays 1024 bytes, so the dynamic stages keep their
-        // 1024-byte alignment (16 bytes more cost 2.5 us at llama3-8b-up, H100).
+        // end): static shared memory stays 1024 bytes, so the dynamic stages keep starting on a
+        // 1024-byte boundary (16 bytes more cost 3.3 us at llama3-8b-up, H100).
         unsigned* x_range = reinterpret_cast<unsigned*>(&partial[0][0]);
         if (tid == 0) {
             x_range[0] = 0u;
