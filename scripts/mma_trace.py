@@ -10,9 +10,12 @@ it: `subtract` (always the subtraction path, KPARITY_DIAG_SUBTRACT) and `load_on
 without the math): the gaps are what the fast path saves and where the math shows.
 
     PYTHONPATH=. python3 scripts/mma_trace.py     # on a CUDA machine, from the checkout
+    KPM_DUMP=$OUT PYTHONPATH=. python3 scripts/mma_trace.py   # also saves each raw trace (.npy)
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -110,6 +113,8 @@ def main() -> None:
             print(f" {variant}: span {span_ns / 1e3:.2f} us on {sms} SMs ({1 / ns_per_clock:.2f} "
                   f"GHz); block starts p50/max {np.median(starts):.2f}/{starts.max():.2f} us, "
                   f"ends p10/p50/max {_pct(ends, 10):.2f}/{_pct(ends, 50):.2f}/{ends.max():.2f}")
+            if os.environ.get("KPM_DUMP"):  # a folder: the raw trace, for per-warp analysis
+                np.save(f"{os.environ['KPM_DUMP']}/{label}-{variant}.npy", trace)
             for line in summarize(trace, warps_per_block, ns_per_clock):
                 print(line)
         del bufs
