@@ -180,11 +180,14 @@ def test_kp_qgemv_mma_exact_paths(dtype, kind, group):
     inputs = _with_x(make_inputs(case), dtype, kind)
     exact, ref = case.spec.reference(inputs, case)
     bound = case.spec.tolerance(inputs, exact, case)["out"]
+    repro = (f"repro: python3 -m pytest -m gpu tests/test_gpu.py -k "
+             f"'test_kp_qgemv_mma_exact_paths and {dtype} and {kind} and {group}'")
     out = run_impl(impl, be, case, inputs)["out"]
     verdict = compare(out, ref["out"], exact["out"], bound, dtype, case.spec.inf_may_be_nan)
     assert verdict["budget"] <= 1.0 and verdict["nonfinite_mismatch"] == 0, (
-        f"kp_qgemv_mma, x {kind}, {dtype} g{group}: budget {verdict['budget']:.3g}")
+        f"kp_qgemv_mma, case {case.id} with x {kind}: budget {verdict['budget']:.3g}\n{repro}")
     slow = run_impl(subtract, be, case, inputs)["out"]
     differ = np.flatnonzero(out.view(np.uint16) != slow.view(np.uint16))
-    assert differ.size == 0, (f"x {kind}, {dtype} g{group}: fast and subtraction paths differ "
-                              f"at rows {differ[:8].tolist()}: {out[differ[:4]]} vs {slow[differ[:4]]}")
+    assert differ.size == 0, (
+        f"case {case.id} with x {kind}: fast and subtraction paths differ at rows "
+        f"{differ[:8].tolist()}: {out[differ[:4]]} vs {slow[differ[:4]]}\n{repro}")

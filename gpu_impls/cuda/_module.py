@@ -148,8 +148,8 @@ def cuda_impl(name: str, op: str, contract, make, doc: str, **fields):
 
 
 def mutant(impl_id: str, name: str, define: str):
-    """A test-only copy of `impl_id` (same op and contract) named `name`, its kernels compiled
-    with `-D{define}` (KPARITY_MUTANT_DROP_EPS, _ROUND_BEFORE_WEIGHT or _SKIP_LANE)."""
+    """A copy of `impl_id` (same op and contract) named `name`, its kernels compiled with
+    `-D{define}`: a test mutant (KPARITY_MUTANT_*) or a timing diagnostic (KPARITY_DIAG_*)."""
     impl, make = _MAKERS[impl_id]
     return dataclasses.replace(impl, name=name, run=make((define,)),
                                doc=f"test mutant of {impl_id}, compiled with -D{define}")

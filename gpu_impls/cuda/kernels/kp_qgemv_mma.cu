@@ -420,7 +420,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         float acc[2] = {0.0f, 0.0f};  // rows g, g + 8
         float cacc[4];
         int sup = b_begin / bps, pos = 0;  // super-block of the current block, its place in it
-        const uint4* xb = x_s + (size_t)b_begin * 16 + 4 * c;  // x of the block at this lane's codes
+        const uint4* xb = x_s + (size_t)b_begin * 16 + 4 * c;  // the block's x at this lane's codes
         const int swz = (g & 1) << 2;      // rows g and g + 8 have the same swizzle
         // The main loop, on one of the two exact paths (`fast`: codes without the subtraction).
         auto main_loop = [&](auto path) {
@@ -437,32 +437,34 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                 kpmma::copy_async_commit();
                 const uint4* cur_s = stage_s + slot * 256;
                 const int nb = min(STEP, n - STEP * i);  // <= STEP: unrolled, guarded
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < nb; ++j) {
                     uint4 cur[2];
                     cur[0] = cur_s[g * 16 + ((4 * j + c) ^ swz)];
                     cur[1] = cur_s[(g + 8) * 16 + ((4 * j + c) ^ swz)];
-    #ifdef KPARITY_DIAG_LOAD_ONLY
-                    // timing diagnostic (wrong results): the copies and their reads, none of the math
-    #pragma unroll
+#ifdef KPARITY_DIAG_LOAD_ONLY
+                    // timing diagnostic (wrong results): the copies and their reads, no math
+#pragma unroll
                     for (int k = 0; k < 2; ++k)
-                        acc[k] += __uint_as_float((cur[k].x ^ cur[k].y ^ cur[k].z ^ cur[k].w) & 0x3fffffu);
+                        acc[k] += __uint_as_float((cur[k].x ^ cur[k].y ^ cur[k].z ^ cur[k].w)
+                                                  & 0x3fffffu);
                     continue;
-    #endif
-                    if (pos == 0) cacc[0] = cacc[1] = cacc[2] = cacc[3] = 0.0f;  // a super-block starts
+#endif
+                    if (pos == 0)  // a super-block starts
+                        cacc[0] = cacc[1] = cacc[2] = cacc[3] = 0.0f;
                     // x at this thread's 32 codes where they belong to column g's group, else 0.
                     const int code0 = pos * 128 + 32 * c;
                     int column = code0 >> group_shift;
-    #ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
+#ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
                     // mutant: a group's last 32 codes are added into the next group
                     if (((code0 + 32) & (group_size - 1)) == 0 && column + 1 < 8 &&
                         8 * sup + column + 1 < groups)
                         column += 1;
-    #endif
+#endif
                     const uint4* xs = column == g ? xb : zero_s;
                     xb += 16;
                     unsigned xr[16];
-    #pragma unroll
+#pragma unroll
                     for (int v = 0; v < 4; ++v) {
                         const uint4 q = xs[v];
                         xr[4 * v] = q.x;
@@ -472,7 +474,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                     }
                     const unsigned* wa = reinterpret_cast<const unsigned*>(&cur[0]);
                     const unsigned* wb = reinterpret_cast<const unsigned*>(&cur[1]);
-    #pragma unroll
+#pragma unroll
                     for (int s = 0; s < 8; ++s) {
                         const int wi = s >> 1, p = (s & 1) * 2;  // word, first nibble of the pair
                         // fragment order: xr[4 wi + p] = x at codes (8wi+p, 8wi+p+4), xr[4 wi + p
@@ -497,25 +499,25 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                     const int bi = STEP * i + j;
                     if (pos == bps - 1 || bi == n - 1) {
                         // Fold: C[row][col] is sum q x over group 8 sup + col of this super-block.
-    #pragma unroll
+#pragma unroll
                         for (int jj = 0; jj < 2; ++jj) {
                             const int grp = 8 * sup + 2 * c + jj;
                             if (grp >= groups) continue;
-    #ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
+#ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
                             if (grp == groups - 1) continue;
-    #endif
+#endif
                             const float xsum = xsum_s[grp];
-    #pragma unroll
+#pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 const float q_x = cacc[2 * h + jj] * unscale;  // exact
                                 const int at = (16 * tile + g + 8 * h) * groups + grp;
                                 const float scale = T::to_f32(scale_s[at]);
-    #ifdef KPARITY_MUTANT_DROP_BIAS
+#ifdef KPARITY_MUTANT_DROP_BIAS
                                 acc[h] = fmaf(scale, q_x, acc[h]);
-    #else
+#else
                                 const float bias = T::to_f32(bias_s[at]);
                                 acc[h] = fmaf(scale, q_x, fmaf(bias, xsum, acc[h]));
-    #endif
+#endif
                             }
                         }
                     }
