@@ -21,6 +21,9 @@
 #   bash scripts/gpu_bench.sh pdl-family  the rest of the RMSNorm A/Bs after the PDL change: HBM
 #     shapes against torch.compile, per-head against eager, residual and add against both
 #     (with `eager` and `pdl`: every issue-3 A/B on the shipped launch)
+#   bash scripts/gpu_bench.sh mlx-cuda  issue 4: MLX on CUDA (mlx + mlx-cuda-13 importable, see
+#     scripts/mlx_cuda_install.sh): the gate of mlx:quantized_matmul (f32) on the GPU, then MLX's
+#     quantized_matmul at bf16 beside kp_qgemv_mma and dense F.linear at the issue's shapes
 #   bash scripts/gpu_bench.sh mma       issue 4 after the kp_qgemv_mma rewrite: read-only access
 #     patterns (scripts/access_pattern.py), its stages / K parts / tiles choices, its load-only time, its subtraction path, the GEMV family at the issue's shapes (bf16), A/B of kp_qgemv_mma against dense bf16
 #     F.linear and against kp_qgemv (the full GPU gate runs as its own call before it)
@@ -96,6 +99,12 @@ mma)
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1
   run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
   run ab cuda:kp_qgemv cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
+  ;;
+mlx-cuda)
+  python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" >> "$LOG" 2>&1
+  run check --op dequant_gemv --impl mlx:quantized_matmul --isolate none
+  run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl mlx:quantized_matmul_half,cuda:kp_qgemv_mma,torch:linear_dense --min-time 0.2
+  run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype f32 --impl mlx:quantized_matmul,cuda:kp_qgemv --min-time 0.2
   ;;
 pdl-family)
   run ab torch:rms_norm_compiled cuda:kp_rms_norm --preset hbm $T

@@ -351,3 +351,20 @@ def test_rotating_sets_keep_their_own_fresh_outputs():
     calls[0]()
     assert made[0]() is None                       # set 0's old output freed, not the others'
     assert all(ref() is not None for ref in made[1:])
+
+
+def test_mlx_gpu_copy_ceiling_cancels_the_eval_sync(monkeypatch):
+    """On an MLX GPU the copy ceiling is the difference of an eval of COPIES copies and an eval
+    of one (the eval's sync cancelled; one copy an eval read ~30 % of the CUDA-event ceiling on
+    an H100). Here the GPU branch runs on MLX CPU, its device type faked: it moves COPIES - 1
+    copies' bytes and the difference of the two evals' times is positive."""
+    mx = pytest.importorskip("mlx.core")
+    from gpu_impls.mlx import _timer
+
+    class FakeGpu:
+        type = mx.gpu
+
+    monkeypatch.setattr(mx, "default_device", lambda: FakeGpu())
+    c = _timer.MlxTimer().ceilings()
+    assert c["copy_bytes"] == 2 * (128 << 20) * (_timer.COPIES - 1)
+    assert c["copy_gbps"] > 0

@@ -76,10 +76,15 @@
 // on the fast path, as 2 or 4 steps: 0-5 % slower), steps 1 .. STAGES - 2 copied only after x
 // landed, each step's copies from one pointer and a row stride (1-4 % slower), the weight,
 // scale and bias copies issued before the wait for the kernel before (0-12 % slower with
-// PDL, 7-19 % without). Static shared memory is exactly
-// `partial` (1024 bytes): 16 bytes more moved the dynamic stages 16 bytes off the 1024-byte
-// boundary they start on and cost 3.3-4.7 us at the bench shapes (which alignment the copies
-// need was not isolated).
+// PDL, 7-19 % without); and (benchmarks/h100-2026-11-24-mlx-cuda/experiments.log) steps of 2
+// blocks (16 rows x 128 bytes) with 6 stages or with twice the warps (0-11 % slower, the
+// copies alone 2-5 %), a step held in registers so its slot is refilled before the math (the
+// copies alone 1 % faster, with the math 2-6 % slower at 125 registers), one accumulator chain
+// per block of a step (4-8 % slower), the fold's scales and biases swizzled free of the 8-way
+// bank conflicts ncu counts at llama3-8b-up and the prologue's x pass rotated (no gain). Static
+// shared memory is exactly `partial` (1024 bytes): 16 bytes more moved the dynamic stages 16
+// bytes off the 1024-byte boundary they start on and cost 3.3-4.7 us at the bench shapes
+// (which alignment the copies need was not isolated).
 //
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
