@@ -24,6 +24,9 @@
 #   bash scripts/gpu_bench.sh mlx-cuda  issue 4: MLX on CUDA (mlx + mlx-cuda-13 importable, see
 #     scripts/mlx_cuda_install.sh): the gate of mlx:quantized_matmul (f32) on the GPU, then MLX's
 #     quantized_matmul at bf16 beside kp_qgemv_mma and dense F.linear at the issue's shapes
+#   bash scripts/gpu_bench.sh targets   issue 4's speed targets on this GPU: the GEMV family's bench
+#     (kp_qgemv_mma, its copies only, kp_qgemv, dense bf16 F.linear) and kp_qgemv_mma against dense
+#     F.linear in an A/B, at the issue's shapes
 #   bash scripts/gpu_bench.sh mma       issue 4 after the kp_qgemv_mma rewrite: read-only access
 #     patterns (scripts/access_pattern.py), its stages / K parts / tiles choices, its load-only time, its subtraction path, the GEMV family at the issue's shapes (bf16), A/B of kp_qgemv_mma against dense bf16
 #     F.linear and against kp_qgemv (the full GPU gate runs as its own call before it)
@@ -99,6 +102,11 @@ mma)
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1
   run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
   run ab cuda:kp_qgemv cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
+  ;;
+targets)
+  run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv_mma,cuda:kp_qgemv,torch:linear_dense --min-time 0.2
+  run --plugin scripts/kp_variants.py bench --no-verify --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma_diag_load_only --min-time 0.2
+  run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
   ;;
 mlx-cuda)
   python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" >> "$LOG" 2>&1
