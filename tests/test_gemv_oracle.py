@@ -299,7 +299,6 @@ def test_subnormal_arithmetic_is_within_the_bound():
     assert (ftz > 1e6 * plain).all() and (plain > 2.0 ** -149).all()
 
 
-
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_mlx_half_quantized_matmul_is_a_timed_baseline_near_the_contract(dtype):
     """mlx:quantized_matmul_half, MLX's GEMV at the speed target's dtypes, is a report-only speed

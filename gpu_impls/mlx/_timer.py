@@ -45,8 +45,9 @@ class MlxTimer(Timer):
         # One eval costs a sync (~0.2 ms on MLX CUDA, H100: one copy an eval read 889-918 GB/s
         # against 2967-3004 from CUDA events, benchmarks/h100-2026-11-24-mlx-cuda). On a GPU the
         # ceiling is therefore the difference of an eval of COPIES copies and one of a single
-        # copy: COPIES - 1 copies, the sync cancelled. On the CPU the sync is nothing next to a
-        # 128 MiB copy: one copy an eval.
+        # copy: COPIES - 1 copies, the sync cancelled (should noise make that difference
+        # non-positive, all COPIES copies over the one eval's time, the sync counted in). On
+        # the CPU the sync is nothing next to a 128 MiB copy: one copy an eval.
         def best(copies: int) -> float:
             def run():
                 mx.eval([src + i for i in range(copies)])  # each reads and writes every element
@@ -56,7 +57,9 @@ class MlxTimer(Timer):
         if mx.default_device().type == mx.cpu:
             seconds, moved = best(1), 2 * src.nbytes
         else:
-            seconds, moved = best(COPIES) - best(1), 2 * src.nbytes * (COPIES - 1)
+            many, one = best(COPIES), best(1)
+            seconds, moved = ((many - one, 2 * src.nbytes * (COPIES - 1)) if many > one
+                              else (many, 2 * src.nbytes * COPIES))
         return {"copy_bytes": moved, "copy_gbps": moved / seconds / 1e9, "gemm": "",
                 "gemm_tflops": None}
 
