@@ -81,7 +81,9 @@
 // copies alone 2-5 %), a step held in registers so its slot is refilled before the math (the
 // copies alone 1 % faster, with the math 2-6 % slower at 125 registers), one accumulator chain
 // per block of a step (4-8 % slower), the fold's scales and biases swizzled free of the 8-way
-// bank conflicts ncu counts at llama3-8b-up and the prologue's x pass rotated (no gain). Static
+// bank conflicts ncu counts at llama3-8b-up and the prologue's x pass rotated (no gain), a
+// pool of the block's steps claimed by whichever warp refills first, partial sums added in a
+// fixed order (the copies alone 2 % faster at llama3-8b-up, the kernel not faster). Static
 // shared memory is exactly `partial` (1024 bytes): 16 bytes more moved the dynamic stages 16
 // bytes off the 1024-byte boundary they start on and cost 3.3-4.7 us at the bench shapes
 // (which alignment the copies need was not isolated).
