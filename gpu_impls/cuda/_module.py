@@ -152,4 +152,4 @@ def mutant(impl_id: str, name: str, define: str):
     `-D{define}`: a test mutant (KPARITY_MUTANT_*) or a timing diagnostic (KPARITY_DIAG_*)."""
     impl, make = _MAKERS[impl_id]
     return dataclasses.replace(impl, name=name, run=make((define,)),
-                               doc=f"test mutant of {impl_id}, compiled with -D{define}")
+                               doc=f"{impl_id} compiled with -D{define}")
