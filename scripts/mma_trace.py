@@ -94,9 +94,9 @@ def main() -> None:
               f"{warps_per_block} warps, {stages} stages; times in us from each block's start, "
               f"p10 / p50 / p90 over blocks")
         for variant, defines in VARIANTS.items():
-            kernel = compiled_kernel(gemv.MMA, "kp_qgemv_mma", "bf16", defines, (stages,))
+            kernel = compiled_kernel(gemv.MMA, "kp_qgemv_mma", "bf16", defines, (stages, 64))
             trace_ptr = compiled_module(gemv.MMA, "kp_qgemv_mma", "bf16", defines,
-                                        (stages,)).get_global("kpm_trace")
+                                        (stages, 64)).get_global("kpm_trace")
             for w, sc, bi in bufs * 3:  # the last launch's trace is read
                 launch(kernel, geo.grid, geo.block,
                        (w, sc, bi, x, out, np.int32(out_dim), np.int32(in_dim), np.int32(64)),

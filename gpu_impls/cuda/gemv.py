@@ -44,7 +44,7 @@ from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.impl import ExactPeer
 from gpu_impls.quant_layout import EXPERT_IN_RANGE, LAYOUT, expert_slabs
-from oracle.quant import BITS
+from oracle.quant import BITS, GROUP_SIZES
 
 SEED = "dequant_gemv.cu"
 KP = "kp_qgemv.cu"
@@ -66,6 +66,7 @@ MMA = "kp_qgemv_mma.cu"
 # blocks of 128 codes) of a warp's rows; STAGES - 1 in flight while one is consumed.
 MMA_STAGES = 2
 MMA_STAGE_CHOICES = (2, 3)  # instantiated, for A/B-ing the choice (scripts/kp_variants.py)
+MMA_GROUPS = GROUP_SIZES  # one instance per group size (LAYOUT): the step laid out at compile time
 MMA_STEP_BLOCKS = 4
 MMA_STAGE_BYTES = 16 * 256
 MMA_MAX_WARPS = 16     # warps per block (KPM_MAX_WARPS): tiles x K parts
@@ -88,7 +89,7 @@ KERNELS = [
     (SEED, "dequant_gemv_int4_fast"),
     (SEED, "dequant_gemv_int4_expert_indexed"),
     (KP, "kp_qgemv", [(b, r) for b in KP_BITS for r in KP_ROWS_CHOICES]),
-    (MMA, "kp_qgemv_mma", [(st,) for st in MMA_STAGE_CHOICES]),
+    (MMA, "kp_qgemv_mma", [(st, g) for st in MMA_STAGE_CHOICES for g in MMA_GROUPS]),
 ]
 
 
@@ -298,7 +299,7 @@ def _kp_rows(d, launch):
 
 _kp = _aligned(KP, "kp_qgemv", _kp_rows, pdl=True)
 _mma = _aligned(MMA, "kp_qgemv_mma",
-                lambda d, launch: (launch.extra["stages"],), pdl=True,
+                lambda d, launch: (launch.extra["stages"], d["group_size"]), pdl=True,
                 vectors=("w", "x", "scales", "biases"))
 
 

@@ -1,5 +1,5 @@
-// kp_qgemv_mma<T, STAGES>: kparity's int4 GEMV on tensor cores (f16 / bf16 activations),
-// built to stream the packed weights at the HBM limit.
+// kp_qgemv_mma<T, STAGES, G>: kparity's int4 GEMV on tensor cores (f16 / bf16 activations),
+// built to stream the packed weights at the HBM limit; one instance per group size G.
 //
 //     out[r] = sum_g ( s[r,g] * sum_{d in g} q[r,d] x[d]  +  b[r,g] * sum_{d in g} x[d] )
 //
@@ -88,11 +88,27 @@
 // bytes off the 1024-byte boundary they start on and cost 3.3-4.7 us at the bench shapes
 // (which alignment the copies need was not isolated).
 //
+// Instructions (H100 bf16, benchmarks/h100-2026-11-24-g-template): with G a template argument
+// the place of each block of a step in its super-block, its x vectors (bit j of a per-lane
+// mask: the lane's codes in column g's group or not) and its stage vectors (two per-lane bases,
+// immediate offsets) are fixed before the loop, so the unrolled step does no address or
+// group arithmetic: ~60 SASS instructions a block (8 HMMA, 6 LDS.128, 40 for the codes),
+// against ~90 when G was a run-time argument; the fold loads scale, bias and x-sum pairs as
+// one word where the group count is even; full steps run unguarded. 2-3 % faster at the
+// issue's shapes. Measured there, and not kept: the math alone (no copies) took 10.3 us at
+// llama3-8b-up with the old loop, so it was the bound beside the memory (12.8 us); an HMMA
+// m16n8k16 has 24.7 cycles of latency and an SM issues at most 0.66 a cycle, so neither the
+// accumulator chain (two chains: no change) nor the tensor pipe is the limit; an L2 bulk
+// prefetch of later steps was 17-27 % slower (its copies alone 7-19 %), the scales and biases
+// copied after the last step (the group sums held in registers) 6-11 % slower (its copies
+// alone 1.3-2.2 us slower), and each row's address as a fixed offset from the warp's first
+// row 2 % slower at llama3-8b-down.
+//
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
 //
 // DISPATCH INVARIANTS (gpu_impls/cuda/gemv.py): int4, T in {f16, bf16}, group_size in
-// {32, 64, 128}, in % 128 == 0, in <= 16384 (x in shared memory), 16-byte aligned w, x,
+// {32, 64, 128} (the instance's G; any other value traps), in % 128 == 0, in <= 16384 (x in shared memory), 16-byte aligned w, x,
 // scales and biases; rows past `out` read the last row's codes and store nothing. Launched as a
 // programmatic dependent launch: it waits for the kernels before it before any load, and lets
 // the next one in after its main loop. Test-only mutants (tests/mutants.py):
@@ -240,12 +256,12 @@ struct Flag {
 
 }  // namespace kpmma
 
-template <typename T, int STAGES>
+template <typename T, int STAGES, int G>
 __global__ void __maxnreg__(96)  // 20 warps an SM (gemv.py MMA_WARPS_PER_SM); blocks <= 16
 kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
              const typename T::storage* __restrict__ biases,
              const typename T::storage* __restrict__ x, typename T::storage* __restrict__ out,
-             int out_dim, int in_dim, int group_size) {
+             int out_dim, int in_dim, int group_size_arg) {
     // Wait for the kernels before this one (the next kernel's blocks are let in at the end of
     // the main loop; see there).
 #ifndef KPARITY_DIAG_EARLY_DEPENDENTS
@@ -277,9 +293,12 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         const int g = lane >> 2, c = lane & 3;
         const int block_row0 = blockIdx.x * 16 * tiles;
         const int row0 = block_row0 + 16 * tile;  // this warp's 16 rows
+        static_assert(G == 32 || G == 64 || G == 128, "group_size: 32, 64 or 128");
+        if (group_size_arg != G) __trap();  // the launcher picks the instance of the case's G
+        constexpr int group_size = G;
+        constexpr int group_shift = G == 32 ? 5 : G == 64 ? 6 : 7;
+        constexpr int bps = G / 16;              // 128-code blocks per super-block of 8 groups
         const int groups = in_dim / group_size;
-        const int group_shift = 31 - __clz(group_size);  // G is a power of two (32, 64, 128)
-        const int bps = group_size / 16;         // 128-code blocks per super-block of 8 groups
         const int blocks = in_dim / 128;
         // K parts: runs of whole chunks (a step and a super-block both divide a chunk).
         const int chunk = max(STEP, bps);
@@ -426,9 +445,20 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
 
         float acc[2] = {0.0f, 0.0f};  // rows g, g + 8
         float cacc[4];
-        int sup = b_begin / bps, pos = 0;  // super-block of the current block, its place in it
-        const uint4* xb = x_s + (size_t)b_begin * 16 + 4 * c;  // the block's x at this lane's codes
-        const int swz = (g & 1) << 2;      // rows g and g + 8 have the same swizzle
+        // Everything a block's loads and its place in a super-block need is fixed per lane or
+        // known at compile time (G, the block j of a step), so the unrolled step does no
+        // address arithmetic. A part starts on a super-block (chunks are whole super-blocks
+        // and steps), so block j of step i is block pos = (4 i + j) % bps of its super-block:
+        // j % bps for G <= 64, 4 (i & 1) + j for G = 128.
+        // Which of the 8 blocks t = 4 (i & 1) + j of two steps have this lane's codes in column
+        // g's group (x from x_s; else the zero vectors): bit t of `mine`.
+        unsigned mine = 0u;
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+            mine |= (unsigned)((((t % bps) * 128 + 32 * c) >> group_shift) == g) << t;
+        // The stage vectors this lane reads: vector 4 j + c of row g (and g + 8, 128 vectors
+        // on), swizzled: (4 j + c) ^ 4 (g & 1) = 4 j + c + 4 (g & 1) (j even), - 4 (g & 1) (odd).
+        const int lane_even = g * 16 + c + 4 * (g & 1), lane_odd = g * 16 + c - 4 * (g & 1);
         // The main loop, on one of the two exact paths (`fast`: codes without the subtraction).
         auto main_loop = [&](auto path) {
             for (int i = 0; i < steps; ++i) {
@@ -442,34 +472,42 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                 const int slot = i % STAGES;
                 if (i + STAGES - 1 < steps) copy_step((i + STAGES - 1) % STAGES, i + STAGES - 1);
                 kpmma::copy_async_commit();
-                const uint4* cur_s = stage_s + slot * 256;
+                const uint4* cur_even = stage_s + slot * 256 + lane_even;
+                const uint4* cur_odd = stage_s + slot * 256 + lane_odd;
+                const int b0_step = b_begin + STEP * i;  // the step's first block
+                const uint4* x_step = x_s + (size_t)b0_step * 16 + 4 * c;
+                const unsigned mine_step = G == 128 ? mine >> (4 * (i & 1)) : mine;
                 const int nb = min(STEP, n - STEP * i);  // <= STEP: unrolled, guarded
-#pragma unroll
-                for (int j = 0; j < nb; ++j) {
+                auto block = [&](const int j) {
+                    const uint4* cur_s = (j & 1) ? cur_odd : cur_even;
                     uint4 cur[2];
-                    cur[0] = cur_s[g * 16 + ((4 * j + c) ^ swz)];
-                    cur[1] = cur_s[(g + 8) * 16 + ((4 * j + c) ^ swz)];
+                    cur[0] = cur_s[4 * j];
+                    cur[1] = cur_s[4 * j + 128];
 #ifdef KPARITY_DIAG_LOAD_ONLY
                     // timing diagnostic (wrong results): the copies and their reads, no math
 #pragma unroll
                     for (int k = 0; k < 2; ++k)
                         acc[k] += __uint_as_float((cur[k].x ^ cur[k].y ^ cur[k].z ^ cur[k].w)
                                                   & 0x3fffffu);
-                    continue;
+                    return;
 #endif
+                    // pos: compile-time for G <= 64; for G = 128, 4 (i & 1) + j
+                    const int pos = G == 128 ? 4 * (i & 1) + j : j % bps;
                     if (pos == 0)  // a super-block starts
                         cacc[0] = cacc[1] = cacc[2] = cacc[3] = 0.0f;
                     // x at this thread's 32 codes where they belong to column g's group, else 0.
-                    const int code0 = pos * 128 + 32 * c;
-                    int column = code0 >> group_shift;
-#ifdef KPARITY_MUTANT_GROUP_OFF_BY_ONE
+#ifndef KPARITY_MUTANT_GROUP_OFF_BY_ONE
+                    const bool x_mine = (mine_step >> j) & 1u;
+#else
                     // mutant: a group's last 32 codes are added into the next group
+                    const int sup = (b0_step + j) / bps, code0 = pos * 128 + 32 * c;
+                    int column = code0 >> group_shift;
                     if (((code0 + 32) & (group_size - 1)) == 0 && column + 1 < 8 &&
                         8 * sup + column + 1 < groups)
                         column += 1;
+                    const bool x_mine = column == g;
 #endif
-                    const uint4* xs = column == g ? xb : zero_s;
-                    xb += 16;
+                    const uint4* xs = x_mine ? x_step + 16 * j : zero_s;
                     unsigned xr[16];
 #pragma unroll
                     for (int v = 0; v < 4; ++v) {
@@ -503,35 +541,64 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
                         }
                         kpmma::Mma<T>::mma(cacc, a, b0, b1);
                     }
-                    const int bi = STEP * i + j;
-                    if (pos == bps - 1 || bi == n - 1) {
+                    if (pos == bps - 1 || STEP * i + j == n - 1) {
                         // Fold: C[row][col] is sum q x over group 8 sup + col of this super-block.
-#pragma unroll
-                        for (int jj = 0; jj < 2; ++jj) {
-                            const int grp = 8 * sup + 2 * c + jj;
-                            if (grp >= groups) continue;
+                        const int sup = (b0_step + j) / bps;
+                        const int grp0 = 8 * sup + 2 * c;
+                        // acc[h] += scale q x + bias sum x of group grp, rows g + 8 h
+                        auto add = [&](int h, int grp, float q_x, float scale, float bias,
+                                       float xsum) {
 #ifdef KPARITY_MUTANT_SKIP_LAST_GROUP
-                            if (grp == groups - 1) continue;
+                            if (grp == groups - 1) return;
 #endif
+#ifdef KPARITY_MUTANT_DROP_BIAS
+                            acc[h] = fmaf(scale, q_x, acc[h]);
+#else
+                            acc[h] = fmaf(scale, q_x, fmaf(bias, xsum, acc[h]));
+#endif
+                        };
+                        if ((groups & 1) == 0 && grp0 + 1 < groups) {
+                            // both groups exist; an even groups count makes the pairs 4-byte
+                            // aligned: one load per pair of scales, biases, sums of x
+                            const float2 xs2 = *reinterpret_cast<const float2*>(&xsum_s[grp0]);
+                            unsigned sp[2], bp[2];
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int at = (16 * tile + g + 8 * h) * groups + grp0;
+                                sp[h] = *reinterpret_cast<const unsigned*>(&scale_s[at]);
+                                bp[h] = *reinterpret_cast<const unsigned*>(&bias_s[at]);
+                            }
+#pragma unroll
+                            for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                                for (int h = 0; h < 2; ++h)
+                                    add(h, grp0 + jj, cacc[2 * h + jj] * unscale,
+                                        T::to_f32((S)(sp[h] >> (16 * jj))),
+                                        T::to_f32((S)(bp[h] >> (16 * jj))), jj ? xs2.y : xs2.x);
+                            return;
+                        }
+#pragma unroll
+                        for (int jj = 0; jj < 2; ++jj) {  // the last super-block, odd groups
+                            const int grp = grp0 + jj;
+                            if (grp >= groups) continue;
                             const float xsum = xsum_s[grp];
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
                                 const float q_x = cacc[2 * h + jj] * unscale;  // exact
                                 const int at = (16 * tile + g + 8 * h) * groups + grp;
-                                const float scale = T::to_f32(scale_s[at]);
-#ifdef KPARITY_MUTANT_DROP_BIAS
-                                acc[h] = fmaf(scale, q_x, acc[h]);
-#else
-                                const float bias = T::to_f32(bias_s[at]);
-                                acc[h] = fmaf(scale, q_x, fmaf(bias, xsum, acc[h]));
-#endif
+                                add(h, grp, q_x, T::to_f32(scale_s[at]), T::to_f32(bias_s[at]),
+                                    xsum);
                             }
                         }
                     }
-                    if (++pos == bps) {
-                        pos = 0;
-                        ++sup;
-                    }
+                };
+                if (nb == STEP) {  // every step but maybe a run's last: no guards
+#pragma unroll
+                    for (int j = 0; j < STEP; ++j) block(j);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < STEP; ++j)
+                        if (j < nb) block(j);
                 }
                 KPM_STEP_CLOCK(7 + 2 * i);
             }
