@@ -21,6 +21,7 @@ import numpy as np
 
 SHAPES = {"llama3-8b-up": (14336, 4096), "llama3-8b-down": (4096, 14336),
           "qwen2.5-32b-up": (27648, 5120)}
+GROUP = 64  # the group size: the kernel instance and every buffer below
 EVENTS = 40
 VARIANTS = {"math": ("KPARITY_DIAG_TRACE",),
             "subtract": ("KPARITY_DIAG_TRACE", "KPARITY_DIAG_SUBTRACT"),
@@ -73,14 +74,14 @@ def main() -> None:
 
     timer = CupyTimer()
     for label, (out_dim, in_dim) in SHAPES.items():
-        dims = {"out": out_dim, "in": in_dim, "group_size": 64, "bits": 4}
+        dims = {"out": out_dim, "in": in_dim, "group_size": GROUP, "bits": 4}
         _, geo = gemv._mma_geometry(dims, {})
         stages = geo.extra["stages"]
         warps_per_block = geo.block[0] // 32 * geo.block[1]
         nbytes = out_dim * in_dim // 2
         sets = max(2, -(-4 * timer.l2_bytes() // nbytes))
         rng = np.random.default_rng(0)
-        groups = in_dim // 64
+        groups = in_dim // GROUP
 
         def bf16_bits(values):  # the kernel takes bf16 as its 16 bits
             return cupy.asarray(values.astype(ml_dtypes.bfloat16).view(np.uint16))
@@ -90,16 +91,16 @@ def main() -> None:
                  bf16_bits(-rng.random(out_dim * groups) * 0.05)) for _ in range(sets)]
         x = bf16_bits(rng.standard_normal(in_dim) / np.sqrt(in_dim))
         out = cupy.zeros(out_dim, dtype=cupy.uint16)
-        print(f"{label} ({out_dim} x {in_dim}, int4 g64, bf16): grid {geo.grid[0]} blocks of "
+        print(f"{label} ({out_dim} x {in_dim}, int4 g{GROUP}, bf16): grid {geo.grid[0]} blocks of "
               f"{warps_per_block} warps, {stages} stages; times in us from each block's start, "
               f"p10 / p50 / p90 over blocks")
         for variant, defines in VARIANTS.items():
-            kernel = compiled_kernel(gemv.MMA, "kp_qgemv_mma", "bf16", defines, (stages, 64))
+            kernel = compiled_kernel(gemv.MMA, "kp_qgemv_mma", "bf16", defines, (stages, GROUP))
             trace_ptr = compiled_module(gemv.MMA, "kp_qgemv_mma", "bf16", defines,
-                                        (stages, 64)).get_global("kpm_trace")
+                                        (stages, GROUP)).get_global("kpm_trace")
             for w, sc, bi in bufs * 3:  # the last launch's trace is read
                 launch(kernel, geo.grid, geo.block,
-                       (w, sc, bi, x, out, np.int32(out_dim), np.int32(in_dim), np.int32(64)),
+                       (w, sc, bi, x, out, np.int32(out_dim), np.int32(in_dim), np.int32(GROUP)),
                        pdl=True, shared_bytes=geo.shared_bytes)
             cupy.cuda.Device().synchronize()
             warps = geo.grid[0] * warps_per_block

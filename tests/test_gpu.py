@@ -160,11 +160,15 @@ def _with_x(inputs: dict, dtype: str, kind: str) -> dict:
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("kind", ["in_window", "subnormal", "wide"])
 @pytest.mark.parametrize("group", [32, 64, 128])
-def test_kp_qgemv_mma_exact_paths(dtype, kind, group):
+@pytest.mark.parametrize("n", [1536, 1152])
+def test_kp_qgemv_mma_exact_paths(dtype, kind, group, n):
     """kp_qgemv_mma reads the codes without the bf16/f16 subtraction when every nonzero |x| lies
     in a window (its docstring), else through (BASE + q) - BASE. Both are within the oracle's
     bound on x inside and outside the window, and the fast path equals the subtraction path
-    (built with KPARITY_DIAG_SUBTRACT) bit for bit: it is the same sum scaled by 2^(k - TINY)."""
+    (built with KPARITY_DIAG_SUBTRACT) bit for bit: it is the same sum scaled by 2^(k - TINY).
+    in = 1152 (9 blocks of 128 codes, which the gate's 512 and 1536 never give) takes the
+    kernel's other branches: a warp's last step shorter than 4 blocks, and at G = 128 an odd
+    group count (the fold's unpaired path) and a super-block cut short."""
     import numpy as np
 
     from cases.model import Case, make_inputs
@@ -175,13 +179,13 @@ def test_kp_qgemv_mma_exact_paths(dtype, kind, group):
     be = gpu_impls.backend("cuda")
     impl = gpu_impls.impls()["cuda:kp_qgemv_mma"]
     subtract = mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_subtract", "KPARITY_DIAG_SUBTRACT")
-    case = Case.make("dequant_gemv", {"out": 24, "in": 1536, "bits": 4, "group_size": group},
+    case = Case.make("dequant_gemv", {"out": 24, "in": n, "bits": 4, "group_size": group},
                      dtype)
     inputs = _with_x(make_inputs(case), dtype, kind)
     exact, ref = case.spec.reference(inputs, case)
     bound = case.spec.tolerance(inputs, exact, case)["out"]
     repro = (f"repro: python3 -m pytest -m gpu tests/test_gpu.py -k "
-             f"'test_kp_qgemv_mma_exact_paths and {dtype} and {kind} and {group}'")
+             f"'test_kp_qgemv_mma_exact_paths and {dtype} and {kind} and {group} and {n}'")
     out = run_impl(impl, be, case, inputs)["out"]
     verdict = compare(out, ref["out"], exact["out"], bound, dtype, case.spec.inf_may_be_nan)
     assert verdict["budget"] <= 1.0 and verdict["nonfinite_mismatch"] == 0, (
