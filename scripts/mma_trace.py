@@ -7,7 +7,10 @@ rotating buffers (weights never in L2 from the launch before), reads the trace o
 launch and prints, per shape, the kernel's span and the phases' times from each block's start:
 the median over a block's warps, then the 10th / 50th / 90th percentile over blocks. Beside
 it: `subtract` (always the subtraction path, KPARITY_DIAG_SUBTRACT) and `load_only` (copies
-without the math): the gaps are what the fast path saves and where the math shows.
+without the math): the gaps are what the fast path saves and where the math shows. Last, per
+warp of the block: the SM sub-partition it ran on (%warpid % 4), how many of the block's warps
+shared it, and its step times (benchmarks/h100-2026-11-24-balance: the full sub-partitions'
+warps end last).
 
     PYTHONPATH=. python3 scripts/mma_trace.py     # on a CUDA machine, from the checkout
     KPM_DUMP=$OUT PYTHONPATH=. python3 scripts/mma_trace.py   # also saves each raw trace (.npy)
@@ -59,6 +62,15 @@ def summarize(trace: np.ndarray, warps_per_block: int, ns_per_clock: float) -> l
     after = rel[:, :, 38] - rel[:, :, landed[-1] + 1]
     lines.append(f"  per warp (p50): waiting for steps {np.median(wait):.2f} us, computing "
                  f"{np.median(compute):.2f} us, after the last step {np.median(after):.2f} us")
+    # Per warp of the block (its index; its SM sub-partition, %warpid % 4): medians over blocks.
+    subpartition = (t[:, :, 1] >> 16) % 4
+    lines.append("  warp  sub  on-sub  step 0 landed  last landed  last computed  computing")
+    for w in range(warps_per_block):
+        sub = int(np.bincount(subpartition[:, w]).argmax())
+        sharing = np.median((subpartition == subpartition[:, w:w + 1]).sum(axis=1))
+        lines.append(f"  {w:4d}  {sub:3d}  {sharing:6.0f}  {np.median(rel[:, w, landed[0]]):13.2f}  "
+                     f"{np.median(rel[:, w, landed[-1]]):11.2f}  "
+                     f"{np.median(rel[:, w, landed[-1] + 1]):13.2f}  {np.median(compute[:, w]):9.2f}")
     return lines
 
 
@@ -110,7 +122,7 @@ def main() -> None:
             ns_per_clock = float(np.sum(trace[:, 39] - trace[:, 0]) / np.sum(clocks))
             starts = (trace[:, 0] - trace[:, 0].min()) / 1e3
             ends = (trace[:, 39] - trace[:, 0].min()) / 1e3
-            sms = len(set(trace[:, 1].tolist()))
+            sms = len(set((trace[:, 1] & 0xFFFF).tolist()))
             print(f" {variant}: span {span_ns / 1e3:.2f} us on {sms} SMs ({1 / ns_per_clock:.2f} "
                   f"GHz); block starts p50/max {np.median(starts):.2f}/{starts.max():.2f} us, "
                   f"ends p10/p50/max {_pct(ends, 10):.2f}/{_pct(ends, 50):.2f}/{ends.max():.2f}")

@@ -104,6 +104,16 @@
 // alone 1.3-2.2 us slower), and each row's address as a fixed offset from the warp's first
 // row 2 % slower at llama3-8b-down.
 //
+// The tail (benchmarks/h100-2026-11-24-balance; scripts/mma_trace.py's per-warp table): 14 warps
+// sit 4, 4, 3, 3 on an SM's four sub-partitions, and the warps of the full two compute ~12 %
+// slower and end ~0.7 us after the others; and the memory serves the SMs unevenly (at
+// llama3-8b-up the median warp's last step lands 9.0-11.4 us in, the same SMs slow from run to
+// run), so the kernel waits for its slowest SMs. Tried and slower: K split unevenly so that
+// every sub-partition has 14 steps (4-7 %: the warps with more steps stream longer), the
+// block's steps interleaved over 8, 12 or 16 equal warps (up to 13 %), steps claimed across
+// the grid with each step's row sums published to the tile's last arriver (1.5-2x: the
+// release of each step's sums waits for the copies in flight).
+//
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
 //
@@ -119,7 +129,8 @@
 
 #ifdef KPARITY_DIAG_TRACE
 // Timing diagnostic (scripts/mma_trace.py): lane 0 of each warp records when its phases end.
-// Per warp: [0] globaltimer at the start, [1] SM, [2] its steps, [3] clock64 at the start (after
+// Per warp: [0] globaltimer at the start, [1] SM | %warpid << 16 (%warpid % 4: the SM
+// sub-partition the warp runs on), [2] its steps, [3] clock64 at the start (after
 // the wait for the kernels before), [4] x landed, [5] the prologue done, [6 + 2 i] step i
 // landed, [7 + 2 i] step i computed (i < KPM_TRACE_STEPS), [38] the end, [39] globaltimer then.
 #define KPM_TRACE_STEPS 16
@@ -282,11 +293,12 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         const int trace_warp = blockIdx.x * tiles * parts + warp;
         {
             long long now;
-            unsigned sm;
+            unsigned sm, hw_warp;
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            asm volatile("mov.u32 %0, %%warpid;" : "=r"(hw_warp));
             KPM_MARK(0, now);
-            KPM_MARK(1, sm);
+            KPM_MARK(1, sm | hw_warp << 16);
             KPM_CLOCK(3);
         }
 #endif
