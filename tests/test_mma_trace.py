@@ -13,9 +13,9 @@ mma_trace = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(mma_trace)
 
 
-def _trace(blocks: int, warps: int, steps: int, slow_subs=(0, 1)) -> np.ndarray:
+def _trace(blocks: int, warps: int, steps: int) -> np.ndarray:
     """Each warp w sits on sub-partition (w + block) % 4 (%warpid = w + block, as the hardware
-    may start a block's warps anywhere); warps on `slow_subs` take 2x as long a step."""
+    may start a block's warps anywhere); warps on sub-partitions 0 and 1 take 2x as long a step."""
     t = np.zeros((blocks * warps, mma_trace.EVENTS), dtype=np.int64)
     for b in range(blocks):
         for w in range(warps):
@@ -31,7 +31,7 @@ def _trace(blocks: int, warps: int, steps: int, slow_subs=(0, 1)) -> np.ndarray:
             for i in range(steps):
                 clock += 300  # waiting
                 row[6 + 2 * i] = clock
-                clock += 400 if sub in slow_subs else 200  # computing
+                clock += 400 if sub < 2 else 200  # computing
                 row[7 + 2 * i] = clock
             row[38] = clock + 50
     return t
