@@ -113,6 +113,9 @@
 // block's steps interleaved over 8, 12 or 16 equal warps (up to 13 %), steps claimed across
 // the grid with each step's row sums published to the tile's last arriver (1.5-2x: the
 // release of each step's sums waits for the copies in flight).
+// Also not faster (benchmarks/h100-2026-11-24-chains): 2 or 4 accumulator chains (0.6-1.3 %,
+// within the A/B's 2 % delta) and each row's copy address as a base plus a 32-bit byte offset
+// (2 SASS instructions a row instead of 4; 2 % slower at llama3-8b-up).
 //
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
