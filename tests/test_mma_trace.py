@@ -37,10 +37,14 @@ def _trace(blocks: int, warps: int, steps: int) -> np.ndarray:
     return t
 
 
+def _table(lines: list[str]) -> list[list[str]]:
+    """The per-warp table's rows (those starting with the warp index), split into fields."""
+    return [line.split() for line in lines if line.strip() and line.split()[0].isdigit()]
+
+
 def test_per_warp_table_takes_medians_over_blocks_that_place_warps_differently():
     warps, steps = 14, 4
-    lines = mma_trace.summarize(_trace(8, warps, steps), warps, ns_per_clock=1.0)
-    table = [l.split() for l in lines if l.strip() and l.split()[0].isdigit()]
+    table = _table(mma_trace.summarize(_trace(8, warps, steps), warps, ns_per_clock=1.0))
     assert [int(r[0]) for r in table] == list(range(warps))
     for row in table:
         assert int(row[2]) in (3, 4)  # 14 warps: two sub-partitions hold 4, two hold 3
@@ -51,8 +55,7 @@ def test_per_warp_table_takes_medians_over_blocks_that_place_warps_differently()
 def test_the_sub_partition_of_a_fixed_placement_and_its_load():
     warps, steps = 14, 2
     t = _trace(1, warps, steps)  # one block: warp w on sub-partition w % 4
-    lines = mma_trace.summarize(t, warps, ns_per_clock=1.0)
-    table = [l.split() for l in lines if l.strip() and l.split()[0].isdigit()]
+    table = _table(mma_trace.summarize(t, warps, ns_per_clock=1.0))
     assert [int(r[1]) for r in table] == [w % 4 for w in range(warps)]
     assert [int(r[2]) for r in table] == [4 if w % 4 < 2 else 3 for w in range(warps)]
     # slow sub-partitions 0 and 1: 2 steps x 400 clocks; the others 2 x 200
