@@ -115,7 +115,10 @@
 // release of each step's sums waits for the copies in flight).
 // Also not faster (benchmarks/h100-2026-11-24-chains): 2 or 4 accumulator chains (0.6-1.3 %,
 // within the A/B's 2 % delta) and each row's copy address as a base plus a 32-bit byte offset
-// (2 SASS instructions a row instead of 4; 2 % slower at llama3-8b-up).
+// (2 SASS instructions a row instead of 4; 2 % slower at llama3-8b-up). Nor
+// (benchmarks/h100-2026-11-24-split): a step's copies as 2 groups by blocks, its first blocks
+// computed while the rest lands (0.3-1.1 % slower; as 4 groups, 8 rows x 64 bytes a copy
+// instruction, 10-19 % slower), or the bias terms added before the loop (-1.7 % to +1.5 %).
 //
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
