@@ -115,20 +115,20 @@
 // release of each step's sums waits for the copies in flight).
 // Also not faster (benchmarks/h100-2026-11-24-chains): 2 or 4 accumulator chains (0.6-1.3 %,
 // within the A/B's 2 % delta) and each row's copy address as a base plus a 32-bit byte offset
-// (2 SASS instructions a row instead of 4; 2 % slower at llama3-8b-up). Nor
-// (benchmarks/h100-2026-11-24-split): a step's copies as 2 groups by blocks, its first blocks
-// computed while the rest lands (0.3-1.1 % slower; as 4 groups, 8 rows x 64 bytes a copy
-// instruction, 10-19 % slower), or the bias terms added before the loop (-1.7 % to +1.5 %).
+// (2 SASS instructions a row instead of 4; 2 % slower at llama3-8b-up); nor a step's copies
+// waited for in 2 or 4 groups, or the bias terms added before the loop
+// (benchmarks/h100-2026-11-24-split, figures in benchmarks/README.md).
 //
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
 //
 // DISPATCH INVARIANTS (gpu_impls/cuda/gemv.py): int4, T in {f16, bf16}, group_size in
-// {32, 64, 128} (the instance's G; any other value traps), in % 128 == 0, in <= 16384 (x in shared memory), 16-byte aligned w, x,
-// scales and biases; rows past `out` read the last row's codes and store nothing. Launched as a
-// programmatic dependent launch: it waits for the kernels before it before any load, and lets
-// the next one in after its main loop. Test-only mutants (tests/mutants.py):
-// KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS, _SKIP_LAST_GROUP (on both paths).
+// {32, 64, 128} (the instance's G; any other value traps), in % 128 == 0, in <= 16384 (x in
+// shared memory), 16-byte aligned w, x, scales and biases; rows past `out` read the last row's
+// codes and store nothing. Launched as a programmatic dependent launch: it waits for the
+// kernels before it before any load, and lets the next one in after its main loop. Test-only
+// mutants (tests/mutants.py): KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS,
+// _SKIP_LAST_GROUP (on both paths).
 #include "common.cuh"
 
 #define KPM_MAX_WARPS 16
