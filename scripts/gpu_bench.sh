@@ -25,8 +25,9 @@
 #     scripts/mlx_cuda_install.sh): the gate of mlx:quantized_matmul (f32) on the GPU, then MLX's
 #     quantized_matmul at bf16 beside kp_qgemv_mma and dense F.linear at the issue's shapes
 #   bash scripts/gpu_bench.sh targets   issue 4's speed targets on this GPU: the GEMV family's bench
-#     (kp_qgemv_mma, its copies only, kp_qgemv, dense bf16 F.linear) and kp_qgemv_mma against dense
-#     F.linear in an A/B, at the issue's shapes
+#     (kp_qgemv_mma, its copies only, kp_qgemv, dense bf16 F.linear; kp_qgemv_mma letting the next
+#     kernel in late and launched without PDL) and kp_qgemv_mma against dense F.linear in an A/B,
+#     at the issue's shapes
 #   bash scripts/gpu_bench.sh mma       issue 4 after the kp_qgemv_mma rewrite: read-only access
 #     patterns (scripts/access_pattern.py), its stages / K parts / tiles choices, its load-only time, its subtraction path, the GEMV family at the issue's shapes (bf16), A/B of kp_qgemv_mma against dense bf16
 #     F.linear and against kp_qgemv (the full GPU gate runs as its own call before it)
@@ -97,7 +98,7 @@ mma)
   python3 scripts/access_pattern.py >> "$LOG" 2>&1
   echo "\$ python3 scripts/mma_trace.py" >> "$LOG"
   python3 scripts/mma_trace.py >> "$LOG" 2>&1
-  run $V bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma,cuda:kp_qgemv_mma_s2,cuda:kp_qgemv_mma_s3,cuda:kp_qgemv_mma_p2,cuda:kp_qgemv_mma_p4,cuda:kp_qgemv_mma_p8,cuda:kp_qgemv_mma_t1,cuda:kp_qgemv_mma_t2,cuda:kp_qgemv_mma_t4,cuda:kp_qgemv_mma_early,cuda:kp_qgemv_mma_nopdl,cuda:kp_qgemv_mma_subtract --min-time 0.1
+  run $V bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma,cuda:kp_qgemv_mma_s2,cuda:kp_qgemv_mma_s3,cuda:kp_qgemv_mma_p2,cuda:kp_qgemv_mma_p4,cuda:kp_qgemv_mma_p8,cuda:kp_qgemv_mma_t1,cuda:kp_qgemv_mma_t2,cuda:kp_qgemv_mma_t4,cuda:kp_qgemv_mma_late,cuda:kp_qgemv_mma_nopdl,cuda:kp_qgemv_mma_subtract --min-time 0.1
   run $V bench --no-verify --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv_mma_diag_load_only --min-time 0.1
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv,cuda:kp_qgemv_mma,cuda:dequant_gemv_int4_fast,torch:linear_dense,torch:dequant_linear --min-time 0.1
   run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
@@ -106,6 +107,7 @@ mma)
 targets)
   run bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --impl cuda:kp_qgemv_mma,cuda:kp_qgemv,torch:linear_dense --min-time 0.2
   run --plugin scripts/kp_variants.py bench --no-verify --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma_diag_load_only --min-time 0.2
+  run --plugin scripts/kp_variants.py bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma_late,cuda:kp_qgemv_mma_nopdl --min-time 0.2
   run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
   ;;
 mlx-cuda)

@@ -9,8 +9,9 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
     cuda:kp_qgemv_mma_s{s}: that many stages of the weight pipeline, for each s in
         gemv.MMA_STAGE_CHOICES; _p{1,2,4,8}: that many K parts (warps per 16 rows) and _t{1,2,4,8}
         that many 16-row tiles per block instead of the launcher's choice; _diag_load_only: its
-        copies and x staging without the math (wrong results: `bench --no-verify`); _early: the
-        next kernel let in at the top of the kernel instead of after the main loop; _subtract: always
+        copies and x staging without the math (wrong results: `bench --no-verify`); _late: the
+        next kernel let in after the main loop instead of at the start (as before 2026-11-24);
+        _subtract: always
         the subtraction path (codes as (BASE + q) - BASE), as before the fast path
     cuda:kp_rms_norm_nopdl, cuda:kp_rms_norm_per_head_nopdl, cuda:kp_qgemv_nopdl,
         cuda:kp_qgemv_mma_nopdl: the same kernels launched ordinarily instead of as
@@ -51,7 +52,7 @@ register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"s{s}", stages=s)
          *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"p{p}", parts=p) for p in (1, 2, 4, 8)),
          *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}", tiles=t) for t in (1, 2, 4, 8)))
 register(mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"),
-         mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_early", "KPARITY_DIAG_EARLY_DEPENDENTS"),
+         mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_late", "KPARITY_DIAG_LATE_DEPENDENTS"),
          mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_subtract", "KPARITY_DIAG_SUBTRACT"))
 register(mutant("cuda:kp_qgemv", "kp_qgemv_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"))
 _kp_impl, _kp_make = _MAKERS["cuda:kp_qgemv"]

@@ -142,6 +142,44 @@ def test_pdl_launch_reads_what_the_kernel_before_it_wrote():
         assert err < 1e-5, f"round {i}: max |out - ref| = {err} (read a stale input?)"
 
 
+@pytest.mark.cuda
+def test_kp_qgemv_mma_pdl_reads_the_x_the_kernel_before_wrote():
+    """kp_qgemv_mma copies its scales and biases before `griddepcontrol.wait` (they are weights,
+    which no kernel before it writes), x only after. Launched as a programmatic dependent launch
+    right after a CuPy kernel that rewrites x, round after round, each output equals the same
+    kernel's output on that x launched alone (bit for bit: the kernel is deterministic)."""
+    import cupy
+    import numpy as np
+
+    from cases.model import Case, make_inputs
+    from runners.correctness import run_impl
+
+    be = gpu_impls.backend("cuda")
+    impl = gpu_impls.impls()["cuda:kp_qgemv_mma"]
+    case = Case.make("dequant_gemv", {"out": 14336, "in": 4096, "bits": 4, "group_size": 64},
+                     "bf16")
+    inputs = make_inputs(case)
+    rng = np.random.default_rng(7)
+    xs = [inputs["x"][rng.permutation(inputs["x"].shape[-1])] for _ in range(8)]  # new x each
+    alone = [run_impl(impl, be, case, {**inputs, "x": x})["out"].view(np.uint16) for x in xs]
+    launch = impl.contract.check(impl.id, case)
+    dev = {k: be.to_device(v) for k, v in inputs.items()}
+    sources = [be.to_device(x) for x in xs]
+    (out_t,) = case.spec.outputs
+    outs = [be.to_device(np.zeros(out_t.shape(case.dims), alone[0].dtype)) for _ in xs]
+    be.synchronize()
+    for source, out in zip(sources, outs):
+        cupy.bitwise_or(source, np.uint16(0), out=dev["x"])  # the writer, just before the reader
+        impl.run(launch, dev, {out_t.name: out}, case)
+    be.synchronize()
+    for i, (out, ref) in enumerate(zip(outs, alone)):
+        differ = np.flatnonzero(out.get() != ref)
+        assert differ.size == 0, (
+            f"round {i}: {differ.size} rows differ from the launch alone (read a stale x?), "
+            f"first {differ[:8].tolist()}\nrepro: python3 -m pytest -m gpu tests/test_gpu.py -k "
+            f"test_kp_qgemv_mma_pdl_reads_the_x_the_kernel_before_wrote")
+
+
 def _with_x(inputs: dict, dtype: str, kind: str) -> dict:
     """The case's inputs with x moved into or out of kp_qgemv_mma's fast-path window."""
     import numpy as np

@@ -308,7 +308,8 @@ register(
               "kparity tensor-core GEMV: int4 codes exact in f16/bf16 A fragments (no "
               "subtraction where x's range allows), x in B "
               "split by group over the 8 columns, f32 accumulation, scales per group after; "
-              "K split over warps, cp.async weight pipeline, x in shared memory, PDL; "
+              "K split over warps, cp.async weight pipeline, x in shared memory, PDL (scales "
+              "and biases copied before the wait: static weights); "
               "f16/bf16, in % 128, in <= 16384"),
     cuda_impl("dequant_gemv", "dequant_gemv", SCALAR, _scalar,
               "seed dequant_gemv_int{2..8}: one 64-thread block per row, dequantize then dot"),

@@ -33,7 +33,7 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_MUTANT_SKIP_LAST_GROUP", "KPARITY_MUTANT_M_DEPENDENT_SUM",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
-                  "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_EARLY_DEPENDENTS",
+                  "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
                   "KPARITY_DIAG_SUBTRACT",  # tests/test_gpu.py, scripts/kp_variants.py
                   "KPARITY_DIAG_TRACE")  # scripts/mma_trace.py
 NOT_WRAPPERS = {"backend", "nvcc_check"}

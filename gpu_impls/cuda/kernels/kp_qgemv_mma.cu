@@ -54,10 +54,17 @@
 // compiler gives all of a warp's global loads one scoreboard, so a register pipeline waits for
 // every load in flight whenever it needs one of them. Stages are swizzled (vector u of row r at
 // u ^ 4 (r & 1)), so the quarter warps' 16-byte reads are free of bank conflicts. Before the
-// loop, by the whole block and as copy group 0: x, and the scales and biases of the block's
-// rows (one contiguous run each, streamed in whole lines; loaded a super-block at a time from
-// scattered rows they cost 2-7 us at the bench shapes on an H100,
-// benchmarks/h100-2026-11-23-cp-async); then each group's sum of x and x's fragment order.
+// loop, by the whole block: the scales and biases of the block's rows (copy group 0, one
+// contiguous run each, streamed in whole lines; loaded a super-block at a time from scattered
+// rows they cost 2-7 us at the bench shapes on an H100, benchmarks/h100-2026-11-23-cp-async),
+// then x (group 1); then each group's sum of x and x's fragment order.
+// The launch (benchmarks/h100-2026-11-24-prewait): the next kernel is let in at the start, and
+// the scales and biases (11 % of the bytes at g64) are copied before the wait for the kernels
+// before, so in a chain of launches a block that finds an SM free copies them while the kernel
+// before computes its last steps and the memory would idle: 9-10 % less time per call in the
+// bench's PDL chain at the issue's shapes (H100 bf16: 12.7 us against 14.0 at llama3-8b). The
+// first steps of w copied before the wait as well were up to 32 % slower: x, copied after the
+// wait, then lands behind them.
 // The launcher (gemv.py) aims at ~14 warps an SM, all resident at once, and picks parts for
 // equal runs, tiles and STAGES (3 where one round of blocks still fits, else 2) from the
 // blocks' shared memory: tiles * parts * STAGES * 4 KiB of stages, 64 tiles * groups bytes of
@@ -125,8 +132,10 @@
 // DISPATCH INVARIANTS (gpu_impls/cuda/gemv.py): int4, T in {f16, bf16}, group_size in
 // {32, 64, 128} (the instance's G; any other value traps), in % 128 == 0, in <= 16384 (x in
 // shared memory), 16-byte aligned w, x, scales and biases; rows past `out` read the last row's
-// codes and store nothing. Launched as a programmatic dependent launch: it waits for the
-// kernels before it before any load, and lets the next one in after its main loop. Test-only
+// codes and store nothing. Launched as a programmatic dependent launch: it lets the next kernel
+// in at its start, and copies scales and biases before it waits for the kernels before it, so
+// those kernels must not write them (weights are static); w and x are read, and out written,
+// only after the wait. Test-only
 // mutants (tests/mutants.py): KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS,
 // _SKIP_LAST_GROUP (on both paths).
 #include "common.cuh"
@@ -279,13 +288,12 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
              const typename T::storage* __restrict__ biases,
              const typename T::storage* __restrict__ x, typename T::storage* __restrict__ out,
              int out_dim, int in_dim, int group_size_arg) {
-    // Wait for the kernels before this one (the next kernel's blocks are let in at the end of
-    // the main loop; see there).
-#ifndef KPARITY_DIAG_EARLY_DEPENDENTS
-    pdl_wait();
-#else
+    // Programmatic dependent launch: the next kernel is let in at once, so its blocks take the
+    // SMs this one's blocks leave and copy their scales and biases while this one's last blocks
+    // finish. This one waits for the kernels before it after its own scale and bias copies
+    // (the prologue, below), before any other global access.
+#ifndef KPARITY_DIAG_LATE_DEPENDENTS
     pdl_launch_dependents();
-    pdl_wait();
 #endif
     if constexpr (sizeof(typename T::storage) == 4) {
         __trap();  // f32 activations have no exact tensor-core path: the contract refuses them
@@ -297,16 +305,6 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         const int warp = part * tiles + tile;
 #ifdef KPARITY_DIAG_TRACE
         const int trace_warp = blockIdx.x * tiles * parts + warp;
-        {
-            long long now;
-            unsigned sm, hw_warp;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            asm volatile("mov.u32 %0, %%warpid;" : "=r"(hw_warp));
-            KPM_MARK(0, now);
-            KPM_MARK(1, sm | hw_warp << 16);
-            KPM_CLOCK(3);
-        }
 #endif
         const int g = lane >> 2, c = lane & 3;
         const int block_row0 = blockIdx.x * 16 * tiles;
@@ -325,7 +323,6 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         const int b_end = min((part + 1) * chunks / parts * chunk, blocks);
         const int n = b_end - b_begin;           // this warp's blocks
         const int steps = (n + STEP - 1) / STEP;
-        KPM_MARK(2, steps);
 
         // Dynamic shared memory: every warp's STAGES stages (16 rows x 16 vectors, swizzled:
         // vector u of row r at u ^ 4 (r & 1), so the 8 lanes of a quarter warp reading rows
@@ -361,16 +358,16 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
             }
         };
 
-        // Prologue. Copy group 0, by the whole block: x, and the scales and biases of the
-        // block's rows, which are one contiguous run each (16 tiles rows of `groups` values
-        // from row block_row0: 16-byte aligned, as 32 groups bytes a tile are a multiple of
-        // 16), so they stream in whole lines; rows past `out` are not copied. Groups
-        // 1 .. STAGES - 1: this warp's first STAGES - 1 steps (empty groups past the run keep
-        // the count uniform).
+        // Prologue. Copy group 0, by the whole block and before the wait for the kernels
+        // before: the scales and biases of the block's rows, which are one contiguous run each
+        // (16 tiles rows of `groups` values from row block_row0: 16-byte aligned, as 32 groups
+        // bytes a tile are a multiple of 16), so they stream in whole lines; rows past `out`
+        // are not copied. They are weights, which no kernel before this one writes (DISPATCH
+        // INVARIANTS), so a block let in early copies them while the kernel before finishes.
+        // Then the wait; group 1: x (perhaps the kernel before's output); groups 2 .. STAGES:
+        // this warp's first STAGES - 1 steps (empty groups past the run keep the count uniform).
         const int threads = blockDim.x * blockDim.y;
         const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-        const uint4* xv = reinterpret_cast<const uint4*>(x);
-        for (int v = tid; v < in_dim / 8; v += threads) kpmma::copy_async(&x_s[v], &xv[v]);
         {
             const int count = min(16 * tiles, out_dim - block_row0) * groups;  // values
             const size_t first = (size_t)block_row0 * groups;
@@ -388,6 +385,23 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
             }
         }
         kpmma::copy_async_commit();
+        pdl_wait();
+#ifdef KPARITY_DIAG_TRACE
+        {
+            long long now;
+            unsigned sm, hw_warp;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            asm volatile("mov.u32 %0, %%warpid;" : "=r"(hw_warp));
+            KPM_MARK(0, now);
+            KPM_MARK(1, sm | hw_warp << 16);
+            KPM_MARK(2, steps);
+            KPM_CLOCK(3);
+        }
+#endif
+        const uint4* xv = reinterpret_cast<const uint4*>(x);
+        for (int v = tid; v < in_dim / 8; v += threads) kpmma::copy_async(&x_s[v], &xv[v]);
+        kpmma::copy_async_commit();
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) {
             if (st < steps) copy_step(st, st);
@@ -402,7 +416,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
             x_range[0] = 0u;
             x_range[1] = 0xFFFFu;
         }
-        kpmma::copy_async_wait<STAGES - 1>();  // x has landed (the weight groups may not have)
+        kpmma::copy_async_wait<STAGES - 1>();  // x and the scales landed (the steps may not have)
         __syncthreads();
         KPM_CLOCK(4);
         {  // x's range decides the path (the same in every block: all read the whole x)
@@ -480,7 +494,7 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         // The main loop, on one of the two exact paths (`fast`: codes without the subtraction).
         auto main_loop = [&](auto path) {
             for (int i = 0; i < steps; ++i) {
-                // Step i is copy group i + 1: wait until at most STAGES - 2 younger ones are in
+                // Step i is copy group i + 2: wait until at most STAGES - 2 younger ones are in
                 // flight; the warp's barrier makes every lane's copies visible to all and ends
                 // every lane's reads of the slot taken last iteration, which is refilled with
                 // step i + STAGES - 1.
@@ -626,11 +640,8 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         else
             main_loop(kpmma::Flag<false>());
         kpmma::copy_async_wait<0>();  // no copy outlives the block (its shared memory)
-#ifndef KPARITY_DIAG_EARLY_DEPENDENTS
-        // Only now let the next kernel's blocks be scheduled (let in at the top, their waiting
-        // blocks cost the 32-row version 1.3 us at llama3-8b-up; this one 0.0-0.1 us, H100:
-        // benchmarks/h100-2026-11-24-steps/mma.log, `_early`).
-        pdl_launch_dependents();
+#ifdef KPARITY_DIAG_LATE_DEPENDENTS
+        pdl_launch_dependents();  // timing diagnostic: the next kernel let in only now, as before
 #endif
         // The quad's 4 threads hold disjoint groups of the same rows: add them (fixed order).
 #pragma unroll
