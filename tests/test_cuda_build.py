@@ -83,8 +83,8 @@ def accesses_before_wait(body: str) -> list[tuple[str, set[int]]]:
     """Every global access of a PTX entry body before its `griddepcontrol.wait` (all of them if
     it has none), as (instruction, the kernel parameters its global address derives from).
     A register derives from the parameters of every instruction that writes it (a dataflow
-    over-approximation, iterated for loops): `ld.param.u64` of parameter i (a pointer) gives
-    {i}; integer parameters (sizes) taint nothing."""
+    over-approximation, iterated to a fixpoint for loops): `ld.param.u64` of parameter i (a
+    pointer) gives {i}; integer parameters (sizes) taint nothing."""
     wait = body.find("griddepcontrol.wait")
     code = body[body.find("{") + 1:wait if wait >= 0 else len(body)]  # past the parameter list
     code = re.sub(r"//[^\n]*", "", code)  # comments (inline asm is wrapped in them)
@@ -98,7 +98,9 @@ def accesses_before_wait(body: str) -> list[tuple[str, set[int]]]:
         op, _, args = s.partition(" ")
         parsed.append((op, args))
     taint: dict[str, set[int]] = {}
-    for _ in range(4):  # loops carry a register back to earlier statements: iterate
+    changed = True
+    while changed:  # loops carry a register back to earlier statements: iterate to a fixpoint
+        changed = False
         for op, args in parsed:
             if _GLOBAL_ACCESS.match(op) or op.startswith(("st.", "cp.", "bra", "bar", "ret")):
                 continue
@@ -107,12 +109,15 @@ def accesses_before_wait(body: str) -> list[tuple[str, set[int]]]:
                 m = re.search(r"_param_(\d+)", args)
                 taint.setdefault(regs[0], set()).update(
                     {int(m.group(1))} if op == "ld.param.u64" else set())
-                continue
+                continue  # a parameter load's taint never grows
             dests = re.findall(r"%[\w.]+", args.split("}")[0]) if args.startswith("{") \
                 else regs[:1]
             sources = regs[len(dests):]
             for d in dests:
-                taint.setdefault(d, set()).update(*(taint.get(r, set()) for r in sources))
+                new = set().union(*(taint.get(r, set()) for r in sources))
+                if not new <= taint.setdefault(d, set()):
+                    taint[d] |= new
+                    changed = True
     found = []
     for op, args in parsed:
         if _GLOBAL_ACCESS.match(op):

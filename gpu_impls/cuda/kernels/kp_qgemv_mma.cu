@@ -135,19 +135,18 @@
 // codes and store nothing. Launched as a programmatic dependent launch: it lets the next kernel
 // in at its start, and copies scales and biases before it waits for the kernels before it, so
 // those kernels must not write them (weights are static); w and x are read, and out written,
-// only after the wait. Test-only
-// mutants (tests/mutants.py): KPARITY_MUTANT_NIBBLE_ORDER, _GROUP_OFF_BY_ONE, _DROP_BIAS,
-// _SKIP_LAST_GROUP (on both paths).
+// only after the wait. Test-only mutants (tests/mutants.py): KPARITY_MUTANT_NIBBLE_ORDER,
+// _GROUP_OFF_BY_ONE, _DROP_BIAS, _SKIP_LAST_GROUP (on both paths).
 #include "common.cuh"
 
 #define KPM_MAX_WARPS 16
 
 #ifdef KPARITY_DIAG_TRACE
 // Timing diagnostic (scripts/mma_trace.py): lane 0 of each warp records when its phases end.
-// Per warp: [0] globaltimer at the start, [1] SM | %warpid << 16 (%warpid % 4: the SM
-// sub-partition the warp runs on), [2] its steps, [3] clock64 at the start (after
-// the wait for the kernels before), [4] x landed, [5] the prologue done, [6 + 2 i] step i
-// landed, [7 + 2 i] step i computed (i < KPM_TRACE_STEPS), [38] the end, [39] globaltimer then.
+// Per warp, from the wait for the kernels before on: [0] globaltimer then, [1] SM | %warpid << 16
+// (%warpid % 4: the SM sub-partition the warp runs on), [2] its steps, [3] clock64 then, [4] x
+// landed, [5] the prologue done, [6 + 2 i] step i landed, [7 + 2 i] step i computed
+// (i < KPM_TRACE_STEPS), [38] the end, [39] globaltimer then.
 #define KPM_TRACE_STEPS 16
 #define KPM_TRACE_EVENTS 40
 #define KPM_TRACE_WARPS 16384
@@ -288,10 +287,8 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
              const typename T::storage* __restrict__ biases,
              const typename T::storage* __restrict__ x, typename T::storage* __restrict__ out,
              int out_dim, int in_dim, int group_size_arg) {
-    // Programmatic dependent launch: the next kernel is let in at once, so its blocks take the
-    // SMs this one's blocks leave and copy their scales and biases while this one's last blocks
-    // finish. This one waits for the kernels before it after its own scale and bias copies
-    // (the prologue, below), before any other global access.
+    // The next kernel is let in at once; this one waits for the kernels before it after its
+    // scale and bias copies (the prologue, below).
 #ifndef KPARITY_DIAG_LATE_DEPENDENTS
     pdl_launch_dependents();
 #endif
