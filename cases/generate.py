@@ -3,6 +3,11 @@
 For every impl: the gate cases of its op that its contract admits (expected "valid"), and one
 violating case per invariant of its contract (expected "rejected"), built by applying the
 invariant's `violation` dims to a valid case of that impl.
+
+`seed` (`kparity check --seed N`) draws fresh data for every generated case: N is added to the
+seed its source gave it (0 for every built-in source, so it becomes N). Added, not set: a source
+whose cases differ only in seed keeps them distinct. Seed 0 leaves every case, and its id, as it
+is; a new seed is a new id, so the store never mixes a case's results over different data.
 """
 
 from __future__ import annotations
@@ -21,12 +26,17 @@ class Work:
     invariant: str = ""  # for expect == "rejected": the invariant the case breaks
 
 
-def gate_cases(op: str) -> list[Case]:
+def gate_cases(op: str, seed: int = 0) -> list[Case]:
+    """The op's gate cases, deduplicated by id, each re-seeded by `seed` (module docstring)."""
+    if seed < 0:
+        raise ValueError(f"seed {seed}: must be >= 0 (as a case file's)")
     src = sources()
     if op not in src:
         return []
     seen, out = set(), []
     for case in src[op]():
+        if seed:
+            case = case.with_seed(case.seed + seed)
         if case.id not in seen:
             seen.add(case.id)
             out.append(case)
@@ -45,13 +55,14 @@ def bench_plan(impls, dtypes=None, presets=None) -> list[Work]:
             and (not presets or any(p in c.label for p in presets))]
 
 
-def valid_cases(impl) -> list[Case]:
-    return [c for c in gate_cases(impl.op) if impl.contract.admits(c)]
+def valid_cases(impl, seed: int = 0) -> list[Case]:
+    return [c for c in gate_cases(impl.op, seed) if impl.contract.admits(c)]
 
 
-def violating_cases(impl) -> list[Work]:
-    """One case per invariant, breaking that invariant (checked, so a bad example fails loudly)."""
-    valid = valid_cases(impl)
+def violating_cases(impl, seed: int = 0) -> list[Work]:
+    """One case per invariant, breaking that invariant (checked, so a bad example fails loudly);
+    built from a valid case, so it carries that case's seed."""
+    valid = valid_cases(impl, seed)
     if not impl.contract.invariants or not valid:
         return []
     base = next((c for c in valid if c.dtype == "f32" and c.dist == "normal"), valid[0])
@@ -65,14 +76,16 @@ def violating_cases(impl) -> list[Work]:
     return work
 
 
-def plan(impls, dtypes=None, presets=None, invalid: bool = True, valid: bool = True) -> list[Work]:
-    """Work for `impls`, filtered by dtype and preset label (substring of the case label)."""
+def plan(impls, dtypes=None, presets=None, invalid: bool = True, valid: bool = True,
+         seed: int = 0) -> list[Work]:
+    """Work for `impls`, filtered by dtype and preset label (substring of the case label), its
+    cases re-seeded by `seed` (module docstring)."""
     out = []
     for impl in impls:
         gated = valid and not impl.report_only  # a speed baseline's results are not the op's
-        items = [Work(impl, c, "valid") for c in valid_cases(impl)] if gated else []
+        items = [Work(impl, c, "valid") for c in valid_cases(impl, seed)] if gated else []
         if invalid:
-            items += violating_cases(impl)
+            items += violating_cases(impl, seed)
         for w in items:
             if dtypes and w.case.dtype not in dtypes:
                 continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as dc_replace
 
 import numpy as np
 
@@ -74,9 +74,15 @@ class Case:
         return Case.make(self.op, {**self.dims, **dims}, self.dtype, self.dist, self.seed,
                          {**dict(self.param_items), **params}, label or self.label)
 
+    def with_seed(self, seed: int) -> "Case":
+        """A copy with another seed (so another id and fresh inputs), label kept. Not through
+        `replace`, which routes every name to the dims or the params."""
+        return dc_replace(self, seed=int(seed))
+
     def short(self) -> str:
         dims = ",".join(f"{k}={v}" for k, v in self.dim_items)
-        return f"{self.op}[{dims}] {self.dtype} {self.dist}"
+        seed = f" seed {self.seed}" if self.seed else ""  # 0, every generated case's, goes unsaid
+        return f"{self.op}[{dims}] {self.dtype} {self.dist}{seed}"
 
 
 def make_inputs(case: Case) -> dict[str, np.ndarray]:

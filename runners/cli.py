@@ -131,14 +131,20 @@ def work_for(impl, case: Case) -> Work:
 
 
 def work_list(args, impls) -> list[Work]:
+    seed = getattr(args, "seed", 0) or 0
+    if seed < 0:
+        raise UsageError(f"--seed {seed}: at least 0")
     if getattr(args, "cases", None):  # a case file: each case against every selected impl of its op
+        if seed:  # a file's cases keep their own seeds: ignoring --seed would be silent
+            raise UsageError(f"--seed {seed} re-seeds generated cases; a --cases file's cases "
+                             "keep the seeds the file gives them")
         from cases.casefile import load_cases
 
         dtypes = _split(args.dtype)
         return [work_for(impl, case) for case in load_cases(args.cases) for impl in impls
                 if impl.op == case.op and (not dtypes or case.dtype in dtypes)]
     return plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
-                invalid=not getattr(args, "valid_only", False))
+                invalid=not getattr(args, "valid_only", False), seed=seed)
 
 
 def plugin_flags(args) -> str:
@@ -191,7 +197,8 @@ def cmd_cases(args) -> int:
     return 0
 
 
-FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "repeat")  # runs.filters
+# runs.filters: what --resume reruns the plan with (seed included: it decides every case id)
+FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "repeat", "seed")
 
 
 def run_work(args, work: list[Work], verb: str, resume: str | None = None,
@@ -237,7 +244,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
                                  f"--impl {w.impl.id}"),
                         soft_wrap=True)  # a repro line must survive copy-paste: never wrap it
             progress.update(task, advance=1, failed=failed)
-    summarize(rows, run_id, store)
+    summarize(rows, run_id, store, getattr(args, "seed", 0))
     return rows
 
 
@@ -261,8 +268,9 @@ def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
 RARE_STATUSES = ("timeout", "crash", "xfail", "xpass", "quarantined")
 
 
-def summarize(rows: list[dict], run_id: str, store: Store) -> None:
-    table = Table(title=f"run {run_id}")
+def summarize(rows: list[dict], run_id: str, store: Store, seed: int = 0) -> None:
+    # a seeded run's ids are not the usual ones: say so where its results are read
+    table = Table(title=f"run {run_id}" + (f" (--seed {seed})" if seed else ""))
     rare = [s for s in RARE_STATUSES if any(r["status"] == s for r in rows)]
     columns = ("pass", "fail", "error", *rare, "rejected ok")
     for col in ("impl", "device", *columns, "max budget", "max ulp"):
@@ -371,7 +379,7 @@ def find_case(case_id: str, store: Store) -> tuple[Case, list[str]]:
             if c.id == case_id:
                 return c, []
     raise UsageError(f"case {case_id!r} is neither in the store ({store.root}) nor among the "
-                     f"generated cases; `kparity cases --list` shows ids")
+                     f"generated cases (seed 0); `kparity cases --list` shows ids")
 
 
 def cmd_repro(args) -> int:
@@ -411,6 +419,13 @@ def _filters(p: argparse.ArgumentParser) -> None:
                    help="case label substring: a model preset, 'edge' or 'violates'")
 
 
+def _seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="fresh data: add N to every generated case's seed (sources give 0, so it "
+                        "becomes N), which changes each case's id and inputs; 0 (default) keeps "
+                        "the usual ids. Not with --cases (a file's cases keep their seeds)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kparity", description=__doc__.splitlines()[0])
     p.add_argument("--store", default=None, help="result store (default .kparity or $KPARITY_STORE)")
@@ -423,6 +438,7 @@ def parser() -> argparse.ArgumentParser:
     cases.add_argument("--invalid", action="store_true", help="include violating cases")
     cases.add_argument("--list", action="store_true", help="print each case")
     cases.add_argument("--limit", type=int, default=200)
+    _seed(cases)
     chk = sub.add_parser("check", help="correctness sweep against the oracles")
     _filters(chk)
     chk.add_argument("--valid-only", action="store_true", help="skip the violating cases")
@@ -434,6 +450,7 @@ def parser() -> argparse.ArgumentParser:
                      help="JSON list of cases (op, dims, dtype; dist, seed, params, label) run "
                           "against every selected impl of their op, instead of the generated "
                           "ones")
+    _seed(chk)
     chk.add_argument("--resume", metavar="RUN_ID", default=None,
                      help="continue a killed check run: only the cases it has no row for")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from cases.distributions import DISTRIBUTIONS, draw
-from cases.generate import gate_cases
+from cases.generate import gate_cases, plan
 from cases.model import Case, make_inputs
+from cases.registry import sources
 from oracle.dtypes import FLOAT_DTYPES, round_to, tiny
 
 # Computed once from this exact case and pasted: a change to the id hashing (key fields, JSON
@@ -242,3 +243,63 @@ def test_gate_cases_include_presets_and_edges():
     assert any(c.label == "preset:qwen3-8b" and c.dims["n"] == 4096 for c in cs)
     assert {4094, 4095, 4096, 4097, 4098} <= {c.dims["n"] for c in cs if c.label == "edge"}
     assert gate_cases("no_such_op") == []
+
+
+# --- --seed: fresh data for every generated case -------------------------------------------------
+
+def test_seed_0_leaves_every_gate_case_as_it_was():
+    """The default seed changes nothing: every id stored before --seed existed still matches."""
+    for op, source in sources().items():
+        plain = list(dict.fromkeys(source()))  # the source's own cases, deduplicated
+        assert [c.id for c in gate_cases(op, 0)] == [c.id for c in plain], op
+        assert gate_cases(op) == gate_cases(op, 0), op
+
+
+def test_seed_re_seeds_every_gate_case_deterministically():
+    """--seed 7: each case is the same case (dims, dtype, dist, params, label) with its seed + 7,
+    hence a new id; the same seed gives the same ids again; another seed gives other ids."""
+    for op in sources():
+        base, seeded = gate_cases(op), gate_cases(op, 7)
+        assert len(seeded) == len(base), op
+        for b, s in zip(base, seeded):
+            assert s.seed == b.seed + 7 and s.label == b.label
+            assert (s.dim_items, s.dtype, s.dist, s.param_items) == \
+                   (b.dim_items, b.dtype, b.dist, b.param_items)
+        assert not {c.id for c in seeded} & {c.id for c in base}, op
+        assert [c.id for c in gate_cases(op, 7)] == [c.id for c in seeded], op
+        assert not {c.id for c in gate_cases(op, 8)} & {c.id for c in seeded}, op
+
+
+def test_seed_draws_fresh_inputs():
+    """A re-seeded case's inputs differ from the unseeded case's, and repeat for that seed."""
+    base = next(c for c in gate_cases("rms_norm") if c.dtype == "f32" and c.dist == "normal")
+    seeded = base.with_seed(7)
+    assert seeded.id != base.id and seeded.short().endswith("seed 7")
+    a, b = make_inputs(seeded), make_inputs(base)
+    assert a["x"].tobytes() != b["x"].tobytes()
+    assert make_inputs(seeded)["x"].tobytes() == a["x"].tobytes()
+
+
+def test_seed_is_added_so_cases_differing_in_seed_stay_distinct(monkeypatch):
+    """A source whose cases differ only in seed keeps them apart under --seed (set, not added,
+    would collapse them into one id and drop one)."""
+    import cases.registry as registry
+
+    sources()  # load the real sources first, so they cannot overwrite the stand-in
+    one = Case.make("rms_norm", {"rows": 3, "n": 64}, "f32", label="edge")
+    monkeypatch.setitem(registry._SOURCES, "rms_norm", lambda: [one, one.with_seed(1)])
+    assert [c.seed for c in gate_cases("rms_norm", 5)] == [5, 6]
+
+
+def test_plan_seeds_valid_and_violating_cases_alike():
+    """`plan(seed=)` reaches both kinds of work, so a violating case is built on fresh data too."""
+    import gpu_impls
+
+    impl = gpu_impls.impls()["torch:rms_norm"]
+    base, seeded = plan([impl], dtypes=["f32"]), plan([impl], dtypes=["f32"], seed=3)
+    assert {w.expect for w in seeded} == {"valid", "rejected"}
+    assert [(w.expect, w.case.label) for w in seeded] == [(w.expect, w.case.label) for w in base]
+    assert all(w.case.seed == 3 for w in seeded)
+    assert not {w.case.id for w in seeded} & {w.case.id for w in base}
+    with pytest.raises(ValueError, match="seed -1"):
+        gate_cases("rms_norm", -1)

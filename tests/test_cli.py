@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from cases.distributions import DISTRIBUTIONS
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def test_repro_reruns_a_stored_case(tmp_path, capsys):
     (["check", "--preset", "qwen9"], "unknown preset 'qwen9'"),
     (["repro", "000000000000"], "neither in the store"),
     (["--plugin", "no_such_module_xyz", "ops"], "cannot import"),
+    (["check", "--seed", "-1"], "--seed -1: at least 0"),
+    (["cases", "--seed", "-2"], "--seed -2: at least 0"),
 ])
 def test_bad_input_exits_2_naming_valid_choices(tmp_path, capsys, argv, fragment):
     assert run(tmp_path, *argv) == 2
@@ -140,3 +143,57 @@ def test_a_py_plugin_runs_once_per_process(tmp_path):
     for _ in range(2):
         assert run(tmp_path, "--plugin", str(plugin), "check", "--impl",
                    "torch:plain_plugin_copy", "--preset", "qwen3-0.6b", "--dtype", "bf16") == 0
+
+
+def _listed_ids(capsys, tmp_path, *flags) -> list[str]:
+    assert run(tmp_path, "cases", "--impl", "torch:rms_norm", "--invalid", "--list",
+               "--limit", "1000", *flags) == 0
+    words = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    return [w[0] for w in words if w and re.fullmatch("[0-9a-f]{12}", w[0])]  # `id  impl ...`
+
+
+def test_cases_seed_lists_the_ids_a_seeded_check_would_run(tmp_path, capsys):
+    """`--seed 0` lists exactly the usual ids; `--seed 7` a new id for every case, the same
+    ones each time."""
+    plain = _listed_ids(capsys, tmp_path)
+    assert plain and _listed_ids(capsys, tmp_path, "--seed", "0") == plain
+    seeded = _listed_ids(capsys, tmp_path, "--seed", "7")
+    assert len(seeded) == len(plain) and not set(seeded) & set(plain)
+    assert _listed_ids(capsys, tmp_path, "--seed", "7") == seeded
+
+
+def test_check_seed_runs_and_records_seeded_cases(tmp_path, capsys):
+    """`check --seed 3`: every row's case carries seed 3 (ids unlike seed 0's), the runs row's
+    filters keep it, the summary names it, and --resume reuses it (nothing left to run)."""
+    argv = ["check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b", "--dtype", "f32"]
+    assert run(tmp_path, *argv, "--seed", "3") == 0
+    assert "(--seed 3)" in capsys.readouterr().out
+    store = tmp_path / "store"
+    rows = ds.dataset(str(store / "correctness"), format="parquet").to_table().to_pylist()
+    assert rows and {json.loads(r["case_json"])["seed"] for r in rows} == {3}
+    assert run(tmp_path, *argv) == 0
+    rows = ds.dataset(str(store / "correctness"), format="parquet").to_table().to_pylist()
+    by_seed = {s: {r["case_id"] for r in rows if json.loads(r["case_json"])["seed"] == s}
+               for s in (0, 3)}
+    assert len(by_seed[0]) == len(by_seed[3]) > 0 and not by_seed[0] & by_seed[3]
+    runs = ds.dataset(str(store / "runs"), format="parquet").to_table().to_pylist()
+    seeded = next(r for r in runs if json.loads(r["filters"])["seed"] == 3)
+    capsys.readouterr()
+    assert run(tmp_path, "check", "--resume", seeded["run_id"], "--seed", "4") == 2
+    assert "differs from the run's own" in capsys.readouterr().out
+    assert run(tmp_path, "check", "--resume", seeded["run_id"]) == 0
+    assert f"{len(by_seed[3])} rows kept (0 recovered from its journal), 0 to run" in \
+        capsys.readouterr().out
+
+
+def test_seed_with_a_case_file_is_refused(tmp_path, capsys):
+    """A case file's cases keep their own seeds: --seed with --cases would be ignored, so it is
+    refused instead."""
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps([{"op": "rms_norm", "dims": {"rows": 2, "n": 64}, "dtype": "f32",
+                                 "seed": 5}]))
+    assert run(tmp_path, "check", "--cases", str(path), "--seed", "1") == 2
+    assert "keep the seeds the file gives them" in " ".join(capsys.readouterr().out.split())
+    assert run(tmp_path, "check", "--cases", str(path), "--impl", "torch:rms_norm") == 0
+    rows = ds.dataset(str(tmp_path / "store" / "correctness"), format="parquet").to_table()
+    assert {json.loads(c)["seed"] for c in rows.column("case_json").to_pylist()} == {5}
