@@ -1,56 +1,202 @@
 """Storage dtypes and the few floating-point facts tolerances are derived from.
 
-Names are kparity's: "f32", "f16", "bf16" for activations, "u32"/"i32" for packed codes and indices.
-bf16 storage comes from `ml_dtypes`; every conversion rounds to nearest, ties to even (RNE), the
-rounding GPU stores use (`__float2bfloat16_rn`, `cvt.rn.f16.f32`, Metal's `bfloat(x)`).
+Names are kparity's: "f32", "f16", "bf16" for activations; "e4m3", "e5m2" (fp8), "e2m1" (fp4)
+and "ue8m0" (MX block scales) for narrow storage; "u32"/"i32"/"i64"/"u8" for packed codes and
+indices. Narrow and bf16 storage comes from `ml_dtypes`. `round_to` rounds a float64 value to
+nearest, ties to even (RNE), in ONE step, the rounding GPU stores use (`__float2bfloat16_rn`,
+`cvt.rn.f16.f32`, Metal's `bfloat(x)`). ml_dtypes' own `astype` from float64 goes through float32
+first and so rounds twice: `1 + 2^-8 + 2^-30` becomes bf16 1.0 that way, RNE gives 1.0078125.
+
+Formats without infinity follow ml_dtypes' conversion (measured on ml_dtypes 0.6.0) where a value
+rounds past max finite: e4m3 -> NaN (0x7F / 0xFF, sign kept; ±inf too), ue8m0 -> NaN (0xFF),
+e2m1 -> ±6 (it saturates; it has no NaN either, so a NaN input raises instead of becoming ±0 as
+ml_dtypes' bit cast does). `round_to(..., saturate=True)` instead clamps every overflow, ±inf
+included, to ±max finite in every format (CUDA's fp8 conversions take `__NV_SATFINITE` for
+out-of-range values); NaN stays NaN. ml_dtypes 0.6.0 also casts float32 subnormals in
+(2^-127, 1.5 * 2^-127) to ue8m0 2^-126, not the nearest 2^-127; round_to gives 2^-127.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import ml_dtypes
 import numpy as np
 
-FLOAT_DTYPES = ("f32", "f16", "bf16")
+FLOAT_DTYPES = ("f32", "f16", "bf16")        # activation dtypes: every op runs on these
+NARROW_FLOATS = ("e4m3", "e5m2", "e2m1", "ue8m0")  # quantized storage and block scales
 
-_STORAGE = {
-    "f32": np.dtype(np.float32),
-    "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point storage format.
+
+    A finite nonzero value is (-1)^s * 2^(E - bias) * 1.f (normal, E >= 1) or
+    (-1)^s * 2^(1 - bias) * 0.f (subnormal, E = 0), f having `mantissa_bits` bits; ue8m0 has no
+    sign, no mantissa, no zero and no subnormals: every field E < 255 is 2^(E - 127).
+    """
+    name: str
+    dtype: np.dtype           # the ml_dtypes / NumPy dtype of one element (e2m1: one per byte)
+    bits: int                 # bits per element in kernel memory (e2m1: 4, packed two per byte)
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    signed: bool
+    has_inf: bool
+    nan: str | None           # "ieee": exponent all ones, mantissa != 0; "s1111111": only
+                              # S.1111.111 (e4m3fn); "0xff": only 0xFF (ue8m0); None: no NaN
+    has_zero: bool
+    overflow: str             # what a value rounding past max_finite becomes: "inf" / "nan" /
+                              # "saturate" (±max_finite)
+    max_finite: float
+    tiny: float               # smallest positive normal
+    smallest_subnormal: float  # = tiny where there are no subnormals
+
+    @property
+    def eps(self) -> float:
+        """Spacing of 1.0 to the next value up: 2^-mantissa_bits."""
+        return 2.0 ** -self.mantissa_bits
+
+    @property
+    def beyond_max(self) -> float:
+        """The grid point above max finite were the exponent unbounded, max + 2^(E_max - m)
+        (f16 2^16, e4m3 480, e2m1 8, ue8m0 2^128): an RNE result equal to it overflows, so the
+        overflow threshold is the midpoint (max + beyond_max) / 2, itself a tie."""
+        return self.max_finite + 2.0 ** (np.floor(np.log2(self.max_finite)) - self.mantissa_bits)
+
+    @property
+    def uint(self) -> np.dtype:
+        """Same-width unsigned integer view of one stored element."""
+        return np.dtype({1: np.uint8, 2: np.uint16, 4: np.uint32}[self.dtype.itemsize])
+
+
+def _fmt(name, dtype, bits, e, m, bias, *, signed=True, inf=True, nan="ieee", zero=True,
+         overflow="inf", max_finite, tiny, sub) -> FloatFormat:
+    return FloatFormat(name, np.dtype(dtype), bits, e, m, bias, signed, inf, nan, zero, overflow,
+                       float(max_finite), float(tiny), float(sub))
+
+
+FLOAT_FORMATS: dict[str, FloatFormat] = {f.name: f for f in (
+    # IEEE binary32 / binary16: max (2 - 2^-m) * 2^(2^e - 2 - bias), tiny 2^(1 - bias).
+    _fmt("f32", np.float32, 32, 8, 23, 127,
+         max_finite=(2 - 2.0 ** -23) * 2.0 ** 127, tiny=2.0 ** -126, sub=2.0 ** -149),
+    _fmt("f16", np.float16, 16, 5, 10, 15, max_finite=65504.0, tiny=2.0 ** -14, sub=2.0 ** -24),
+    # bfloat16: float32's exponent, 7 mantissa bits.
+    _fmt("bf16", ml_dtypes.bfloat16, 16, 8, 7, 127,
+         max_finite=(2 - 2.0 ** -7) * 2.0 ** 127, tiny=2.0 ** -126, sub=2.0 ** -133),
+    # OCP fp8 E4M3 ("fn": finite): no inf, E = 15 holds normals up to 1.110b * 2^8 = 448,
+    # S.1111.111 is NaN. Overflow -> NaN as ml_dtypes converts.
+    _fmt("e4m3", ml_dtypes.float8_e4m3fn, 8, 4, 3, 7, inf=False, nan="s1111111",
+         overflow="nan", max_finite=448.0, tiny=2.0 ** -6, sub=2.0 ** -9),
+    # OCP fp8 E5M2: IEEE-like, max 1.11b * 2^15 = 57344.
+    _fmt("e5m2", ml_dtypes.float8_e5m2, 8, 5, 2, 15, max_finite=57344.0, tiny=2.0 ** -14,
+         sub=2.0 ** -16),
+    # OCP MX fp4 E2M1: values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}; no inf, no NaN; overflow saturates.
+    _fmt("e2m1", ml_dtypes.float4_e2m1fn, 4, 2, 1, 1, inf=False, nan=None, overflow="saturate",
+         max_finite=6.0, tiny=1.0, sub=0.5),
+    # OCP MX scale E8M0: unsigned powers of two 2^-127 .. 2^127, 0xFF is NaN, no zero.
+    _fmt("ue8m0", ml_dtypes.float8_e8m0fnu, 8, 8, 0, 127, signed=False, inf=False, nan="0xff",
+         zero=False, overflow="nan", max_finite=2.0 ** 127, tiny=2.0 ** -127, sub=2.0 ** -127),
+)}
+
+_INT_STORAGE = {
     "u32": np.dtype(np.uint32),
     "i32": np.dtype(np.int32),
+    "i64": np.dtype(np.int64),
+    "u8": np.dtype(np.uint8),
 }
-# Same-width unsigned integer views, for bit comparisons and ULP distances.
-_BITS = {"f32": np.uint32, "f16": np.uint16, "bf16": np.uint16}
+
+# NumPy converts float64 to these in one correctly rounded (RNE) step; tests/test_rounding.py
+# checks it against an exact reference. Every other format goes through `_round_rne`.
+_NUMPY_ROUNDS_ONCE = ("f32", "f16")
 
 
 def storage_dtype(name: str) -> np.dtype:
+    if name in FLOAT_FORMATS:
+        return FLOAT_FORMATS[name].dtype
     try:
-        return _STORAGE[name]
+        return _INT_STORAGE[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(_STORAGE)}") from None
+        valid = ", ".join([*FLOAT_FORMATS, *_INT_STORAGE])
+        raise ValueError(f"unknown dtype {name!r}; valid: {valid}") from None
 
 
-def round_to(x: np.ndarray, name: str) -> np.ndarray:
-    """Round float64 values to the storage dtype (RNE), returned in that dtype."""
-    return np.asarray(x).astype(storage_dtype(name))
+def float_format(name: str) -> FloatFormat:
+    try:
+        return FLOAT_FORMATS[name]
+    except KeyError:
+        storage_dtype(name)  # raises for names that are not dtypes at all
+        raise ValueError(f"{name!r} is not a floating-point format") from None
+
+
+def _round_rne(x: np.ndarray, fmt: FloatFormat, saturate: bool) -> np.ndarray:
+    """float64 -> float64 values of `fmt`, rounded to nearest, ties to even, in one step.
+
+    With |x| = f * 2^e, f in [0.5, 1) (np.frexp, exact), the leading bit is 2^(e-1) and the
+    format's spacing there is the quantum q = 2^(e - 1 - m), floored at the smallest subnormal
+    (below tiny the spacing stops shrinking). |x| / q is exact (q is a power of two; the
+    quotient is below 2^(m+1), or a subnormal-range |x| scaled up), so np.rint(|x| / q) * q is
+    RNE: the integer multiple of q nearest |x|, the even one on a tie. A tie between the top
+    of a binade and the next power of two ends on the even multiple too (2^(m+1), the power
+    of two).
+    Rounding is done as if the exponent were unbounded, so overflow is then |r| > max finite
+    (IEEE 754's rule): for f16, 65520 = 2047.5 * 32 ties to 2048 * 32 = 2^16 -> inf, while for
+    e4m3, 464 = 14.5 * 32 ties to 14 * 32 = 448 and stays finite.
+    With no mantissa bits (ue8m0) every tie 1.5 * 2^k goes up to 2^(k+1) (rint(1.5) = 2), as
+    ml_dtypes does.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    mag = np.abs(x)
+    _, e = np.frexp(mag)
+    q_exp = np.maximum(e - 1 - fmt.mantissa_bits, int(np.log2(fmt.smallest_subnormal)))
+    with np.errstate(invalid="ignore"):  # NaN / inf pass through rint and ldexp unchanged
+        r = np.ldexp(np.rint(np.ldexp(mag, -q_exp)), q_exp)
+        overflow_to = {"inf": np.inf, "nan": np.nan, "saturate": fmt.max_finite}[
+            "saturate" if saturate else fmt.overflow]
+        r = np.where(r > fmt.max_finite, overflow_to, r)
+    if not fmt.signed:
+        # ue8m0: no zero, so every positive value below 2^-127 has 2^-127 as its nearest; zero,
+        # negatives and NaN have no representation at all -> NaN (as ml_dtypes casts them).
+        return np.where(x > 0, np.maximum(r, fmt.tiny), np.nan)
+    return np.copysign(r, x)  # keeps -0.0 and the sign of an overflowed value
+
+
+def round_to(x: np.ndarray, name: str, *, saturate: bool = False) -> np.ndarray:
+    """Round values (taken as float64) to dtype `name`, RNE in one step, returned in that dtype.
+
+    Overflow (a value whose RNE result, exponent unbounded, exceeds max finite) gives ±inf, or
+    for formats without inf what ml_dtypes gives (e4m3, ue8m0: NaN; e2m1: ±6), or ±max finite
+    with `saturate`. NaN stays NaN (e2m1 has no NaN: ValueError); signed zeros are kept.
+    Integer names keep NumPy's `astype`.
+    """
+    if name not in FLOAT_FORMATS:
+        return np.asarray(x).astype(storage_dtype(name))
+    fmt = FLOAT_FORMATS[name]
+    x = np.asarray(x, dtype=np.float64)
+    if fmt.nan is None and np.isnan(x).any():
+        raise ValueError(f"{name} has no NaN; {np.isnan(x).sum()} NaN input(s)")
+    if name in _NUMPY_ROUNDS_ONCE and not saturate:
+        with np.errstate(over="ignore"):  # finite -> inf is the IEEE overflow result
+            return x.astype(fmt.dtype)
+    return _round_rne(x, fmt, saturate).astype(fmt.dtype)  # exact: values are representable
 
 
 def eps(name: str) -> float:
     """Machine epsilon: spacing of 1.0 to the next value (f32 2^-23, f16 2^-10, bf16 2^-7)."""
-    return float(ml_dtypes.finfo(storage_dtype(name)).eps)
+    return float_format(name).eps
 
 
 def tiny(name: str) -> float:
     """Smallest positive normal."""
-    return float(ml_dtypes.finfo(storage_dtype(name)).tiny)
+    return float_format(name).tiny
 
 
 def smallest_subnormal(name: str) -> float:
-    return float(ml_dtypes.finfo(storage_dtype(name)).smallest_subnormal)
+    return float_format(name).smallest_subnormal
 
 
 def max_finite(name: str) -> float:
-    return float(ml_dtypes.finfo(storage_dtype(name)).max)
+    return float_format(name).max_finite
 
 
 def spacing(values: np.ndarray, name: str) -> np.ndarray:
@@ -66,25 +212,41 @@ def spacing(values: np.ndarray, name: str) -> np.ndarray:
 
 
 def ordered_bits(x: np.ndarray, name: str) -> np.ndarray:
-    """Map floats to integers whose order and differences count representable values (ULPs)."""
-    bits = np.ascontiguousarray(x).view(_BITS[name]).astype(np.int64)
-    width = 8 * np.dtype(_BITS[name]).itemsize
-    sign = np.int64(1) << (width - 1)
+    """Map stored values to integers whose order and differences count representable values
+    (ULPs): sign-magnitude bits -> two's complement, with +0 and -0 both 0."""
+    fmt = float_format(name)
+    bits = np.ascontiguousarray(x).view(fmt.uint).astype(np.int64)
+    if not fmt.signed:
+        return bits
+    sign = np.int64(1) << (fmt.bits - 1)
     return np.where(bits & sign, -(bits & (sign - 1)), bits)
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
     """How many representable `name` values lie between a and b (0 = bit-identical up to ±0)."""
-    a = np.asarray(a).astype(storage_dtype(name))
-    b = np.asarray(b).astype(storage_dtype(name))
-    return np.abs(ordered_bits(a, name) - ordered_bits(b, name))
+    return np.abs(ordered_bits(round_to(a, name), name) - ordered_bits(round_to(b, name), name))
 
 
 def _from_ordered(ordered: np.ndarray, name: str) -> np.ndarray:
-    width = 8 * np.dtype(_BITS[name]).itemsize
-    sign = np.int64(1) << (width - 1)
-    bits = np.where(ordered < 0, (-ordered) | sign, ordered).astype(_BITS[name])
-    return bits.view(storage_dtype(name)).astype(np.float64)
+    """Inverse of `ordered_bits`, as float64. One step past ±max finite gives ±beyond_max, so
+    the overflow threshold counts as a rounding boundary (not for e2m1, which saturates: no
+    boundary there); further steps (inf, NaN, wrapped codes) give ±inf: no boundary."""
+    fmt = float_format(name)
+    top = int(ordered_bits(round_to(np.array([fmt.max_finite]), name), name)[0])
+    bottom = -top if fmt.signed else 0
+    if fmt.signed:
+        sign = np.int64(1) << (fmt.bits - 1)
+        bits = np.where(ordered < 0, (-ordered) | sign, ordered)
+    else:
+        bits = ordered
+    bits = np.clip(bits, 0, np.iinfo(fmt.uint).max).astype(fmt.uint)
+    values = bits.view(fmt.dtype).astype(np.float64)
+    past = np.inf if fmt.overflow == "saturate" else fmt.beyond_max
+    values = np.where(ordered == top + 1, past, np.where(ordered > top + 1, np.inf, values))
+    if fmt.signed:
+        return np.where(ordered == bottom - 1, -past,
+                        np.where(ordered < bottom - 1, -np.inf, values))
+    return np.where(ordered < bottom, -np.inf, values)
 
 
 def rounding_margin(values: np.ndarray, name: str) -> np.ndarray:
