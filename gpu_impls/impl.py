@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gpu_impls.contract import NO_CONTRACT, Contract, Launch
+from oracle.numerics import DEFAULT as DEFAULT_NUMERICS
+from oracle.numerics import Numerics
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class Impl:
     # Row i of a batch equals the batch-of-1 result on row i bit for bit (`OpSpec.batch`): True
     # on every device, or the `Backend.device()` prefixes where it was verified (e.g. ("cpu",)).
     batch_invariant: bool | tuple[str, ...] = False
+    # What the impl declares about its f32 arithmetic (`oracle/numerics.py`): the order of its
+    # sums (default: any order, the bound that holds for every kernel) and its functions' ULPs.
+    # A declared order tightens the bound; it must be true of the impl on every device.
+    numerics: Numerics = DEFAULT_NUMERICS
 
     def available(self, backend) -> tuple[bool, str]:
         ok, why = backend.available()

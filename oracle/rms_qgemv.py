@@ -15,41 +15,27 @@ to T is the store. So the oracle computes in float64 from the T-rounded inputs (
 sees them: with `ftz`, f32-subnormal inputs read as 0, `oracle.norms.kernel_view`) and returns
 the pre-store value. No weight offset: the seed multiplies by norm_weight as stored.
 
-Tolerance (derived). A kernel computes in f32 (u = eps32/2):
-  (a) the store's rounding: half an ULP of T at |out|;
-  (b) the GEMV over n, as `dequant_gemv` (`oracle/gemv.py`): eps32 * (in/8 + 1 + 4) * scale,
-      with scale = sum_d (|q s| + |b|) |n_d|, which bounds the terms of both the dequantize-
-      then-dot form and the algebraic split s * sum(q n) + b * sum(n) (cancellation included);
-  (c) the norm: inv's relative error (the sum of `in` squares over L >= 4 partial sums, / in,
-      + eps, rsqrt at 2 ULP) and the two multiplies forming n_d; inv is common to every term,
-      so its error scales the whole sum: `oracle.norms.f32_noise(in, k=8) * scale` (k: rsqrt
-      2 ULP, the divide, the add and two multiplies at 1/2 ULP each = 4 ULP, 2x margin);
-  (d) subnormal f32 intermediates (the `tiny` distribution): each rounding in the subnormal
-      range errs by up to 2^-150 absolute (2^-126 under FTZ), amplified by what multiplies it
-      later: x*nw by inv and then |w_hat|, n_d by |w_hat|, and the q*s, +b, *n, +acc roundings
-      by at most |n_d| or 1: amplify = sum_d ((inv + 1)(|q s| + |b|) + 2 |n_d| + 2).
-An all-zero x gives out = 0 and a bound of exactly 0 (every term is an exact zero).
-
+Tolerance (derived): the admissible kernel model, in the interval arithmetic of
+`oracle/numerics.py`: the norm's `inv` as `oracle.norms.inv_kernel` (the sum of squares in the
+impl's declared order, the divide, + eps, rsqrt at 2 ULP), n_d = x_d * nw_d * inv in the worst
+association (two roundings, carried into every term), then the GEMV on n_d as
+`oracle.gemv.gemv_kernel_on` (the worse of dequantize-then-dot and the algebraic split), and the
+store. An all-zero x gives out = 0 and a bound of exactly 0 (every term is an exact zero).
 Against the seed: its test_kernel tolerance is 2e-1 absolute at outputs of order 10 for every
 dtype (2e-2 relative), its legacy test a max relative error of 5e-3 / 2e-2 / 5e-2 for f32 / f16 /
 bf16; the loosest acceptable bound relative to the output is the tighter of the two
-(`SEED_REL_TOL`). At in = 14336 (b)+(c) are ~2.2e-4 * scale, and (a) is 2^-9 relative for bf16,
-so never looser; `tests/test_rms_qgemv_oracle.py` checks it on every gate case.
+(`SEED_REL_TOL`); `tests/test_rms_qgemv_oracle.py` checks it on every gate case.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from oracle.dtypes import eps as dtype_eps
-from oracle.dtypes import spacing
-from oracle.gemv import GROUPS, W_WORDS
-from oracle.norms import f32_noise, kernel_view, rms_inv_rows, subnormal_err
+from oracle.gemv import GROUPS, W_WORDS, gemv_kernel_on, weights_kernel
+from oracle.norms import inv_kernel, kernel_view, rms_inv_rows
 from oracle.quant import dequantize
 from oracle.spec import OpSpec, TensorSpec, get_op, register
 
-EPS32 = dtype_eps("f32")
-NORM_K = 8  # ULPs of the norm's f32 steps, 2x margin: see (c) in the module docstring
 # The seed's tolerances as a fraction of the output's magnitude: min(2e-1 abs at O(10), legacy
 # max-rel 5e-3 / 2e-2 / 5e-2).
 SEED_REL_TOL = {"f32": 5e-3, "f16": 2e-2, "bf16": 2e-2}
@@ -75,17 +61,12 @@ def rms_norm_qgemv(inputs: dict, case) -> dict:
     return {"out": _w_hat(inputs, case) @ normed}
 
 
-def rms_norm_qgemv_tolerance(inputs: dict, exact: dict, case) -> dict:
-    n = case.dims["in"]
-    normed, inv = normed_activation(inputs, case)
-    # |q s| + |b| per weight: q >= 0, so it is the dequantization with |s| and |b|
-    w_abs = _w_hat(inputs, case, np.abs(inputs["scales"]), np.abs(inputs["biases"]))
-    scale = w_abs @ np.abs(normed)
-    amplify = (inv + 1.0) * w_abs.sum(axis=-1) + 2.0 * np.abs(normed).sum() + 2.0 * n
-    y = exact["out"]
-    return {"out": 0.5 * spacing(y, case.dtype) * (y != 0)
-            + (EPS32 * (n / 8 + 5) + f32_noise(n, NORM_K)) * scale
-            + subnormal_err(case) * amplify * (scale != 0)}
+def rms_norm_qgemv_kernel(A, inputs: dict, case) -> dict:
+    v = kernel_view({"x": inputs["x"], "nw": inputs["norm_weight"]}, case)
+    x, nw = A.load(v["x"]), A.load(v["nw"])
+    normed = A.prod3(x, nw, A.keep(inv_kernel(A, x, case)))
+    q, s, b = weights_kernel(A, inputs, case)
+    return {"out": gemv_kernel_on(A, q, s, b, normed, case.dims["group_size"])}
 
 
 def _bytes(case) -> int:
@@ -102,7 +83,7 @@ register(OpSpec(
             TensorSpec("x", IN),
             TensorSpec("norm_weight", IN, init="weight")),
     outputs=(TensorSpec("out", lambda d: (d["out"],)),),
-    oracle=rms_norm_qgemv, tolerance=rms_norm_qgemv_tolerance, bytes=_bytes,
+    oracle=rms_norm_qgemv, tolerance=None, kernel=rms_norm_qgemv_kernel, version=2, bytes=_bytes,
     # the GEMV's multiply-add per weight, plus the norm's square-add and two multiplies per x
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"] + 4 * case.dims["in"],
     params={"eps": 1e-6, "ftz": 0}, doc=rms_norm_qgemv.__doc__, inf_may_be_nan=True))

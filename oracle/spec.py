@@ -10,8 +10,12 @@ Conventions shared by every oracle:
   value the kernel contract asks for just before the final store rounds it to the output dtype.
   Rounding points that the contract places *inside* the computation are reproduced by the oracle;
   the final store rounding is applied by `OpSpec.reference`, from the output's declared dtype.
-* `tolerance(inputs, exact, case)` returns, per output, an element-wise bound on
-  |impl - exact|; the docstring of each op derives it.
+* The tolerance is an element-wise bound on |impl - exact| per output. An op states it one of
+  two ways: `kernel(arith, inputs, case)`, the admissible kernel's f32 computation written once
+  against an arithmetic (`oracle/numerics.py`), from which `bounds` derives the rigorous bound
+  for the impl's declared numerics (and the property test the worst admissible kernel); or a
+  hand-derived `tolerance(inputs, exact, case)`. The docstring of each op says which roundings
+  its kernel model charges.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class OpSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     oracle: Callable[[dict, object], dict]
-    tolerance: Callable[[dict, dict, object], dict]
+    tolerance: Callable[[dict, dict, object], dict] | None
     bytes: Callable[[object], int]
     flops: Callable[[object], int]
     params: Mapping[str, object] = field(default_factory=dict)
@@ -91,6 +95,16 @@ class OpSpec:
     # out NaN (inf - inf; e.g. a GEMV's split s * sum(q x) + b * sum(x)): such an output may be
     # NaN or the oracle's infinity. NaN stays NaN and finite stays finite either way.
     inf_may_be_nan: bool = False
+    # Set: the admissible kernel's computation (`oracle/numerics.py`): `kernel(arith, inputs,
+    # case)` returns each output's pre-store value in that arithmetic.
+    kernel: Callable[[object, dict, object], dict] | None = None
+
+    def __post_init__(self):
+        if self.tolerance is None:
+            if self.kernel is None:
+                raise ValueError(f"op {self.name}: give a kernel model or a tolerance")
+            object.__setattr__(self, "tolerance", lambda inputs, exact, case, numerics=None:
+                               self.bounds(inputs, exact, case, numerics))
 
     def output_dtype(self, name: str, case_dtype: str) -> str:
         return next(t for t in self.outputs if t.name == name).dtype(case_dtype)
@@ -101,6 +115,19 @@ class OpSpec:
             exact = self.oracle(inputs, case)
         rounded = {t.name: round_to(exact[t.name], t.dtype(case.dtype)) for t in self.outputs}
         return exact, rounded
+
+    def bounds(self, inputs: dict, exact: dict, case, numerics=None) -> dict:
+        """Per output, the bound on |impl - exact| for an impl declaring `numerics`
+        (`oracle.numerics.Numerics`; None: the default, every order admitted)."""
+        from oracle.numerics import DEFAULT, Bounds, model_for
+
+        if self.kernel is None:
+            return self.tolerance(inputs, exact, case)
+        arith = Bounds(model_for(case, numerics or DEFAULT))
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            values = self.kernel(arith, inputs, case)
+            return {t.name: arith.store(values[t.name], t.dtype(case.dtype))
+                    for t in self.outputs}
 
     def io_bytes(self, case) -> int:
         """Each input read once, each output written once."""

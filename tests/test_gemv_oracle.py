@@ -282,8 +282,9 @@ def test_level2_loss_is_reported_not_gated_and_shrinks_with_bits():
 
 def test_subnormal_arithmetic_is_within_the_bound():
     """A hypothesis draw: f32 `tiny` activations make every product subnormal, and torch's CPU
-    GEMV erred by 2 subnormal ULPs against a bound of 1 before the tolerance's subnormal term
-    (oracle/gemv.py (c)); under FTZ the term grows to 2^-126 per rounding."""
+    GEMV erred by 2 subnormal ULPs against a bound of 1 before the tolerance charged each
+    subnormal rounding 2^-150 (oracle/numerics.py); under FTZ a subnormal result may flush to
+    zero, so each is charged its whole magnitude (below 2^-126), orders of magnitude more."""
     from gpu_impls import backend, impls
     from runners.correctness import check
     from cases.generate import Work
@@ -296,7 +297,7 @@ def test_subnormal_arithmetic_is_within_the_bound():
     exact, _ = case.spec.reference(inputs, case)
     plain = case.spec.tolerance(inputs, exact, case)["out"]
     ftz = case.spec.tolerance(inputs, exact, case.replace(ftz=1))["out"]
-    assert (ftz > 1e6 * plain).all() and (plain > 2.0 ** -149).all()
+    assert (ftz > 1e3 * plain).all() and (plain > 2.0 ** -149).all()
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])

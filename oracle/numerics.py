@@ -1,0 +1,496 @@
+"""The floating-point error model every derived tolerance is built from.
+
+A kernel contract fixes the math, the dtypes and the rounding points; it leaves the kernel free
+in how it computes in f32 between them (the order of a sum, how a product of three factors
+associates, a function's last ULPs). The *admissible* kernels are all of those. This module
+bounds, rigorously, how far any admissible kernel's f32 value can be from the exact one, by
+carrying an interval around the exact value through the kernel's computation:
+
+    Val(v, e)     v: the exact value of an intermediate (float64, the contract's rounding points
+                  applied);  e: a bound on |kernel's value - v| over every admissible kernel.
+
+Each f32 operation propagates the operands' errors exactly over the interval (no first-order
+approximation: |ab - a'b'| <= |a| e_b + |b| e_a + e_a e_b, a monotone function's image of
+[v - e, v + e]) and then adds its own rounding, charged at the largest magnitude the result can
+have, m = |v| + e:
+
+    half an f32 ULP at m            + - * and a correctly rounded divide (u = 2^-24 relative,
+                                    2^-150 absolute in the subnormal range; an exact 0 costs 0)
+    m itself where m < 2^-126       under FTZ (param `ftz`): the result may flush to zero
+    k ULPs at m                     a function with a documented error (`FUNCTION_ULPS`)
+
+Sums of n terms (`f32_sum`) charge one rounding per addition at the magnitude of the partial
+sum it produces; which partial sums exist depends on the order the impl declares (`Reduction`):
+
+    any         (default) every order and tree: the partial sums are bounded by the caterpillar
+                of the largest terms first, C_k = sum of the k largest |terms|; sum_k u C_k
+                (a tree has at most n-k+1 nodes of k or more leaves, so its j-th largest node
+                is at most C_{n-j+1}). For n equal terms that is (n/2) u sum|t|: gamma_{n-1}
+                halved, the worst admissible order (sequential, largest first) attains it.
+    sequential  index order: the exact partial sums P_k = t_1 + ... + t_k, sum_k half_ulp(|P_k|)
+                (data-dependent: a random-sign dot product's partials grow as sqrt(k), so this
+                bites where `any` cannot).
+    lanes(L)    L lanes, lane j summing t_j, t_{j+L}, ... sequentially, then a balanced tree of
+                depth ceil(log2 L) over the lane totals (a SIMD group, a threadgroup).
+
+The errors of the additions feed the later partial sums; a first pass bounds the total with
+u = 2^-24 per addition and the factor 1 / (1 - count u), a second charges each addition half an
+ULP at its exact partial sum plus that total (rigorous, and as tight as the rounding grid).
+
+Declared rounding points (`round_to`): the kernel's f32 value lands on some T value between
+RNE_T(v - e) and RNE_T(v + e) (rounding is monotone); the oracle takes RNE_T(v). The new error is
+the larger distance from RNE_T(v) to either end: 0 unless the interval straddles a midpoint of T,
+one neighbour's gap otherwise, the right one at binade edges. The store (`store_bound`) is the
+same step against the exact pre-store value.
+
+`Adverse` is the other side of the same model: a float64 emulation of an admissible kernel,
+each rounding charged exactly what `Val` charges, in a direction chosen per rounding site
+(`Choices`), sums in the declared order; the property test searches the directions for the
+worst kernel. The property test (`tests/test_bounds_corners`)
+runs it and the correctly rounded answer on corner inputs: both must stay within the bound, and
+the bound with any one term shrunk by 10 % must fail one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from oracle.dtypes import round_to, spacing
+
+U = 2.0 ** -24  # unit roundoff of f32: the relative error of one round-to-nearest
+TINY32 = 2.0 ** -126  # smallest normal f32
+SUB32 = 2.0 ** -150  # half the smallest f32 subnormal: a subnormal result's rounding error
+# The oracle and the kernel model evaluate the exact value in float64 by different formulas
+# (they differ by a few float64 ULPs): every bound carries this much relative slack for that,
+# 2^16 below an f32 ULP, so a correctly rounded output never fails by float64 noise.
+F64_SLACK = 2.0 ** -40
+
+# A function's error in ULPs of f32 at its result, per backend, from each vendor's documentation:
+# CUDA C Programming Guide, "Mathematical Functions" (rsqrtf 2, expf 2, __expf 2 + floor(1.16
+# |x|) is not used by any kernel here, fast divide __fdividef 2); CPU backends compute rsqrt as
+# 1/sqrt (two correctly rounded steps: < 1.5 ULP) and call libm expf (< 1 ULP): 2 covers both.
+FUNCTION_ULPS = {"rsqrt": 2.0, "exp": 2.0, "div": 2.0}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """The order an impl sums n terms in: "any" (undeclared), "sequential" or "lanes" (L)."""
+
+    kind: str = "any"
+    lanes: int = 1
+
+    def __post_init__(self):
+        if self.kind not in ("any", "sequential", "lanes"):
+            raise ValueError(f"unknown reduction {self.kind!r}: any, sequential or lanes")
+        if self.kind == "lanes" and self.lanes < 2:
+            raise ValueError("a lanes reduction needs at least 2 lanes")
+
+    def __str__(self) -> str:
+        return f"lanes({self.lanes})" if self.kind == "lanes" else self.kind
+
+
+ANY_ORDER = Reduction("any")
+SEQUENTIAL = Reduction("sequential")
+
+
+def lanes(n: int) -> Reduction:
+    return Reduction("lanes", n)
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """What an impl declares about its f32 arithmetic (`Impl.numerics`): the order of its sums
+    and its functions' ULPs. The default admits every order: sound for any impl, and tighter
+    bounds for an impl that says more."""
+
+    reduction: Reduction = ANY_ORDER
+    ulps: Mapping[str, float] = field(default_factory=lambda: dict(FUNCTION_ULPS))
+
+    def __str__(self) -> str:
+        return f"reduction={self.reduction}"
+
+
+DEFAULT = Numerics()
+
+
+# --- one rounding -----------------------------------------------------------------------------
+
+MAX32 = float(np.finfo(np.float32).max)
+_EXPONENT = np.uint64(0x7FF0000000000000)
+
+
+def half_ulp32(m: np.ndarray) -> np.ndarray:
+    """Half an f32 ULP at magnitude m (the upper gap at a binade edge; 2^-150 below 2^-126):
+    2^(floor(log2 m) - 24), read off m's float64 exponent bits (`dtypes.spacing`'s value, ~20x
+    faster: the GEMV bounds call it on every term)."""
+    m = np.minimum(np.abs(np.asarray(m, dtype=np.float64)), MAX32)
+    power = (np.ascontiguousarray(m).view(np.uint64) & _EXPONENT).view(np.float64)
+    return np.where(m < TINY32, SUB32, power.reshape(m.shape) * 2.0 ** -24)
+
+
+@dataclass(frozen=True)
+class Model:
+    """How one kernel's roundings are charged: FTZ, the impl's numerics, and `shrink`, a factor
+    per kind of term ("round", "func", "sum", "sub", "store") that only the property test sets
+    below 1 (to show each term is needed)."""
+
+    ftz: bool = False
+    numerics: Numerics = DEFAULT
+    shrink: Mapping[str, float] = field(default_factory=dict)
+
+    def k(self, term: str) -> float:
+        return self.shrink.get(term, 1.0)
+
+    def rnd(self, m: np.ndarray, term: str = "round") -> np.ndarray:
+        """Largest error of one f32 rounding of a value of magnitude <= m (`term`: which kind
+        of rounding, for `shrink`: "round" for + - *, "sum" for a reduction's additions)."""
+        m = np.abs(np.asarray(m, dtype=np.float64))
+        err = self.k(term) * half_ulp32(m)
+        if (m < TINY32).any():  # subnormal results: 2^-150, or flushed (FTZ); exact zeros: 0
+            sub = self.k("sub") * (m if self.ftz else np.minimum(m, SUB32))
+            err = np.where(m < TINY32, sub, err)
+        return err
+
+    def func(self, name: str, m: np.ndarray) -> np.ndarray:
+        """A function's error at result magnitude m: its ULPs (a subnormal or FTZ'd result as
+        one rounding)."""
+        m = np.abs(np.asarray(m, dtype=np.float64))
+        ulps = self.numerics.ulps.get(name, FUNCTION_ULPS[name])
+        return np.where(m < TINY32, self.rnd(m), self.k("func") * ulps * 2.0 * half_ulp32(m))
+
+
+def model_for(case, numerics: Numerics = DEFAULT, shrink: Mapping[str, float] | None = None
+              ) -> Model:
+    return Model(bool(case.params.get("ftz")), numerics, shrink or {})
+
+
+# --- the interval value -------------------------------------------------------------------------
+
+@dataclass
+class Val:
+    """An intermediate: exact value `v` and error bound `e` (arrays, broadcast together)."""
+
+    v: np.ndarray
+    e: np.ndarray
+    m: Model
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return np.shape(self.v)
+
+    @staticmethod
+    def exact(x, model: Model) -> "Val":
+        v = np.asarray(x, dtype=np.float64)
+        return Val(v, np.zeros_like(v), model)
+
+    def _rounded(self, v, e) -> "Val":
+        return _finite(Val(v, e + self.m.rnd(np.abs(v) + e), self.m))
+
+    def __add__(self, o: "Val") -> "Val":
+        return self._rounded(self.v + o.v, self.e + o.e)
+
+    def __sub__(self, o: "Val") -> "Val":
+        return self._rounded(self.v - o.v, self.e + o.e)
+
+    def __mul__(self, o: "Val") -> "Val":
+        return self._rounded(self.v * o.v, np.abs(self.v) * o.e + np.abs(o.v) * self.e
+                             + self.e * o.e)
+
+    def __truediv__(self, o: "Val") -> "Val":
+        v = self.v / o.v
+        low = np.abs(o.v) - o.e
+        e = np.where(low > 0, (self.e + np.abs(v) * o.e) / np.where(low > 0, low, 1.0), np.inf)
+        return _finite(Val(v, e + self.m.func("div", np.abs(v) + e), self.m))
+
+    def rsqrt(self) -> "Val":
+        """1/sqrt(a): decreasing, so the worst input is the interval's low end."""
+        v = 1.0 / np.sqrt(self.v)
+        low = self.v - self.e
+        e = np.where(low > 0, 1.0 / np.sqrt(np.where(low > 0, low, 1.0)) - v, np.inf)
+        return _finite(Val(v, np.where(self.v == np.inf, 0.0, e + self.m.func("rsqrt", v + e)),
+                           self.m))
+
+    def exp(self) -> "Val":
+        """exp(a): increasing and convex, so the worst input is the interval's high end."""
+        v = np.exp(self.v)
+        e = np.exp(self.v + self.e) - v
+        return _finite(Val(v, e + self.m.func("exp", v + e), self.m))
+
+    def neg(self) -> "Val":
+        return Val(-self.v, self.e, self.m)
+
+    def reshape(self, *shape) -> "Val":
+        return Val(self.v.reshape(*shape), np.broadcast_to(self.e, self.v.shape).reshape(*shape),
+                   self.m)
+
+    def at(self, index) -> "Val":
+        return Val(self.v[index], np.broadcast_to(self.e, self.v.shape)[index], self.m)
+
+    def round_to(self, dtype: str) -> "Val":
+        """A declared rounding point: see the module docstring."""
+        c = round_to(self.v, dtype).astype(np.float64)
+        lo = round_to(self.v - self.e, dtype).astype(np.float64)
+        hi = round_to(self.v + self.e, dtype).astype(np.float64)
+        return Val(c, np.maximum(np.abs(hi - c), np.abs(c - lo)), self.m)
+
+
+def _finite(a: Val) -> Val:
+    """Where the exact value is NaN or infinite, IEEE propagation makes it exactly (the check's
+    NaN/Inf rule judges it): no error to carry. An exact 0 from an infinite operand (rsqrt(inf))
+    is exact too."""
+    with np.errstate(invalid="ignore"):
+        e = np.where(np.isfinite(a.v), a.e, 0.0)
+    return Val(a.v, np.where(np.isnan(e), np.inf, e), a.m)
+
+
+def prod3(a: Val, b: Val, c: Val) -> Val:
+    """a·b·c in whichever association the kernel picks: the largest error of the three."""
+    options = (a * b * c, a * (b * c), (a * c) * b)
+    return Val(options[0].v, np.maximum.reduce([o.e for o in options]), a.m)
+
+
+def store_bound(y: Val, dtype: str) -> np.ndarray:
+    """Bound on |stored - exact| when the kernel's f32 value (within y.e of y.v) is stored as
+    `dtype`: the farther of RNE_T(v - e) and RNE_T(v + e) from v (an f32 store is the value
+    itself, whose last rounding `y.e` already holds)."""
+    v, e = y.v, y.e
+    slack = F64_SLACK * np.abs(v)
+    if dtype == "f32":
+        return np.where(e == 0, 0.0, e + slack)
+    lo = round_to(v - e, dtype).astype(np.float64)
+    hi = round_to(v + e, dtype).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        reach = np.maximum(np.abs(hi - v), np.abs(v - lo))
+    # Floored at half an ULP of T at v: no T value lies between |RNE_T(v) - v| and that, so the
+    # floor admits no other output, and a correctly rounded kernel uses half its budget on
+    # average instead of all of it (the budget stays a measure of drift).
+    bound = y.m.k("store") * np.maximum(reach, 0.5 * spacing(v, dtype) * (v != 0)) + slack
+    return np.where(np.isfinite(v), bound, np.inf)
+
+
+# --- sums --------------------------------------------------------------------------------------
+
+def _caterpillar(mag: np.ndarray) -> np.ndarray:
+    """C_2..C_n: sums of the k largest magnitudes, k = 2..n, along the last axis."""
+    return np.cumsum(-np.sort(-mag, axis=-1), axis=-1)[..., 1:]
+
+
+def _lane_partials(v: np.ndarray, n_lanes: int) -> np.ndarray:
+    """The partial sums of L lanes (element i in lane i % L, summed in order) and of the balanced
+    tree over the lane totals, along the last axis: only those formed by a real addition (a
+    lane or subtree with no element adds nothing, exactly)."""
+    n = v.shape[-1]
+    steps = -(-n // n_lanes)
+    padded = np.zeros(v.shape[:-1] + (steps * n_lanes,))
+    padded[..., :n] = v
+    within = np.cumsum(padded.reshape(v.shape[:-1] + (steps, n_lanes)), axis=-2)
+    level, nodes = within[..., -1, :], []
+    added = (np.arange(n_lanes, steps * n_lanes) < n)  # step k >= 1 of lane j holds an element
+    real = [within[..., 1:, :].reshape(v.shape[:-1] + (-1,))[..., added]]
+    count = np.array([len(range(j, n, n_lanes)) for j in range(n_lanes)])
+    while level.shape[-1] > 1:
+        if level.shape[-1] % 2:
+            level = np.concatenate([level, np.zeros(level.shape[:-1] + (1,))], axis=-1)
+            count = np.append(count, 0)
+        both = (count[0::2] > 0) & (count[1::2] > 0)
+        level, count = level[..., 0::2] + level[..., 1::2], count[0::2] + count[1::2]
+        real.append(level[..., both])
+    return np.concatenate(real, axis=-1)
+
+
+def addition_magnitudes(v: np.ndarray, reduction: Reduction) -> np.ndarray:
+    """The exact magnitude of every partial sum the additions of `reduction` form (last axis):
+    n-1 of them for every order (the caterpillar's bound for "any")."""
+    if reduction.kind == "any":
+        return _caterpillar(np.abs(v))
+    if reduction.kind == "sequential":
+        return np.abs(np.cumsum(v, axis=-1)[..., 1:])
+    return np.abs(_lane_partials(v, reduction.lanes))
+
+
+def f32_sum(t: Val, reduction: Reduction | None = None) -> Val:
+    """Sum along the last axis in f32, in the order `reduction` (default: the model's)."""
+    m = t.m
+    reduction = reduction or m.numerics.reduction
+    with np.errstate(invalid="ignore"):
+        v = t.v.sum(axis=-1)
+    carried = t.e.sum(axis=-1)
+    if t.v.shape[-1] < 2:
+        return Val(v, carried, m)
+    # the terms as the kernel may see them: for "any", the caterpillar of |t| + e
+    partial = addition_magnitudes(t.v if reduction.kind != "any" else np.abs(t.v) + t.e,
+                                  reduction)
+    count = partial.shape[-1]
+    sub = TINY32 if m.ftz else SUB32
+    # a subnormal charge per addition whose result may be nonzero (exact zeros stay exact)
+    inexact = np.where(carried > 0, count, np.count_nonzero(partial, axis=-1))
+    first = (carried + U * partial.sum(axis=-1) + inexact * sub) / max(1.0 - count * U, 0.5)
+    slack = first[..., None] + (t.e.sum(axis=-1)[..., None] if reduction.kind == "any" else 0)
+    sums = m.rnd(partial + slack, "sum").sum(axis=-1)
+    with np.errstate(invalid="ignore"):
+        return _finite(Val(v, carried + sums, m))
+
+
+# --- the worst admissible kernel ------------------------------------------------------------
+
+class Choices:
+    """The free choices of one admissible kernel, for `Adverse`: the direction of every rounding
+    site in program order (+1, or -1 for the sites in `flips`; 0 everywhere when `exact`), the
+    association of each three-factor product and the form of a computation with several. The
+    property test searches them for the kernel farthest from the exact answer."""
+
+    def __init__(self, flips=(), assoc: int = 0, form: int = 0, exact: bool = False):
+        self.flips, self.assoc, self.form, self.exact = frozenset(flips), assoc, form, exact
+        self.sites = 0  # counted while a kernel model runs: the sites of this run
+
+    def sign(self) -> int:
+        site, self.sites = self.sites, self.sites + 1
+        return 0 if self.exact else (-1 if site in self.flips else 1)
+
+
+@dataclass
+class Adverse:
+    """A float64 emulation of one admissible kernel: every rounding charged exactly what `Val`
+    charges, in the direction `Choices` gives its site; sums in the declared order (for "any":
+    the largest terms first)."""
+
+    x: np.ndarray
+    m: Model
+    ch: Choices
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return np.shape(self.x)
+
+    def _r(self, v, err=None) -> "Adverse":
+        err = self.m.rnd(v) if err is None else err
+        return Adverse(v + self.ch.sign() * err, self.m, self.ch)
+
+    def __add__(self, o):
+        return self._r(self.x + o.x)
+
+    def __sub__(self, o):
+        return self._r(self.x - o.x)
+
+    def __mul__(self, o):
+        return self._r(self.x * o.x)
+
+    def __truediv__(self, o):
+        v = self.x / o.x
+        return self._r(v, self.m.func("div", v))
+
+    def rsqrt(self):
+        v = 1.0 / np.sqrt(self.x)
+        return self._r(v, self.m.func("rsqrt", v))
+
+    def exp(self):
+        v = np.exp(self.x)
+        return self._r(v, self.m.func("exp", v))
+
+    def neg(self):
+        return Adverse(-self.x, self.m, self.ch)
+
+    def reshape(self, *shape):
+        return Adverse(self.x.reshape(*shape), self.m, self.ch)
+
+    def at(self, index):
+        return Adverse(self.x[index], self.m, self.ch)
+
+    def round_to(self, dtype: str):
+        return Adverse(round_to(self.x, dtype).astype(np.float64), self.m, self.ch)
+
+
+def adverse_prod3(a: Adverse, b: Adverse, c: Adverse) -> Adverse:
+    """The association `Choices.assoc` picks (0, 1, 2: as `prod3` lists them)."""
+    return (lambda: a * b * c, lambda: a * (b * c), lambda: (a * c) * b)[a.ch.assoc]()
+
+
+def adverse_sum(t: Adverse, reduction: Reduction | None = None) -> Adverse:
+    """The kernel's sum in the declared order, each partial sum P moved by its rounding charge
+    at |P| (partials from the exact running sums: the drift between them is second order)."""
+    m = t.m
+    reduction = reduction or m.numerics.reduction
+    x = t.x
+    if reduction.kind == "any":  # the caterpillar: largest magnitudes first
+        order = np.argsort(-np.abs(x), axis=-1, kind="stable")
+        x = np.take_along_axis(x, order, axis=-1)
+        reduction = SEQUENTIAL
+    partial = addition_magnitudes(x, reduction)
+    drift = m.rnd(partial, "sum").sum(axis=-1)
+    return Adverse(x.sum(axis=-1) + t.ch.sign() * drift, m, t.ch)
+
+
+def adverse_store(y: Adverse, dtype: str) -> np.ndarray:
+    return y.x if dtype == "f32" else round_to(y.x, dtype).astype(np.float64)
+
+
+# --- one kernel model, two arithmetics -------------------------------------------------------
+
+class Bounds:
+    """The arithmetic an op's kernel model runs in to get its tolerance: `Val` intervals."""
+
+    def __init__(self, model: Model):
+        self.m = model
+
+    def load(self, x) -> Val:
+        """An input as the kernel reads it (exact) or an f32 constant."""
+        return Val.exact(x, self.m)
+
+    def sum(self, t: Val, reduction: Reduction | None = None) -> Val:
+        return f32_sum(t, reduction)
+
+    def prod3(self, a: Val, b: Val, c: Val) -> Val:
+        return prod3(a, b, c)
+
+    @staticmethod
+    def keep(a: Val) -> Val:
+        """A per-row value broadcast back over the row (a trailing axis of length 1)."""
+        return Val(a.v[..., None], a.e[..., None], a.m)
+
+    @staticmethod
+    def concat(parts: list, axis: int = -1) -> Val:
+        return Val(np.concatenate([p.v for p in parts], axis=axis),
+                   np.concatenate([np.broadcast_to(p.e, p.v.shape) for p in parts], axis=axis),
+                   parts[0].m)
+
+    @staticmethod
+    def either(*forms: Val) -> Val:
+        """The contract admits several forms of one computation: the bound covers them all."""
+        return Val(forms[0].v, np.maximum.reduce([f.e for f in forms]), forms[0].m)
+
+    def store(self, y: Val, dtype: str) -> np.ndarray:
+        return store_bound(y, dtype)
+
+
+class Worst:
+    """The arithmetic of one admissible kernel (`Adverse`, `Choices`), for the property test."""
+
+    def __init__(self, model: Model, choices: Choices):
+        self.m, self.ch = model, choices
+
+    def load(self, x) -> Adverse:
+        return Adverse(np.asarray(x, dtype=np.float64), self.m, self.ch)
+
+    def sum(self, t: Adverse, reduction: Reduction | None = None) -> Adverse:
+        return adverse_sum(t, reduction)
+
+    def prod3(self, a, b, c) -> Adverse:
+        return adverse_prod3(a, b, c)
+
+    @staticmethod
+    def keep(a: Adverse) -> Adverse:
+        return Adverse(a.x[..., None], a.m, a.ch)
+
+    @staticmethod
+    def concat(parts: list, axis: int = -1) -> Adverse:
+        return Adverse(np.concatenate([p.x for p in parts], axis=axis), parts[0].m, parts[0].ch)
+
+    def either(self, *forms: Adverse) -> Adverse:
+        """The form `Choices.form` picks."""
+        return forms[self.ch.form]
+
+    def store(self, y: Adverse, dtype: str) -> np.ndarray:
+        return adverse_store(y, dtype)

@@ -1,0 +1,212 @@
+"""The corners every bound must pass, and the terms it cannot lose (issue 34).
+
+For every registered op with a kernel model (`OpSpec.kernel`), every activation dtype, every
+rounding contract and three declared reductions (any order, sequential, 32 lanes), on inputs built
+to hit the corners (long rows of same-sign terms, tiny and subnormal values and intermediates,
+constant rows, outliers, eps = 0, the issue's own examples):
+
+* the **correctly rounded answer** (exact math, one round-to-nearest-even at each declared
+  rounding point: `OpSpec.reference`) has budget <= 1;
+* the **worst admissible kernel** a greedy search finds (`oracle.numerics.Worst`: every f32
+  rounding charged its full error, in the direction the search picks per rounding site; sums in
+  the declared order; the association and form the contract admits) has budget <= 1;
+* with any one term of the bound shrunk by 10 % (`Model.shrink`), one of them fails: the bound has
+  no term a correct kernel cannot use.
+
+A new op gets all of this by declaring `kernel` (README "Adding an op").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cases.generate import gate_cases
+from cases.model import Case, make_inputs
+from oracle.dtypes import FLOAT_DTYPES, round_to, storage_dtype
+from oracle.numerics import DEFAULT, SEQUENTIAL, Bounds, Choices, Model, Numerics, Worst, lanes
+from oracle.spec import registry
+
+NUMERICS = {"any": DEFAULT, "sequential": Numerics(SEQUENTIAL), "lanes32": Numerics(lanes(32))}
+TERMS = ("round", "sum", "func", "sub", "store")
+MODELLED = sorted(name for name, spec in registry().items() if spec.kernel is not None)
+NORMS = [op for op in MODELLED if registry()[op].family == "norms"]
+GEMVS = [op for op in MODELLED if registry()[op].family == "quant_gemv"]
+
+
+def _store(dtype, values):
+    return round_to(values, dtype).astype(storage_dtype(dtype))
+
+
+# --- corner inputs ---------------------------------------------------------------------------
+
+LONG = {"rows": 2, "n": 4096}
+GEMV_DIMS = {"out": 24, "in": 4096, "bits": 4, "group_size": 64}
+DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_inv": LONG,
+        "gated_mixer_norm": LONG,
+        "rms_norm_per_head": {"batch": 1, "tokens": 2, "heads": 4, "head_dim": 256},
+        "dequant_gemv": GEMV_DIMS, "rms_norm_qgemv": GEMV_DIMS,
+        "qmm": {"m": 3, **GEMV_DIMS, "out": 8},
+        "dequant_gemv_expert_indexed": {"experts": 2, **GEMV_DIMS, "out": 8}}
+
+
+def _variants(op: str, dtype: str):
+    """(label, case) for the generated corners of `op`: distributions x contracts x eps."""
+    spec = registry()[op]
+    roundings = ("once", "normed") if "rounding" in spec.params else (None,)
+    for dist in ("normal", "tiny", "constant_rows", "outlier_rows"):
+        for rounding in roundings:
+            params = {"rounding": rounding} if rounding else {}
+            yield f"{dist} {rounding or ''}", Case.make(op, DIMS[op], dtype, dist, seed=3,
+                                                        params=params)
+            if "eps" in spec.params and dist == "normal":
+                yield f"eps=0 {rounding or ''}", Case.make(op, DIMS[op], dtype, dist, seed=3,
+                                                           params={**params, "eps": 0.0})
+
+
+def _subnormal_rows(case: Case, inputs: dict) -> dict:
+    """Issue 34's rows: large values beside one deep in the subnormal range (x*inv, x*w and the
+    products subnormal), a row with a per-element dynamic range of 2^-140 to 2^10."""
+    x = np.asarray(inputs["x"]).astype(np.float64).copy()
+    x[0, :] = 100.0
+    x[0, -1] = 1.6344787e-39
+    rng = np.random.default_rng(5)
+    x[1] = rng.choice([-1, 1], x.shape[1]) * np.exp2(rng.uniform(-140, 10, x.shape[1]))
+    return {**inputs, "x": _store(case.dtype, x),
+            "w": _store(case.dtype, np.full(inputs["w"].shape, 1.6953843))}
+
+
+def _same_sign(case: Case, inputs: dict) -> dict:
+    """Issue 34's GEMV row: every code at the maximum, positive scales and biases, x = 1/sqrt(in):
+    every term of every sum has one sign and one size (the sequential sum's worst case)."""
+    x_name = "x"
+    out = dict(inputs)
+    out["w"] = np.full_like(inputs["w"], 0xFFFFFFFF)
+    out["scales"] = _store(case.dtype, np.abs(np.asarray(inputs["scales"]).astype(np.float64)))
+    out["biases"] = _store(case.dtype, np.abs(np.asarray(inputs["biases"]).astype(np.float64)))
+    n = case.dims["in"]
+    out[x_name] = _store(case.dtype, np.full(np.shape(inputs[x_name]), 1.0 / np.sqrt(n)))
+    if "norm_weight" in out:
+        out["norm_weight"] = _store(case.dtype, np.ones(np.shape(inputs["norm_weight"])))
+    return out
+
+
+def corners(op: str, dtype: str):
+    """(label, case, inputs) for every corner of `op` at `dtype`."""
+    for label, case in _variants(op, dtype):
+        yield label, case, make_inputs(case)
+    if op in ("rms_norm", "rms_norm_residual", "gated_mixer_norm", "add_rms_norm"):
+        for rounding in (("once", "normed") if op == "rms_norm" else (None,)):
+            params = {"eps": 0.0, **({"rounding": rounding} if rounding else {})}
+            case = Case.make(op, LONG, dtype, "normal", seed=4, params=params)
+            inputs = make_inputs(case)
+            if "x" in inputs and "w" in inputs:
+                yield f"subnormal rows {rounding or ''}", case, _subnormal_rows(case, inputs)
+    if op in GEMVS:
+        dims = {**DIMS[op], "bits": 2, "group_size": 128, "in": 1536, "out": 33}
+        case = Case.make(op, dims, dtype, "normal", seed=4)
+        yield "same-sign terms", case, _same_sign(case, make_inputs(case))
+    if op == "rms_norm_qgemv":  # a short row: the norm's rsqrt and divide weigh most
+        dims = {**DIMS[op], "bits": 8, "group_size": 32, "in": 32, "out": 4}
+        case = Case.make(op, dims, dtype, "normal", seed=4)
+        yield "short same-sign row", case, _same_sign(case, make_inputs(case))
+    if op == "rms_norm" and dtype == "bf16":  # issue 34's failing gate-shaped case, seed 11
+        case = Case.make("rms_norm", {"rows": 7, "n": 4096}, "bf16", "normal", seed=11,
+                         params={"eps": 1e-6, "rounding": "normed"})
+        yield "issue 34 seed 11", case, make_inputs(case)
+
+
+# --- budgets -----------------------------------------------------------------------------------
+
+def _budget(values: dict, exact: dict, bound: dict) -> float:
+    worst = 0.0
+    for name, out in values.items():
+        out = np.asarray(out, dtype=np.float64)
+        ok = np.isfinite(exact[name]) & np.isfinite(out)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            err = np.abs(out - exact[name])
+            ratio = np.where(err == 0, 0.0, err / bound[name])
+        worst = max(worst, float(np.max(ratio[ok], initial=0.0)))
+    return worst
+
+
+def _worst_kernel(case: Case, inputs: dict, exact: dict, bound: dict, numerics: Numerics):
+    """(budget, choices) of the worst admissible kernel a greedy search finds: the association
+    and form first, then each rounding site's direction flipped where that raises the budget."""
+    spec = case.spec
+
+    def budget(choices: Choices) -> float:
+        arith = Worst(Model(bool(case.params.get("ftz")), numerics), choices)
+        with np.errstate(all="ignore"):
+            values = spec.kernel(arith, inputs, case)
+            outs = {t.name: arith.store(values[t.name], t.dtype(case.dtype)) for t in spec.outputs}
+        return _budget(outs, exact, bound)
+
+    best, choices = max(((budget(c), c) for c in (Choices(assoc=a, form=f)
+                                                  for a in range(3) for f in range(2))),
+                        key=lambda bc: bc[0])
+    for site in range(choices.sites):
+        trial = Choices(choices.flips ^ {site}, choices.assoc, choices.form)
+        b = budget(trial)
+        if b > best:
+            best, choices = b, trial
+    return best, choices
+
+
+def _candidates(case: Case, inputs: dict, exact: dict, bound: dict, numerics: Numerics):
+    """(name, budget) of the correctly rounded answer and the worst admissible kernel found."""
+    rounded = case.spec.reference(inputs, case)[1]
+    yield "correctly rounded", _budget({k: v.astype(np.float64) for k, v in rounded.items()},
+                                       exact, bound)
+    budget, choices = _worst_kernel(case, inputs, exact, bound, numerics)
+    yield (f"worst kernel (flips {sorted(choices.flips)}, assoc {choices.assoc}, form "
+           f"{choices.form})"), budget
+
+
+def _bound(case: Case, inputs: dict, exact: dict, numerics: Numerics, shrink=None) -> dict:
+    spec = case.spec
+    arith = Bounds(Model(bool(case.params.get("ftz")), numerics, shrink or {}))
+    with np.errstate(all="ignore"):
+        values = spec.kernel(arith, inputs, case)
+        return {t.name: arith.store(values[t.name], t.dtype(case.dtype)) for t in spec.outputs}
+
+
+@pytest.mark.parametrize("op", MODELLED)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_correct_and_worst_admissible_kernels_pass(op, dtype):
+    failures = []
+    for label, case, inputs in corners(op, dtype):
+        exact = case.spec.reference(inputs, case)[0]
+        for nname, numerics in NUMERICS.items():
+            bound = _bound(case, inputs, exact, numerics)
+            for name, budget in _candidates(case, inputs, exact, bound, numerics):
+                if not budget <= 1.0:
+                    failures.append(f"{label} [{nname}] {name}: budget {budget:.4f} "
+                                    f"({case.to_json()})")
+    assert not failures, "\n".join(failures[:8])
+
+
+def _max_budget_shrunk(ops, term: str) -> tuple[float, str]:
+    best, where = 0.0, ""
+    for op in ops:
+        for dtype in FLOAT_DTYPES:
+            for label, case, inputs in corners(op, dtype):
+                exact = case.spec.reference(inputs, case)[0]
+                for nname, numerics in NUMERICS.items():
+                    bound = _bound(case, inputs, exact, numerics, {term: 0.9})
+                    for name, budget in _candidates(case, inputs, exact, bound, numerics):
+                        if budget > best:
+                            best, where = budget, f"{op} {dtype} {label} [{nname}] {name}"
+                        if best > 1.0:
+                            return best, where
+    return best, where
+
+
+@pytest.mark.parametrize("family", ["norms", "quant_gemv"])
+@pytest.mark.parametrize("term", TERMS)
+def test_every_bound_term_is_needed(family, term):
+    """Shrink one term of the bound by 10 %: a correct or worst admissible kernel then fails
+    on some corner. (`sub`: the subnormal charges; `store`: T's rounding at the store.)"""
+    ops = NORMS if family == "norms" else GEMVS
+    budget, where = _max_budget_shrunk(ops, term)
+    assert budget > 1.0, f"{term} shrunk by 10 %: nothing fails (max budget {budget:.4f} at {where})"
