@@ -20,6 +20,13 @@ a `KPARITY_MUTANT_*` define (GPU gate).
 |                                | (kp: the chunk that ends a group)                           |
 | mutant_gemv_drop_bias          | w = q * s: the bias term is lost                            |
 | mutant_gemv_skip_last_group    | the last group of every row is never accumulated            |
+| mutant_lanes_eps_swapped       | torch:lanes_rms_norm with eps hard-coded to 1e-5 (Llama's) |
+|                                | where the case says 1e-6 (Qwen's)                          |
+| mutant_lanes_code_off_by_one   | torch:lanes_dequant_gemv with one code per row off by one, |
+|                                | at the row's largest-magnitude s·x term                    |
+The two `lanes_*` mutants and their controls (`torch:lanes_rms_norm`, `torch:lanes_dequant_gemv`)
+are f32 NumPy emulations of kernels with a declared reduction order (`Impl.numerics`): a
+mistake far below the any-order bound is caught by the declared order's bound (tests/test_bite.py).
 CUDA gemv mutants exist for cuda:dequant_gemv (`mutant_gemv_*`), cuda:kp_qgemv
 (`mutant_kp_qgemv_*`) and cuda:kp_qgemv_mma (`mutant_kp_qgemv_mma_*`).
 """
@@ -31,6 +38,7 @@ import numpy as np
 from gpu_impls import impls, register
 from gpu_impls.contract import Contract, Invariant, param_is, rounding_once
 from gpu_impls.impl import Impl
+from oracle.numerics import Numerics, lanes
 
 ONCE = Contract(invariants=rounding_once("a non-mutant impl"))
 NORMED = Contract(invariants=(param_is("rounding", "normed", "a non-mutant impl"),
@@ -212,3 +220,135 @@ if cuda_mutant is not None:
     for impl_id, name, define in RMS_QGEMV_CUDA_MUTANTS:
         if f"cuda:{name}" not in _existing and impl_id in _existing:
             register(cuda_mutant(impl_id, name, define))
+
+
+# --- declared reduction order: bounds that bite (issue 24 item 6) -----------------------------
+#
+# Explicit f32 emulations of a GPU kernel whose summation order is known, so that the order they
+# declare (`numerics=Numerics(lanes(L))`) is true and the tighter bound is rigorous for them.
+# Every step is an elementwise np.float32 operation (IEEE round-to-nearest); no np.sum, whose
+# pairwise order is NumPy's, not the declared one. tests/test_bite.py runs them.
+
+NORM_LANES = 256  # a 256-thread block, one row per block, each thread a lane
+GEMV_LANES = 32  # a warp per output row
+F32_ONCE = Contract(invariants=(*rounding_once("a non-mutant impl"),
+                                param_is("weight_offset", 0, "a non-mutant impl", other=1)),
+                    dtypes=("f32",))
+F32 = Contract(dtypes=("f32",))
+
+
+def lanes_sum_f32(t: np.ndarray, n_lanes: int) -> np.ndarray:
+    """Sum float32 `t` along its last axis in f32, in the order `oracle.numerics.lanes(L)`
+    models (`_lane_partials`): element i goes to lane i % L at step i // L; lane j sums
+    t_j + t_{j+L} + t_{j+2L} + ... left to right; then a balanced tree over the lane totals,
+    level by level, node k of the next level = node 2k + node 2k+1 (a level of odd length gets
+    a zero appended). Padding with zeros adds nothing: x + 0 = x exactly."""
+    t = np.asarray(t, dtype=np.float32)
+    n = t.shape[-1]
+    steps = max(1, -(-n // n_lanes))
+    padded = np.zeros(t.shape[:-1] + (steps * n_lanes,), dtype=np.float32)
+    padded[..., :n] = t
+    padded = padded.reshape(t.shape[:-1] + (steps, n_lanes))
+    level = padded[..., 0, :].copy()
+    for k in range(1, steps):  # every lane adds its step-k element: one f32 rounding each
+        level = level + padded[..., k, :]
+    while level.shape[-1] > 1:
+        if level.shape[-1] % 2:
+            level = np.concatenate([level, np.zeros_like(level[..., :1])], axis=-1)
+        level = level[..., 0::2] + level[..., 1::2]
+    return level[..., 0]
+
+
+def lanes_rms_norm_f32(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """rms_norm, rounding "once", weight_offset 0, in f32 with 256 lanes per row:
+
+        S   = lanes_sum(x * x)                       x*x rounded, then the declared order
+        a   = S / f32(n) + f32(eps)                  correctly rounded divide, add
+        inv = RNE_f32(1 / sqrt(a))                   float64 1/sqrt rounded once to f32:
+                                                     < 1 ULP, inside the model's 2
+        out = (x * inv) * w                          two roundings (`prod3`'s first form)"""
+    x, w = x.astype(np.float32, copy=False), w.astype(np.float32, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf rows propagate (the contract)
+        s = lanes_sum_f32(x * x, NORM_LANES)
+        a = s / np.float32(x.shape[-1]) + np.float32(eps)
+        inv = (1.0 / np.sqrt(a.astype(np.float64))).astype(np.float32)
+        return (x * inv[..., None]) * w
+
+
+def _write(outputs, y: np.ndarray):
+    import torch
+
+    outputs["out"].copy_(torch.from_numpy(np.ascontiguousarray(y)))
+
+
+def lanes_rms_norm(launch, inputs, outputs, case):
+    eps = float(np.float32(case.params["eps"]))
+    _write(outputs, lanes_rms_norm_f32(inputs["x"].cpu().numpy(), inputs["w"].cpu().numpy(), eps))
+
+
+def lanes_eps_swapped(launch, inputs, outputs, case):
+    """The kernel with Llama's eps baked in: 1e-5 whatever the case says. At mean(x^2) ~ 1 that
+    moves inv by (1e-5 - 1e-6) / 2 = 4.5e-6 relative: ~75 half-ULPs of f32, far below the
+    any-order bound at n = 4096 but above the 256-lane one."""
+    _write(outputs, lanes_rms_norm_f32(inputs["x"].cpu().numpy(), inputs["w"].cpu().numpy(),
+                                       float(np.float32(1e-5))))
+
+
+def _gemv_numpy(inputs, case):
+    """(codes int64 [out, in], per-code scales and biases float32 [out, in], x float32 [in]),
+    the codes unpacked by torch:dequant_linear's unpacker (not the oracle's)."""
+    from gpu_impls.torch.gemv import unpack_codes
+
+    bits, group, n = case.dims["bits"], case.dims["group_size"], case.dims["in"]
+    q = unpack_codes(inputs["w"].cpu(), bits, n).numpy()
+    s = np.repeat(inputs["scales"].cpu().numpy(), group, axis=-1)
+    b = np.repeat(inputs["biases"].cpu().numpy(), group, axis=-1)
+    return q, s, b, inputs["x"].cpu().numpy()
+
+
+def lanes_gemv_f32(q: np.ndarray, s: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Dequantize-then-dot in f32, 32 lanes per row: t_d = (q_d s_d + b_d) x_d (three roundings:
+    q s, + b, * x; q is exact in f32), out = lanes_sum(t)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return lanes_sum_f32((q.astype(np.float32) * s + b) * x, GEMV_LANES)
+
+
+def lanes_dequant_gemv(launch, inputs, outputs, case):
+    _write(outputs, lanes_gemv_f32(*_gemv_numpy(inputs, case)))
+
+
+def largest_term_off_by_one(q: np.ndarray, s: np.ndarray, x: np.ndarray, bits: int
+                            ) -> np.ndarray:
+    """A copy of the codes with, in every row, the code at the largest |s_d x_d| moved by one:
+    q + 1, or q - 1 where q is the largest code. The row's exact output moves by exactly
+    |s_d x_d|, the largest change a one-code slip can make in that row."""
+    q = q.copy()
+    rows = np.arange(q.shape[0])
+    at = np.argmax(np.abs(s.astype(np.float64) * x.astype(np.float64)), axis=-1)
+    code = q[rows, at]
+    q[rows, at] = np.where(code == (1 << bits) - 1, code - 1, code + 1)
+    return q
+
+
+def lanes_code_off_by_one(launch, inputs, outputs, case):
+    """A one-code slip (a shift or mask off by one in one lane's unpack, say) at the row's
+    largest |s x| term: out moves by max_d |s_d x_d|, ~3e-4 at in = 4096 (s ~ 0.004, x ~ 1/64),
+    about the any-order bound there, ~200x the 32-lane one."""
+    q, s, b, x = _gemv_numpy(inputs, case)
+    _write(outputs, lanes_gemv_f32(largest_term_off_by_one(q, s, x, case.dims["bits"]), s, b, x))
+
+
+LANES_IMPLS = (
+    Impl("rms_norm", "torch", "lanes_rms_norm", lanes_rms_norm, F32_ONCE,
+         numerics=Numerics(lanes(NORM_LANES)),
+         doc="f32 NumPy emulation, x^2 summed in 256 lanes then a tree (test control)"),
+    Impl("rms_norm", "torch", "mutant_lanes_eps_swapped", lanes_eps_swapped, F32_ONCE,
+         numerics=Numerics(lanes(NORM_LANES)), doc="lanes_rms_norm with eps 1e-5 hard-coded"),
+    Impl("dequant_gemv", "torch", "lanes_dequant_gemv", lanes_dequant_gemv, F32,
+         numerics=Numerics(lanes(GEMV_LANES)),
+         doc="f32 NumPy emulation, dequantize then dot in 32 lanes then a tree (test control)"),
+    Impl("dequant_gemv", "torch", "mutant_lanes_code_off_by_one", lanes_code_off_by_one, F32,
+         numerics=Numerics(lanes(GEMV_LANES)),
+         doc="lanes_dequant_gemv with the largest |s x| term's code off by one in every row"),
+)
+register(*(m for m in LANES_IMPLS if m.id not in _existing))
