@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from itertools import product
 
+from cases.configs import config
 from cases.model import Case
 from cases.registry import bench_cases, gate_cases
 from oracle.dtypes import FLOAT_DTYPES
@@ -22,10 +23,14 @@ from oracle.quant import BITS, GROUP_SIZES
 
 GATE_SHAPES = ((8, 512), (24, 1536))
 GATE_DISTS = ("normal", "outlier_rows", "zero_rows", "constant_rows", "quantized")
-# (preset, out, in): Llama-3-8B MLP up/down, Qwen2.5-32B MLP up, a 4096 square.
-BENCH_SHAPES = (("llama3-8b-up", 14336, 4096), ("llama3-8b-down", 4096, 14336),
-                ("qwen2.5-32b-up", 27648, 5120), ("square-4096", 4096, 4096),
-                ("qwen3-0.6b-lm_head", 151936, 1024))
+# (preset, out, in): Llama-3-8B MLP up/down, Qwen2.5-32B MLP up, a 4096 square, Qwen3-0.6B's
+# lm_head (`cases/configs.py`).
+_LLAMA, _QWEN32, _QWEN06 = config("llama-3.1-8b"), config("qwen2.5-32b"), config("qwen3-0.6b")
+BENCH_SHAPES = (("llama3-8b-up", _LLAMA.intermediate, _LLAMA.hidden),
+                ("llama3-8b-down", _LLAMA.hidden, _LLAMA.intermediate),
+                ("qwen2.5-32b-up", _QWEN32.intermediate, _QWEN32.hidden),
+                ("square-4096", 4096, 4096),
+                ("qwen3-0.6b-lm_head", _QWEN06.vocab, _QWEN06.hidden))
 
 
 @gate_cases("dequant_gemv")

@@ -8,24 +8,18 @@ from __future__ import annotations
 
 from itertools import product
 
+from cases.configs import config
 from cases.distributions import DISTRIBUTIONS
 from cases.model import Case
 from cases.registry import bench_cases, gate_cases
 from oracle.dtypes import FLOAT_DTYPES
 
-# (preset, hidden, eps, weight_offset): hidden-size norms (input_layernorm, final norm).
-HIDDEN = (
-    ("smollm2-135m", 576, 1e-5, 0),
-    ("qwen2.5-0.5b", 896, 1e-6, 0),
-    ("qwen3-0.6b", 1024, 1e-6, 0),
-    ("qwen3-1.7b", 2048, 1e-6, 0),
-    ("qwen3-4b", 2560, 1e-6, 0),
-    ("llama-3.2-3b", 3072, 1e-5, 0),
-    ("qwen3-8b", 4096, 1e-6, 0),
-    ("qwen3-14b", 5120, 1e-6, 0),
-    ("gemma-4-31b", 5376, 1e-6, 1),
-    ("llama-3-70b", 8192, 1e-5, 0),
-)
+# (preset, hidden, eps, weight_offset): hidden-size norms (input_layernorm, final norm), from the
+# model table (`cases/configs.py`).
+HIDDEN_MODELS = ("smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
+                 "llama-3.2-3b", "qwen3-8b", "qwen3-14b", "gemma-4-31b", "llama-3-70b")
+HIDDEN = tuple((m.name, m.hidden, m.eps, m.weight_offset)
+               for m in (config(name) for name in HIDDEN_MODELS))
 HIDDEN_ROWS = 7
 
 # (preset, batch, tokens, heads, head_dim, weight_offset): per-head q_norm / k_norm.

@@ -49,6 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from oracle.dtypes import eps as dtype_eps
+from oracle.builders import kernel_view, silu  # noqa: F401 (re-exported: families import them)
 from oracle.dtypes import round_to
 from oracle.numerics import Numerics, lanes
 from oracle.spec import OpSpec, TensorSpec, register
@@ -78,15 +79,6 @@ SEED_NUMERICS = Numerics(lanes(32))
 
 def _f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
-
-
-def kernel_view(inputs: dict, case) -> dict:
-    """Inputs as float64, as the kernel sees them after widening to f32: with `ftz`, values in
-    the f32 subnormal range read as zero."""
-    out = {k: _f64(v) for k, v in inputs.items()}
-    if case.params.get("ftz"):
-        out = {k: np.where(np.abs(v) < TINY32, 0.0, v) for k, v in out.items()}
-    return out
 
 
 def _eps(case) -> float:
@@ -252,11 +244,6 @@ _row_op("add_rms_norm", add_rms_norm, add_rms_norm_kernel,
 
 
 # --- gated_mixer_norm (Qwen3.5/3.6 GDN output norm) ----------------------------------------------
-
-def silu(z: np.ndarray) -> np.ndarray:
-    """z · sigmoid(z), evaluated without overflow for large |z|."""
-    return z * 0.5 * (1.0 + np.tanh(0.5 * z))
-
 
 def gated_mixer_norm(inputs: dict, case) -> dict:
     """out = (y · rsqrt(mean(y²) + eps) · (w + weight_offset)) · silu(z), silu(z) = z/(1+exp(-z)).

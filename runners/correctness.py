@@ -148,7 +148,7 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         if backend.flushes_subnormals and "ftz" in spec.params:
             oracle_case = case.replace(ftz=1)  # the oracle under the backend's FTZ semantics
         exact, ref = spec.reference(inputs, oracle_case)
-        bounds = spec.bounds(inputs, exact, oracle_case, impl.numerics)
+        bounds = spec.bounds(inputs, exact, oracle_case, impl.numerics.on(impl.backend))
         out, defects = launch_impl(impl, backend, case, inputs)
         per_output = {t.name: compare(out[t.name], ref[t.name], exact[t.name], bounds[t.name],
                                       t.dtype(case.dtype), spec.inf_may_be_nan)

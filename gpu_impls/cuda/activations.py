@@ -1,0 +1,40 @@
+"""CUDA `silu_mul` (`kernels/silu_mul.cu`): one element per thread, f32 inside, one rounding to T
+at the store. Geometry: 256-thread blocks over rows * n elements."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_impls import register
+from gpu_impls.contract import Contract, Invariant, Launch
+from gpu_impls.cuda._module import cuda_impl, kernel
+
+KERNELS = [("silu_mul.cu", "silu_mul")]
+BLOCK = 256
+MAX_COUNT = 2 ** 31 - 1  # the kernel indexes elements with a 32-bit int
+
+
+def _geometry(dims, params):
+    count = dims["rows"] * dims["n"]
+    return ({"count": count},
+            Launch(grid=(max(1, -(-count // BLOCK)), 1, 1), block=(BLOCK, 1, 1),
+                   extra={"count": count}))
+
+
+CONTRACT = Contract(invariants=(Invariant(
+    f"rows * n <= {MAX_COUNT}", lambda ns: ns["count"] <= MAX_COUNT,
+    "the kernel indexes elements with a 32-bit int: past 2^31 - 1 the index wraps and the "
+    "kernel writes outside the output",
+    lambda ns: f"split the rows into launches of at most {MAX_COUNT // max(1, ns['n'])} rows",
+    {"rows": 2 ** 20, "n": 2 ** 12}, ("rows", "n")),), geometry=_geometry)
+
+
+def _make(defines: tuple = ()):
+    def run(launch, inputs, outputs, case):
+        args = (inputs["gate"], inputs["up"], outputs["out"], np.int32(launch.extra["count"]))
+        kernel(*KERNELS[0], case.dtype, defines)(launch.grid, launch.block, args)
+    return run
+
+
+register(cuda_impl("silu_mul", "silu_mul", CONTRACT, _make,
+                   "silu(gate) * up, one element per thread, f32 math, one rounding at the store"))

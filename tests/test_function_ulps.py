@@ -1,0 +1,45 @@
+"""The function ULPs the error model charges per backend (`oracle.numerics.BACKEND_ULPS`) hold
+for the CPU backends here: measured against float64 over f32's range. A backend whose library
+gets less accurate (or more) shows here first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oracle.numerics import BACKEND_ULPS, half_ulp32
+
+
+def _ulps(got, exact) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    ok = np.isfinite(exact) & (np.abs(exact) < 3e38) & (np.abs(exact) >= 2.0 ** -126)
+    return float((np.abs(got - exact)[ok] / (2 * half_ulp32(np.abs(exact[ok])))).max())
+
+
+def _points():
+    rng = np.random.default_rng(0)
+    exp_x = np.concatenate([np.linspace(-87, 88, 200_001), rng.uniform(-10, 10, 50_000)])
+    rsqrt_x = np.exp2(rng.uniform(-126, 127, 200_000))
+    return exp_x.astype(np.float32), rsqrt_x.astype(np.float32)
+
+
+def _check(backend: str, exp, rsqrt):
+    exp_x, rsqrt_x = _points()
+    table = BACKEND_ULPS[backend]
+    assert _ulps(exp(exp_x), np.exp(exp_x.astype(np.float64))) <= table["exp"]
+    assert _ulps(rsqrt(rsqrt_x), 1 / np.sqrt(rsqrt_x.astype(np.float64))) <= table["rsqrt"]
+
+
+def test_torch_cpu_functions_within_their_table():
+    torch = pytest.importorskip("torch")
+    _check("torch", lambda x: torch.exp(torch.from_numpy(x)).numpy(),
+           lambda x: torch.rsqrt(torch.from_numpy(x)).numpy())
+
+
+def test_mlx_cpu_functions_within_their_table():
+    mx = pytest.importorskip("mlx.core")
+    _check("mlx", lambda x: np.array(mx.exp(mx.array(x))),
+           lambda x: np.array(mx.rsqrt(mx.array(x))))
+    # the reason MLX's exp is charged 96 ULP and not CUDA's 2: it is a fast approximation
+    exp_x = _points()[0]
+    assert _ulps(np.array(mx.exp(mx.array(exp_x))), np.exp(exp_x.astype(np.float64))) > 16
