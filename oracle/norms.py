@@ -35,6 +35,12 @@ lanes or more (every seed kernel: a SIMD group is 32 wide) the f32 bound at n = 
 an impl that declares no order is held to the any-order bound, (n/4) u relative at inv, 1.2e-4
 at n = 8192. `tests/test_norms_oracle` checks the 32-lane bounds over every gate case.
 
+Domain: the kernel squares and sums in f32, which overflows once mean(x²) passes 3.4e38, i.e.
+|x| ≳ 1.8e19 (f32 and bf16 inputs; f16 cannot hold them). There an f32 kernel's sum is inf and
+inv = rsqrt(inf) = 0, so out = 0 (or residual, for rms_norm_residual), while a kernel that scales
+the row first gets the exact answer: the contract admits both, and the bound (`Val.rsqrt`)
+spans them, [0, |y|]. The `f32_overflow` cases hold such rows; anything else still fails there.
+
 NaN and inf inputs (the `nonfinite` distribution): IEEE propagation through the formula above
 is the contract. A row holding a NaN is NaN throughout. A row holding ±inf (no NaN) has
 sum x^2 = inf, so inv = rsqrt(inf) = 0: its finite elements give exactly ±0 and the infinite

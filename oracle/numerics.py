@@ -168,11 +168,14 @@ class Model:
         return err
 
     def func(self, name: str, m: np.ndarray) -> np.ndarray:
-        """A function's error at result magnitude m: its ULPs (a subnormal or FTZ'd result as
-        one rounding)."""
+        """A function's error at result magnitude m: its ULPs at m (in the subnormal range, ULPs
+        of 2^-149; under FTZ a subnormal result may flush: its whole magnitude)."""
         m = np.abs(np.asarray(m, dtype=np.float64))
         ulps = (self.numerics.ulps or FUNCTION_ULPS).get(name, FUNCTION_ULPS[name])
-        return np.where(m < TINY32, self.rnd(m), self.k("func") * ulps * 2.0 * half_ulp32(m))
+        err = self.k("func") * ulps * 2.0 * half_ulp32(m)
+        if self.ftz:
+            err = np.where(m < TINY32, np.maximum(err, self.k("sub") * m), err)
+        return np.where(m == 0, 0.0, err)
 
 
 def model_for(case, numerics: Numerics = DEFAULT, shrink: Mapping[str, float] | None = None
@@ -223,10 +226,13 @@ class Val:
         return _finite(Val(v, e + self.m.func("div", np.abs(v) + e), self.m))
 
     def rsqrt(self) -> "Val":
-        """1/sqrt(a): decreasing, so the worst input is the interval's low end."""
+        """1/sqrt(a): decreasing, so the worst input is the interval's low end. An input past
+        f32's range is inf in the kernel (a sum of squares of |x| > 1.8e19), and rsqrt(inf) = 0:
+        the result may be anything from 0 up."""
         v = 1.0 / np.sqrt(self.v)
         low = self.v - self.e
         e = np.where(low > 0, 1.0 / np.sqrt(np.where(low > 0, low, 1.0)) - v, np.inf)
+        e = np.where(self.v + self.e > MAX32, np.maximum(e, v), e)
         return _finite(Val(v, np.where(self.v == np.inf, 0.0, e + self.m.func("rsqrt", v + e)),
                            self.m))
 
