@@ -4,7 +4,8 @@
      "dist": "normal", "seed": 0, "params": {"eps": 1e-6}, "label": "my-shape"}
 
 `op`, `dims` and `dtype` are required; `dist` (default normal), `seed` (0), `params` (the op's
-defaults) and `label` ("file:<name>") are optional. A stored row's `case_json` (what a failing
+defaults), `dtypes` (per-role dtypes, for ops that declare roles: `{"kv": "e4m3"}`) and `label`
+("file:<name>") are optional. A stored row's `case_json` (what a failing
 case prints) is a valid entry as is: its `oracle_version` must be the op's current one, since
 the same case under another oracle version is another case. Every field is checked before anything runs;
 a bad one is named with the file, the case's index and the field, and what would be valid.
@@ -21,7 +22,7 @@ from cases.model import Case
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry
 
-FIELDS = ("op", "dims", "dtype", "dist", "seed", "params", "label", "oracle_version")
+FIELDS = ("op", "dims", "dtype", "dist", "seed", "params", "dtypes", "label", "oracle_version")
 
 
 class CaseFileError(ValueError):
@@ -89,7 +90,13 @@ def _case(where: str, raw, ops) -> Case:
     label = raw.get("label", "")
     if not isinstance(label, str):
         raise bad("label", f"expected a string, got {label!r}")
-    return Case.make(op, dims, raw["dtype"], dist, seed, params, label)
+    dtypes = raw.get("dtypes", {})
+    if not isinstance(dtypes, dict):
+        raise bad("dtypes", "expected an object of role -> dtype")
+    try:
+        return Case.make(op, dims, raw["dtype"], dist, seed, params, label, dtypes)
+    except ValueError as e:  # a role or a dtype the op does not know: Case.make names it
+        raise bad("dtypes", str(e)) from None
 
 
 def load_cases(path: str | Path) -> list[Case]:
@@ -112,5 +119,5 @@ def load_cases(path: str | Path) -> list[Case]:
         case = _case(where, raw, ops)
         cases.append(case if case.label else Case.make(
             case.op, case.dims, case.dtype, case.dist, case.seed, dict(case.param_items),
-            f"file:{path.name}"))
+            f"file:{path.name}", case.dtypes))
     return cases

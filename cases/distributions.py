@@ -22,26 +22,21 @@ A distribution fills a tensor viewed as rows (last axis = the reduction axis of 
 | `quantized`     | N(0, 1) data; the op quantizes a drawn W (outlier columns) as a checkpoint |
 |                 | would: level-2 loss against the unquantized W is reported (`OpSpec.loss`)   |
 
-Non-data tensors are drawn by role: `weight` around 1 (around 0 when the op adds `weight_offset=1`,
-Gemma's `(1 + w)` convention), `gate` N(0, 2^2) so silu sees both tails. Quantized GEMV inputs:
-`activation` is a data draw scaled by 1/sqrt(n) (a GEMV input of unit-order output), `codes` are
-uniformly random uint32 words (every code of every bit width uniform: only the consumer of the
-packed weights is under test), `qscale` and `qbias` a group's scale and bias at a typical
-weight's size (scale of random sign, as MLX's quantizer makes them). `param:NAME` fills the
-tensor with the case's param NAME (an index the kernel reads from device memory).
+`values(dist, shape, dtype, rng)` draws one tensor from a distribution; the inits that take the
+case's distribution ("data", "activation", and any registered with `adversarial=True`) call it.
+The other inits (weights, gates, quantized GEMV codes and scales, ...) are in `cases/inits.py`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from oracle.dtypes import tiny
+from oracle.dtypes import is_float, tiny
 
 DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows",
                  "nonfinite")
 NONFINITE_CYCLE = (np.nan, np.inf, -np.inf, None)  # row r gets NONFINITE_CYCLE[r % 4]
 PLANTED = ("near_tie", "clear_margin", "quantized")  # normal data; the op's `plant` does the rest
-DATA_INITS = ("data", "activation")  # the inits the case's distribution applies to
 
 
 def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -49,26 +44,9 @@ def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
     return int(np.prod(shape, dtype=np.int64)) // max(n, 1), n
 
 
-def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.random.Generator,
-         params: dict) -> np.ndarray:
-    """float64 values for one tensor (the caller rounds them to the storage dtype)."""
-    if init == "weight":
-        base = 0.0 if params.get("weight_offset", 0) else 1.0
-        return base + 0.1 * rng.standard_normal(shape)
-    if init == "gate":
-        return 2.0 * rng.standard_normal(shape)
-    if init == "codes":
-        return rng.integers(0, 1 << 32, shape, dtype=np.uint64).astype(np.float64)
-    if init == "qscale":
-        return 0.004 * rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
-    if init == "qbias":
-        return 0.03 * rng.standard_normal(shape)
-    if init == "activation":
-        return draw("data", dist, shape, dtype, rng, params) / np.sqrt(shape[-1])
-    if init.startswith("param:"):  # a device-resident scalar the case names (an expert index)
-        return np.full(shape, params[init[len("param:"):]], dtype=np.float64)
-    if init != "data":
-        raise ValueError(f"unknown tensor init {init!r}")
+def values(dist: str, shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """float64 values of distribution `dist` for one tensor (the caller rounds them to `dtype`).
+    The planted distributions draw `normal` (the op's `plant` adds the structure)."""
     if dist in PLANTED:
         dist = "normal"
     if dist not in DISTRIBUTIONS:
@@ -81,8 +59,8 @@ def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.rando
         x[np.arange(rows), rng.integers(0, n, rows)] *= 1000.0
     elif dist == "f16_overflow":
         x = rng.uniform(250.0, 350.0, (rows, n)) * rng.choice([-1.0, 1.0], (rows, n))
-    elif dist == "tiny":
-        x *= 4.0 * tiny(dtype if dtype in ("f32", "f16", "bf16") else "f32")
+    elif dist == "tiny":  # an integer tensor taking data gets f32's scale
+        x *= 4.0 * tiny(dtype if is_float(dtype) else "f32")
     elif dist == "zero_rows":
         x[::3] = 0.0
     elif dist == "constant_rows":
@@ -93,3 +71,21 @@ def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.rando
             if NONFINITE_CYCLE[r % 4] is not None:
                 x[r, cols[r]] = NONFINITE_CYCLE[r % 4]
     return x.reshape(shape)
+
+
+def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.random.Generator,
+         params: dict) -> np.ndarray:
+    """float64 values of the registered init `init` for one tensor outside a case (tests,
+    scripts): `dist` is the distribution it takes if it takes one, `params` the case params it
+    may read. Inits that read more of the case (dims, the inputs drawn before) need a case:
+    `cases.inits.draw_tensor`."""
+    from cases.inits import call_init
+
+    return call_init(init, shape, dtype, rng, _ParamsOnly(params, dist), {}, dist)
+
+
+class _ParamsOnly:
+    """What `draw` gives an init for its case: the params and the distribution, nothing else."""
+
+    def __init__(self, params: dict, dist: str):
+        self.params, self.dist = dict(params), dist

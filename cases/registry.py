@@ -9,7 +9,7 @@ from typing import Callable
 
 _SOURCES: dict[str, Callable[[], list]] = {}
 _BENCH: dict[str, Callable[[], list]] = {}
-_INFRA = {"registry", "model", "distributions", "generate", "strategies", "configs"}
+_INFRA = {"registry", "model", "distributions", "inits", "generate", "strategies", "configs"}
 _loaded = False
 
 

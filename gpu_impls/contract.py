@@ -61,10 +61,16 @@ class Contract:
     # dims, params -> derived names (e.g. {"tpg": n // 4}) and the Launch.
     geometry: Callable[[Mapping[str, int], Mapping[str, object]], tuple[dict, Launch]] | None = None
     dtypes: tuple[str, ...] = FLOAT_DTYPES
+    # The dtypes the kernel is built for per dtype role of its op (`OpSpec.roles`), e.g.
+    # {"kv": ("e4m3", "e5m2")}; a role not named here may take any dtype.
+    role_dtypes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def namespace(self, case) -> tuple[dict, Launch | None]:
-        """dims, params (with the case's `dtype`: a vector width depends on it) and geometry."""
+        """dims, params (with the case's `dtype`: a vector width depends on it; for an op with
+        dtype roles, `dtypes`: each role's dtype in the case) and geometry."""
         params = {**case.params, "dtype": case.dtype}
+        if case.spec.roles:
+            params["dtypes"] = {role: case.dtype_of(role) for role in case.spec.roles}
         ns = {**params, **case.dims}
         if self.geometry is None:
             return ns, None
@@ -81,6 +87,11 @@ class Contract:
             raise ContractError(impl_id, f"dtype in {self.dtypes}", f"dtype={case.dtype}",
                                 "the kernel is not instantiated for this dtype",
                                 f"one of {', '.join(self.dtypes)}")
+        for role, dtype in self._bad_role_dtypes(case):
+            allowed = self.role_dtypes[role]
+            raise ContractError(impl_id, f"{role} dtype in {tuple(allowed)}", f"{role}={dtype}",
+                                "the kernel is not instantiated for this dtype",
+                                f"dtypes={{{role!r}: one of {', '.join(allowed)}}}")
         ns, launch = self.namespace(case)
         for inv in self.invariants:
             if not inv.holds(ns):
@@ -89,7 +100,12 @@ class Contract:
         return launch
 
     def admits(self, case) -> bool:
-        return case.dtype in self.dtypes and not self.broken(case)
+        return (case.dtype in self.dtypes and not self._bad_role_dtypes(case)
+                and not self.broken(case))
+
+    def _bad_role_dtypes(self, case) -> list[tuple[str, str]]:
+        return [(role, case.dtype_of(role)) for role, allowed in self.role_dtypes.items()
+                if case.dtype_of(role) not in allowed]
 
 
 NO_CONTRACT = Contract()

@@ -2,7 +2,10 @@
 
 Names are kparity's: "f32", "f16", "bf16" for activations; "e4m3", "e5m2" (fp8), "e2m1" (fp4)
 and "ue8m0" (MX block scales) for narrow storage; "u32"/"i32"/"i64"/"u8" for packed codes and
-indices. Narrow and bf16 storage comes from `ml_dtypes`. `round_to` rounds a float64 value to
+indices. `DTYPES` lists them all: every dtype a tensor, a case or a role may name is checked
+against it (`check_dtype`). Narrow and bf16 storage comes from `ml_dtypes`; e2m1 is stored one
+value per byte here (`ml_dtypes.float4_e2m1fn`), and `pack_e2m1` / `unpack_e2m1` convert to and
+from kernel storage, two codes per byte. `round_to` rounds a float64 value to
 nearest, ties to even (RNE), in ONE step, the rounding GPU stores use (`__float2bfloat16_rn`,
 `cvt.rn.f16.f32`, Metal's `bfloat(x)`). ml_dtypes' own `astype` from float64 goes through float32
 first and so rounds twice: `1 + 2^-8 + 2^-30` becomes bf16 1.0 that way, RNE gives 1.0078125.
@@ -106,6 +109,32 @@ _INT_STORAGE = {
     "u8": np.dtype(np.uint8),
 }
 
+DTYPES = (*FLOAT_FORMATS, *_INT_STORAGE)  # every dtype name kparity knows
+
+
+def is_dtype(name: str) -> bool:
+    return name in FLOAT_FORMATS or name in _INT_STORAGE
+
+
+def is_float(name: str) -> bool:
+    """A floating-point format (rounding, spacing and ULPs apply), not an integer dtype."""
+    return name in FLOAT_FORMATS
+
+
+def check_dtype(name: str, what: str = "dtype") -> str:
+    """`name` if it is a dtype kparity knows, else ValueError naming `what` and the valid names."""
+    if not isinstance(name, str) or not is_dtype(name):
+        raise ValueError(f"{what}: unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return name
+
+
+def dtype_name(np_dtype) -> str | None:
+    """The kparity name of a NumPy / ml_dtypes storage dtype (None if it is none of them): what a
+    backend reads off a host array to pick its device dtype."""
+    np_dtype = np.dtype(np_dtype)
+    return next((name for name in DTYPES if storage_dtype(name) == np_dtype), None)
+
+
 # NumPy converts float64 to these in one correctly rounded (RNE) step; tests/test_rounding.py
 # checks it against an exact reference. Every other format goes through `_round_rne`.
 _NUMPY_ROUNDS_ONCE = ("f32", "f16")
@@ -116,9 +145,8 @@ def storage_dtype(name: str) -> np.dtype:
         return FLOAT_FORMATS[name].dtype
     try:
         return _INT_STORAGE[name]
-    except KeyError:
-        valid = ", ".join([*FLOAT_FORMATS, *_INT_STORAGE])
-        raise ValueError(f"unknown dtype {name!r}; valid: {valid}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}") from None
 
 
 def float_format(name: str) -> FloatFormat:
@@ -262,3 +290,33 @@ def rounding_margin(values: np.ndarray, name: str) -> np.ndarray:
         down = _from_ordered(ordered - 1, name)
         margin = np.minimum(np.abs(v - 0.5 * (r64 + up)), np.abs(v - 0.5 * (r64 + down)))
     return np.where(np.isfinite(margin), margin, np.inf)
+
+
+# --- packed storage ---------------------------------------------------------------------------
+
+E2M1 = FLOAT_FORMATS["e2m1"].dtype
+
+
+def pack_e2m1(values: np.ndarray) -> np.ndarray:
+    """e2m1 values [..., n] (`ml_dtypes.float4_e2m1fn`, one per byte) -> uint8 [..., n / 2], two
+    4-bit codes per byte along the last axis, low nibble first: byte j = code[2j] | code[2j+1] << 4
+    (how CUDA's `__nv_fp4x2_e2m1` and torch's `float4_e2m1fn_x2` store FP4). n must be even."""
+    values = np.asarray(values)
+    if values.dtype != E2M1:
+        raise ValueError(f"pack_e2m1 takes e2m1 values (ml_dtypes.float4_e2m1fn), got "
+                         f"{values.dtype}; round first: round_to(x, 'e2m1')")
+    if values.ndim == 0 or values.shape[-1] % 2:
+        raise ValueError(f"pack_e2m1: the last axis must have an even length (two codes per "
+                         f"byte), got shape {values.shape}")
+    codes = np.ascontiguousarray(values).view(np.uint8) & 0x0F
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_e2m1(packed: np.ndarray) -> np.ndarray:
+    """uint8 [..., m] of two e2m1 codes per byte (low nibble first) -> e2m1 values [..., 2m]
+    (`ml_dtypes.float4_e2m1fn`): the inverse of `pack_e2m1`."""
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8:
+        raise ValueError(f"unpack_e2m1 takes uint8 bytes, got {packed.dtype}")
+    codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+    return np.ascontiguousarray(codes).view(E2M1)

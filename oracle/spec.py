@@ -25,33 +25,47 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from oracle.dtypes import round_to, storage_dtype
-
-# Dtype roles of a tensor: "T" is the case's activation dtype; the others are fixed.
-DTYPE_ROLES = ("T", "f32", "u32", "i32")
+from oracle.dtypes import DTYPES, is_dtype, round_to, storage_dtype
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output: its name, shape as a function of the case dims, dtype role.
 
-    `init` names how the case generator fills an input: "data" draws from the case's value
-    distribution, "weight" draws a norm weight (around 1, or around 0 with `weight_offset=1`),
-    "gate" a gate activation.
+    `role` says which dtype the tensor has in a case: "T", the case's activation dtype; a dtype
+    name (`oracle.dtypes.DTYPES`: "f32", "u32", "i32", "e4m3"...), that dtype in every case; or
+    a role the op declares in `OpSpec.roles` (e.g. "kv"), whose dtype is the case's
+    `dtypes[role]` if given, else the op's default for it (`Case.dtype_of`).
+
+    `init` says how the case generator fills an input: a generator registered by name in
+    `cases/inits.py` ("data" draws from the case's value distribution, "weight" a norm weight
+    around 1, or around 0 with `weight_offset=1`, "gate" a gate activation, ...), or a function
+    `init(shape, dtype, rng, case, drawn) -> values` for a one-off. `adversarial` says whether
+    the case's value distribution (outlier_rows, nonfinite, tiny...) applies to the tensor:
+    None leaves it to the init (True for "data" and "activation"); False keeps e.g. a page table
+    or a router's ids clean in every case.
     """
 
     name: str
     shape: Callable[[Mapping[str, int]], tuple[int, ...]]
     role: str = "T"
-    init: str = "data"
+    init: str | Callable = "data"
     # An output that is a vector of logits (out = vocab): its check also records argmax
     # agreement, the oracle's top-1 / top-2 margin and top-5 overlap (`runners/metrics.py`).
     logits: bool = False
+    adversarial: bool | None = None
 
-    def dtype(self, case_dtype: str) -> str:
-        if self.role not in DTYPE_ROLES:
-            raise ValueError(f"tensor {self.name}: unknown dtype role {self.role!r}")
-        return case_dtype if self.role == "T" else self.role
+    def dtype(self, case) -> str:
+        """The tensor's dtype in `case` (a `Case`). A bare case dtype string is still taken for
+        the roles that need nothing else ("T" and fixed dtypes)."""
+        if not isinstance(case, str):
+            return case.dtype_of(self.role)
+        if self.role == "T":
+            return case
+        if is_dtype(self.role):
+            return self.role
+        raise ValueError(f"tensor {self.name}: role {self.role!r} is a per-case dtype role "
+                         f"(OpSpec.roles): pass the case, t.dtype(case), not its dtype string")
 
 
 @dataclass(frozen=True)
@@ -98,22 +112,45 @@ class OpSpec:
     # Set: the admissible kernel's computation (`oracle/numerics.py`): `kernel(arith, inputs,
     # case)` returns each output's pre-store value in that arithmetic.
     kernel: Callable[[object, dict, object], dict] | None = None
+    # Dtype roles beyond "T" and fixed dtypes, each with its default: a dtype name or "T" (e.g.
+    # {"kv": "T"}: the KV cache in the activation dtype unless the case says {"kv": "e4m3"}).
+    roles: Mapping[str, str] = field(default_factory=dict)
+    # Set: `make_inputs(case, rng)` returns every input (name -> float64 values, rounded to the
+    # tensor's dtype, or an array already in its storage dtype, kept as is), replacing the
+    # per-tensor inits (`cases.model.make_inputs`; `plant` still applies after).
+    make_inputs: Callable[[object, object], dict] | None = None
 
     def __post_init__(self):
+        self._check_roles()
         if self.tolerance is None:
             if self.kernel is None:
                 raise ValueError(f"op {self.name}: give a kernel model or a tolerance")
             object.__setattr__(self, "tolerance", lambda inputs, exact, case, numerics=None:
                                self.bounds(inputs, exact, case, numerics))
 
-    def output_dtype(self, name: str, case_dtype: str) -> str:
-        return next(t for t in self.outputs if t.name == name).dtype(case_dtype)
+    def _check_roles(self):
+        for role, default in self.roles.items():
+            if role == "T" or is_dtype(role):
+                raise ValueError(f"op {self.name}: role {role!r} in roles is "
+                                 f"{'the activation role' if role == 'T' else 'a dtype name'}; "
+                                 "name a role for what the tensor is (e.g. 'kv', 'weights')")
+            if default != "T" and not is_dtype(default):
+                raise ValueError(f"op {self.name}: roles[{role!r}] = {default!r}: the default "
+                                 f"must be 'T' or a dtype ({', '.join(DTYPES)})")
+        for t in self.inputs + self.outputs:
+            if t.role != "T" and not is_dtype(t.role) and t.role not in self.roles:
+                raise ValueError(f"op {self.name}: tensor {t.name} has dtype role {t.role!r}; "
+                                 f"valid: 'T', a dtype ({', '.join(DTYPES)}) or a role of "
+                                 f"OpSpec.roles ({', '.join(self.roles) or 'none declared'})")
+
+    def output_dtype(self, name: str, case) -> str:
+        return next(t for t in self.outputs if t.name == name).dtype(case)
 
     def reference(self, inputs: dict, case) -> tuple[dict, dict]:
         """(exact float64 outputs, outputs rounded to their storage dtype)."""
         with np.errstate(invalid="ignore"):  # NaN/inf inputs propagate: that is the contract
             exact = self.oracle(inputs, case)
-        rounded = {t.name: round_to(exact[t.name], t.dtype(case.dtype)) for t in self.outputs}
+        rounded = {t.name: round_to(exact[t.name], t.dtype(case)) for t in self.outputs}
         return exact, rounded
 
     def bounds(self, inputs: dict, exact: dict, case, numerics=None) -> dict:
@@ -126,7 +163,7 @@ class OpSpec:
         arith = Bounds(model_for(case, numerics or DEFAULT))
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             values = self.kernel(arith, inputs, case)
-            return {t.name: arith.store(values[t.name], t.dtype(case.dtype))
+            return {t.name: arith.store(values[t.name], t.dtype(case))
                     for t in self.outputs}
 
     def io_bytes(self, case) -> int:
@@ -134,7 +171,7 @@ class OpSpec:
         total = 0
         for t in self.inputs + self.outputs:
             n = int(np.prod(t.shape(case.dims), dtype=np.int64))
-            total += n * storage_dtype(t.dtype(case.dtype)).itemsize
+            total += n * storage_dtype(t.dtype(case)).itemsize
         return total
 
 

@@ -1,13 +1,20 @@
-"""PyTorch: CUDA when a GPU is visible, else CPU. bf16 crosses as uint16 bits (numpy has no bf16)."""
+"""PyTorch: CUDA when a GPU is visible, else CPU.
+
+NumPy has no bf16 or fp8: those arrays (ml_dtypes) cross as their bits, a same-width unsigned
+integer tensor viewed as torch's dtype of the same format. e2m1, which torch has only packed
+(`float4_e2m1fn_x2`), crosses as uint8 codes, one per byte (`oracle.dtypes.pack_e2m1` packs them).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from gpu_impls.backend import Backend
-from oracle.dtypes import storage_dtype
+from oracle.dtypes import FLOAT_FORMATS, dtype_name, storage_dtype
 
-_UINT_VIEW = {"bf16": np.uint16}
+# kparity dtype -> torch dtype attribute (absent attributes: that torch lacks the format)
+_TORCH_FORMATS = {"bf16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2",
+                  "ue8m0": "float8_e8m0fnu"}
 
 
 class TorchBackend(Backend):
@@ -39,19 +46,42 @@ class TorchBackend(Backend):
         return {"torch": torch.__version__, "torch_cuda": str(torch.version.cuda),
                 "torch_cudnn": str(torch.backends.cudnn.version())}
 
+    def _format(self, name: str | None):
+        """torch's dtype for kparity dtype `name` where it crosses as bits, else None."""
+        attr = _TORCH_FORMATS.get(name)
+        if attr is None:
+            return None
+        torch = self._torch()
+        if not hasattr(torch, attr):
+            raise TypeError(f"torch {torch.__version__} has no {attr} for {name} tensors")
+        return getattr(torch, attr)
+
+    def _uint(self, name: str):
+        return getattr(self._torch(), f"uint{FLOAT_FORMATS[name].dtype.itemsize * 8}")
+
     def to_device(self, array: np.ndarray):
         torch = self._torch()
-        if array.dtype == storage_dtype("bf16"):
-            t = torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
+        array = np.ascontiguousarray(array)
+        name = dtype_name(array.dtype)
+        fmt = self._format(name)
+        if fmt is not None:
+            t = torch.from_numpy(array.view(FLOAT_FORMATS[name].uint)).view(fmt)
+        elif name == "e2m1":
+            t = torch.from_numpy(array.view(np.uint8))
         else:
-            t = torch.from_numpy(np.ascontiguousarray(array))
+            t = torch.from_numpy(array)
         return t.to(self.torch_device())
 
     def to_host(self, tensor, dtype: str) -> np.ndarray:
         torch = self._torch()
         t = tensor.detach().contiguous().cpu()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.uint16).numpy().view(storage_dtype("bf16")).copy()
+        name = next((n for n in _TORCH_FORMATS if getattr(torch, _TORCH_FORMATS[n], None)
+                     == t.dtype), None)
+        if name is not None:  # bits back, viewed as the same format in NumPy
+            host = t.view(self._uint(name)).numpy().view(storage_dtype(name))
+            return host.astype(storage_dtype(dtype), copy=False).copy()
+        if dtype == "e2m1" and t.dtype == torch.uint8:  # codes, one per byte
+            return t.numpy().view(storage_dtype("e2m1")).copy()
         return t.numpy().astype(storage_dtype(dtype), copy=False).copy()
 
     def same_memory(self, a, b) -> bool:
