@@ -16,6 +16,8 @@ A distribution fills a tensor viewed as rows (last axis = the reduction axis of 
 | `nonfinite`     | N(0, 1) with one NaN in rows 0, 4, 8..., one +inf in rows 1, 5..., one -inf |
 |                 | in rows 2, 6...; rows 3, 7... clean. The oracle's IEEE float64 propagation |
 |                 | is the contract (each op's docstring states what it implies)               |
+| `f32_overflow`  | N(0, 1) x 1e20 (f32/bf16 only): x^2 leaves f32's range; only for ops whose   |
+|                 | cases ask (the op states its verdict there: rms_norm's [0, y])             |
 | `near_tie`      | N(0, 1) data; an op with logits plants two top logits within one output ULP |
 |                 | (`OpSpec.plant`): an argmax flip there is a near-tie, not a failure        |
 | `clear_margin`  | N(0, 1) data; the op plants a top logit far above the rest: no flip allowed |
@@ -37,6 +39,9 @@ DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", 
                  "nonfinite")
 NONFINITE_CYCLE = (np.nan, np.inf, -np.inf, None)  # row r gets NONFINITE_CYCLE[r % 4]
 PLANTED = ("near_tie", "clear_margin", "quantized")  # normal data; the op's `plant` does the rest
+# Past an op's f32 domain, generated only where the op's cases ask for it (the op's docstring
+# states its verdict there): `f32_overflow` is N(0, 1) * 1e20, whose squares leave f32's range.
+DOMAIN = ("f32_overflow",)
 
 
 def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -49,14 +54,16 @@ def values(dist: str, shape: tuple[int, ...], dtype: str, rng: np.random.Generat
     The planted distributions draw `normal` (the op's `plant` adds the structure)."""
     if dist in PLANTED:
         dist = "normal"
-    if dist not in DISTRIBUTIONS:
+    if dist not in DISTRIBUTIONS + DOMAIN:
         raise ValueError(f"unknown distribution {dist!r}; valid: "
-                         f"{', '.join(DISTRIBUTIONS + PLANTED)}")
+                         f"{', '.join(DISTRIBUTIONS + PLANTED + DOMAIN)}")
 
     rows, n = _rows(shape)
     x = rng.standard_normal((rows, n))
     if dist == "outlier_rows":
         x[np.arange(rows), rng.integers(0, n, rows)] *= 1000.0
+    elif dist == "f32_overflow":
+        x *= 1e20
     elif dist == "f16_overflow":
         x = rng.uniform(250.0, 350.0, (rows, n)) * rng.choice([-1.0, 1.0], (rows, n))
     elif dist == "tiny":  # an integer tensor taking data gets f32's scale

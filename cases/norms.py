@@ -74,9 +74,20 @@ def _both_roundings(cases: list[Case]) -> list[Case]:
                     if not c.params["weight_offset"]]
 
 
+# Past the f32 domain (`oracle/norms.py` "Domain"): rows whose squares leave f32's range, at two
+# hidden sizes, in the dtypes that can hold |x| ~ 1e20.
+DOMAIN_MODELS = ("qwen3-0.6b", "qwen3-8b")
+
+
+def _domain_cases(op: str) -> list[Case]:
+    return [Case.make(op, {"rows": HIDDEN_ROWS, "n": config(m).hidden}, dtype, "f32_overflow",
+                      params={"eps": config(m).eps}, label=f"preset:f32-overflow-{m}")
+            for m, dtype in product(DOMAIN_MODELS, ("f32", "bf16"))]
+
+
 @gate_cases("rms_norm")
 def rms_norm_cases():
-    return _both_roundings(_hidden_op("rms_norm"))
+    return _both_roundings(_hidden_op("rms_norm") + _domain_cases("rms_norm"))
 
 
 @gate_cases("rms_norm_residual")

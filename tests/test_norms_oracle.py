@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cases.distributions import DISTRIBUTIONS
+from cases.distributions import DISTRIBUTIONS, DOMAIN
 from cases.generate import Work, gate_cases
 from cases.model import Case, make_inputs
 from cases.strategies import valid_case
@@ -343,7 +343,8 @@ def test_derived_bounds_never_looser_than_seed(op, dtype, ftz):
     """For every gate case (and under FTZ, as on CuPy), the derived bound of a kernel of the
     seeds' class (32 lanes or more) at each element is at most the seed's absolute tolerance
     scaled to the output's magnitude, max(1, |exact|)."""
-    cases = [c for c in gate_cases(op) if c.dtype == dtype]
+    # past the f32 domain (`f32_overflow`) the contract admits 0 as well as y: no seed tolerance
+    cases = [c for c in gate_cases(op) if c.dtype == dtype and c.dist not in DOMAIN]
     assert cases
     offenders = []
     for case in cases:
