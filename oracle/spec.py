@@ -52,8 +52,16 @@ class TensorSpec:
     init: str | Callable = "data"
     # An output that is a vector of logits (out = vocab): its check also records argmax
     # agreement, the oracle's top-1 / top-2 margin and top-5 overlap (`runners/metrics.py`).
+    # Shorthand for `comparator=Logits()`.
     logits: bool = False
     adversarial: bool | None = None
+    # How the check judges this output (`runners/comparators.py`: `Bounded()`, `Logits()`,
+    # `Exact()`, `TopKSet(...)`, ...). None: the element-wise bound, `Bounded()`.
+    comparator: object | None = None
+
+    def __post_init__(self):
+        if self.logits and self.comparator is not None:
+            raise ValueError(f"tensor {self.name}: logits=True is comparator=Logits(); give one")
 
     def dtype(self, case) -> str:
         """The tensor's dtype in `case` (a `Case`). A bare case dtype string is still taken for

@@ -55,9 +55,10 @@ CORRECTNESS = pa.schema([
     ("frac_within", pa.float64()),
     ("nonfinite_mismatch", pa.int64()),
     ("budget", pa.float64()),          # max |out - exact| / bound over the worst output
-    ("outputs_json", pa.string()),     # per-output metrics
+    ("outputs_json", pa.string()),     # per-output metrics, by each output's comparator
     ("seconds", pa.float64()),
-    ("flags", pa.string()),            # comma-separated, e.g. near_tie:out (a passing argmax flip)
+    ("flags", pa.string()),            # comma-separated, e.g. near_tie:out (a passing argmax flip
+                                       # or top-k swap)
 ])
 
 # One row per (impl, case, mode) measurement; an A/B writes one per run of each arm.

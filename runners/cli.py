@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections import Counter, defaultdict
 
@@ -26,6 +25,7 @@ from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
+from runners.comparators import SUMMARIES, describe
 from runners.correctness import (failure_kind, is_failure, judged_row, outcome, quarantined_row,
                                  repeated_row)
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
@@ -298,29 +298,25 @@ def summarize(rows: list[dict], run_id: str, store: Store, seed: int = 0) -> Non
 
 
 def _print_reported(rows: list[dict]) -> None:
-    """What the checks recorded but never gate on: logit agreement (argmax matches, near-ties,
-    worst top-5 overlap) and the level-2 loss against unquantized weights (median relative RMS,
-    worst cosine). Printed only when some output carries them."""
-    by_impl = defaultdict(lambda: {"logits": [], "level2": []})
+    """What the checks recorded but never gate on, one section per comparator summary
+    (`runners/comparators.py`: logit agreement, top-k near-ties, the level-2 loss...), one line
+    per impl. Printed only when some output carries such metrics."""
+    by_impl = defaultdict(lambda: defaultdict(list))
     for r in rows:
         for metrics in json.loads(r.get("outputs_json") or "{}").values():
-            if "argmax_match" in metrics:
-                by_impl[r["impl"]]["logits"].append(metrics)
-            if "level2" in metrics:
-                by_impl[r["impl"]]["level2"].append(metrics["level2"])
-    if not by_impl:
+            for section in SUMMARIES:
+                if section.key in metrics:
+                    by_impl[r["impl"]][section.key].append(metrics)
+    used = [s for s in SUMMARIES if any(s.key in got for got in by_impl.values())]
+    if not used:
         return
-    table = Table(title="reported, not gated: logit agreement and level-2 quantization loss")
-    for col in ("impl", "logit outputs", "argmax match", "near-ties", "min top-5",
-                "level-2 cases", "median rel RMS", "min cosine"):
+    titles = [s.title for s in used]
+    table = Table(title="reported, not gated: " + " and ".join(
+        filter(None, (", ".join(titles[:-1]), titles[-1]))))
+    for col in ("impl", *(c for s in used for c in s.columns)):
         table.add_column(col, justify="left" if col == "impl" else "right", no_wrap=col == "impl")
     for impl, got in sorted(by_impl.items()):
-        lg, l2 = got["logits"], got["level2"]
-        table.add_row(impl, str(len(lg)), str(sum(m["argmax_match"] for m in lg)),
-                      str(sum(m["near_tie"] for m in lg)),
-                      f"{min(m['top5_overlap'] for m in lg):.2f}" if lg else "-", str(len(l2)),
-                      f"{statistics.median(m['rel_rms'] for m in l2):.3g}" if l2 else "-",
-                      f"{min(m['cosine'] for m in l2):.4f}" if l2 else "-")
+        table.add_row(impl, *(c for s in used for c in s.cells(got.get(s.key, []))))
     console.print(table)
 
 
@@ -401,10 +397,7 @@ def cmd_repro(args) -> int:
     for r in rows:
         console.print(f"[bold]{r['impl']}[/] {r['status']}: {escape(r['message'])}")
         for name, m in json.loads(r["outputs_json"]).items():
-            console.print(f"  {name}: budget {m['budget']:.3g}, max_abs {m['max_abs']:.3g}, "
-                          f"max_ulp {m['max_ulp']}, frac_within {m['frac_within']:.6f}, "
-                          f"NaN/Inf mismatches {m['nonfinite_mismatch']}, worst index "
-                          f"{m['worst_index']}")
+            console.print(f"  {name}: {describe(case.spec, name, m)}")
     return 1 if any(is_failure(r) for r in rows) else 0
 
 

@@ -2,13 +2,15 @@
 
 Order of events: contract check (before anything touches the device) -> inputs -> oracle ->
 outputs allocated, poisoned with NaN and fenced by guard regions -> launch -> copy back ->
-guards and poison checked -> metrics per output. The row keeps the worst output's metrics (by
-budget) and all outputs' metrics as JSON.
+guards and poison checked -> each output judged by its comparator (`runners/comparators.py`).
+The row keeps the worst output's metrics (by budget) and all outputs' metrics as JSON.
 
-Status: `pass` (every output within its bound, no NaN/Inf mismatch, no guard element changed, no
-element left unwritten), `fail` (flags `oob_write` / `unwritten` name those two), `rejected` (the
-contract refused the case before launch: expected for violating cases, a failure otherwise),
-`error` (the impl raised). A violating case that launches is a `fail`.
+Status: `pass` (every output's comparator satisfied: by default within its bound, no NaN/Inf
+mismatch; no guard element changed, no element left unwritten), `fail` (flags `oob_write` /
+`unwritten` name those two), `rejected` (the contract refused the case before launch: expected
+for violating cases, a failure otherwise), `error` (the impl raised). A violating case that
+launches is a `fail`. Comparators add flags of their own (`near_tie:<output>`: a choice that
+differs from the oracle's within the tolerance, recorded, not failed).
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from cases.generate import Work
 from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from oracle.dtypes import storage_dtype
-from runners.metrics import compare, level2_metrics, logit_metrics
+from runners.comparators import judge_outputs
 
 FAILING = ("fail", "error", "timeout", "crash", "xpass")  # xpass: a stale ledger entry
+# The row's metric columns, from its worst output (None where its comparator has no such metric).
+ROW_METRICS = ("max_abs", "max_rel", "nmse", "cosine", "max_ulp", "frac_within",
+               "nonfinite_mismatch", "budget")
 
 
 def repro_command(impl_id: str, case_id: str) -> str:
@@ -150,42 +155,26 @@ def check(work: Work, backend, run_id: str = "") -> dict:
         exact, ref = spec.reference(inputs, oracle_case)
         bounds = spec.bounds(inputs, exact, oracle_case, impl.numerics.on(impl.backend))
         out, defects = launch_impl(impl, backend, case, inputs)
-        per_output = {t.name: compare(out[t.name], ref[t.name], exact[t.name], bounds[t.name],
-                                      t.dtype(case.dtype), spec.inf_may_be_nan)
-                      for t in spec.outputs}
-        for t in spec.outputs:
-            per_output[t.name]["digest"] = output_digest(out[t.name])
-            if t.logits:
-                per_output[t.name].update(logit_metrics(out[t.name], exact[t.name],
-                                                        bounds[t.name]))
-        loss = spec.loss(inputs, case) if spec.loss is not None else None
-        for name, unquantized in (loss or {}).items():  # level 2: reported, never gated
-            per_output[name]["level2"] = level2_metrics(out[name], unquantized)
-        worst = max(per_output, key=lambda k: per_output[k]["budget"])
-        m = per_output[worst]
-        row.update({k: m[k] for k in ("max_abs", "max_rel", "nmse", "cosine", "max_ulp",
-                                      "frac_within", "nonfinite_mismatch", "budget")})
+        verdicts = judge_outputs(spec, case, inputs, out, exact, ref, bounds)
+        per_output = {name: {**v.metrics, "digest": output_digest(out[name])}
+                      for name, v in verdicts.items()}
+        failed = {name: v for name, v in verdicts.items() if not v.ok}
+        for name, v in failed.items():
+            per_output[name]["fail_kind"] = v.kind
+        # the worst output by budget; at a tie, one with element-wise metrics for the columns
+        worst = max(per_output, key=lambda k: (per_output[k]["budget"],
+                                               "max_abs" in per_output[k]))
+        row.update({k: per_output[worst].get(k) for k in ROW_METRICS})
         row["worst_output"] = worst
         row["outputs_json"] = json.dumps(per_output, sort_keys=True)
-        row["flags"] = ",".join(f"near_tie:{k}" for k, v in per_output.items()
-                                if v.get("near_tie"))
-        ok = all(v["budget"] <= 1.0 and v["nonfinite_mismatch"] == 0 for v in per_output.values())
-        flipped = [k for k, v in per_output.items() if v.get("argmax_fail")]
-        row["status"] = "pass" if ok and not flipped and not defects else "fail"
+        row["flags"] = ",".join(f"{flag}:{name}" for name, v in verdicts.items()
+                                for flag in v.flags)
+        row["status"] = "pass" if not failed and not defects else "fail"
         if defects:  # out-of-bounds writes and unwritten elements, with their indices
             for flag in sorted({flag for flag, _ in defects}):
                 row["flags"] = _with_flag(row["flags"], flag)
-            row["message"] = "; ".join(text for _, text in defects)
-        if not ok:
-            row["message"] += ("; " if row["message"] else "") + (
-                f"{worst}[{m['worst_index']}] = {m['worst_out']:.9g}, oracle "
-                f"{m['worst_exact']:.9g}, bound {m['worst_bound']:.3g} (budget "
-                f"{m['budget']:.3g}, {m['nonfinite_mismatch']} NaN/Inf mismatches)")
-        for k in flipped:
-            v = per_output[k]
-            row["message"] += (f"{'; ' if row['message'] else ''}{k}: argmax {v['argmax']}, "
-                               f"oracle's {v['argmax_oracle']}: the oracle's gap "
-                               f"{v['flip_gap']:.3g} exceeds the tolerance's {v['flip_allowed']:.3g}")
+        row["message"] = "; ".join([text for _, text in defects]
+                                   + [v.message for v in failed.values()])
     except ContractError as e:
         row["status"] = "rejected"
         row["message"] = str(e)
@@ -236,7 +225,8 @@ def _with_flag(flags: str, flag: str) -> str:
 def failure_kind(row: dict) -> str:
     """What a failing `fail` or `rejected` row failed on, for the summary: a guard or poison
     defect, a valid case rejected, a violating case launched, bits differing between repeats,
-    NaN/Inf where the oracle disagrees, a flipped argmax, or a value over its bound."""
+    or the kind its worst failing output's comparator named (`runners/comparators.py`: "over
+    bound", "NaN/Inf mismatch", "argmax flip", "exact mismatch", "top-k set mismatch", ...)."""
     flags = set(row["flags"].split(",")) if row["flags"] else set()
     for flag in ("oob_write", "unwritten"):
         if flag in flags:
@@ -247,9 +237,14 @@ def failure_kind(row: dict) -> str:
         return "violating case launched"
     if any(f.startswith("nondeterministic:") for f in flags):
         return "nondeterministic"  # flagged and failed: the impl declares determinism
+    outputs = json.loads(row["outputs_json"] or "{}").values()
+    failed = [m for m in outputs if "fail_kind" in m]
+    if failed:
+        return max(failed, key=lambda m: m["budget"])["fail_kind"]
+    # rows stored before comparators named their failure kinds
     if row["nonfinite_mismatch"]:
         return "NaN/Inf mismatch"
-    if any(m.get("argmax_fail") for m in json.loads(row["outputs_json"] or "{}").values()):
+    if any(m.get("argmax_fail") for m in outputs):
         return "argmax flip"
     return "over bound"
 
