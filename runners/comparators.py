@@ -332,7 +332,8 @@ class Permuted(Comparator):
     a key's row read as a tuple) or -1 (within each row: keys shaped like the output). The key
     must identify every position (else the order is still undefined, and the check raises): key
     on the output itself where it is exact (ids). The keys are judged by their own comparators;
-    `inner` sees this output permuted and its siblings as they are."""
+    `inner` sees this output permuted and its siblings as they are (a level-2 reference too:
+    give a permuted output none)."""
 
     key: tuple[str, ...]
     inner: Comparator = Bounded()
