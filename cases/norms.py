@@ -81,7 +81,8 @@ DOMAIN_MODELS = ("qwen3-0.6b", "qwen3-8b")
 
 def _domain_cases(op: str) -> list[Case]:
     return [Case.make(op, {"rows": HIDDEN_ROWS, "n": config(m).hidden}, dtype, "f32_overflow",
-                      params={"eps": config(m).eps}, label=f"preset:f32-overflow-{m}")
+                      params={"eps": config(m).eps},
+                      label=f"preset:f32-overflow-{config(m).hidden}")
             for m, dtype in product(DOMAIN_MODELS, ("f32", "bf16"))]
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 import gpu_impls
+from cases.distributions import DOMAIN
 from cases.generate import Work, gate_cases
 from cases.model import Case, make_inputs
 from oracle.numerics import DEFAULT
@@ -94,7 +95,9 @@ def test_controls_pass_every_f32_gate_case(op, impls):
     failed = [(c.short(), r["status"], r["message"]) for c, r in zip(cases, rows)
               if r["status"] != "pass"]
     assert not failed, failed
-    assert max(r["budget"] for r in rows) < 0.5  # measured: 0.46 (rms_norm tiny, n = 8192)
+    # measured: 0.46 (rms_norm tiny, n = 8192); past the f32 domain (`f32_overflow`) the control's
+    # sum overflows, inv = 0, and its 0 uses the whole budget the contract gives there
+    assert max(r["budget"] for c, r in zip(cases, rows) if c.dist not in DOMAIN) < 0.5
 
 
 @pytest.mark.parametrize("dist", ["tiny", "outlier_rows", "constant_rows", "zero_rows"])
