@@ -114,7 +114,7 @@ def call_init(spec, shape, dtype: str, rng: np.random.Generator, case, drawn, di
 def draw_tensor(t, case, rng: np.random.Generator, drawn: dict) -> np.ndarray:
     """Input `t` (a `TensorSpec`) of `case`, drawn by its init and stored in its dtype. An op's
     own `make_inputs` may call it for the tensors it draws the usual way."""
-    values = call_init(t.init, t.shape(case.dims), t.dtype(case), rng, case,
+    values = call_init(t.init, t.shape_of(case), t.dtype(case), rng, case,
                        MappingProxyType(drawn), case.dist, t.adversarial, f"{case.op}.{t.name}")
     return stored(t, case, values, f"init {resolve(t.init).name!r}")
 
@@ -123,7 +123,7 @@ def stored(t, case, values, source: str) -> np.ndarray:
     """`values` for tensor `t` in its storage dtype: float64 values rounded RNE in one step,
     an array already in the storage dtype kept as it is. The shape must be the tensor's."""
     dtype = t.dtype(case)
-    shape = tuple(t.shape(case.dims))
+    shape = tuple(t.shape_of(case))
     values = np.asarray(values)
     if values.shape != shape:
         raise ValueError(f"{case.op}.{t.name}: {source} gave shape {values.shape}, the tensor's "

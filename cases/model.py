@@ -39,8 +39,9 @@ class Case:
     def make(op: str, dims: dict, dtype: str, dist: str = "normal", seed: int = 0,
              params: dict | None = None, label: str = "", dtypes: dict | None = None) -> "Case":
         check_dtype(dtype, f"case {op}: dtype")
+        params = {k: _param(op, k, v) for k, v in (params or {}).items()}
         return Case(op, tuple(sorted((k, int(v)) for k, v in dims.items())), dtype, dist, seed,
-                    tuple(sorted((params or {}).items())), label,
+                    tuple(sorted(params.items())), label,
                     _role_dtypes(op, dtype, dtypes or {}))
 
     @property
@@ -149,6 +150,19 @@ def _role_dtypes(op: str, dtype: str, dtypes: dict) -> tuple[tuple[str, str], ..
         if value != default:
             items.append((role, value))
     return tuple(items)
+
+
+def _param(op: str, name: str, value):
+    """A param as the case holds it: a scalar as given; a list or tuple (per-sequence lengths,
+    positions) as a tuple of non-negative ints, so it hashes, and its id (a JSON list) is stable."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"case of op {op}: param {name!r} = {list(value)!r}: a tuple param "
+                             f"holds non-negative integers (per-sequence lengths, positions); "
+                             f"element {i} is {v!r}")
+    return tuple(int(v) for v in value)
 
 
 def make_inputs(case: Case) -> dict[str, np.ndarray]:

@@ -38,13 +38,16 @@ def poisoned_host(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 @dataclass
 class GuardedOutput:
     """A poisoned output (`array`, the device view an impl writes) inside a larger device
-    allocation (`whole`) whose `guard` elements on each side hold `CANARY_BITS`."""
+    allocation (`whole`) whose `guard` elements on each side hold `CANARY_BITS`. `poisoned`:
+    the flat mask of the elements poisoned (None: all); the others hold an input's values (an
+    output aliasing an input, `TensorSpec.aliases`)."""
 
     array: object
     whole: object
     shape: tuple[int, ...]
     dtype: str
     guard: int
+    poisoned: np.ndarray | None = None
 
     def read(self, backend) -> tuple[np.ndarray, list[tuple[str, str]]]:
         """(the output on the host, defects as (flag, text)): out-of-bounds writes (guard elements changed,
@@ -61,11 +64,26 @@ class GuardedOutput:
             defects.append(("oob_write", f"out-of-bounds write: {_indices(written)} (the output has {n} "
                            f"elements; {g} guard elements checked on each side)"))
         if self.dtype in ("f32", "f16", "bf16"):
-            unwritten = np.flatnonzero(bits[g:g + n] == POISON_BITS[self.dtype])
+            left = bits[g:g + n] == POISON_BITS[self.dtype]
+            unwritten = np.flatnonzero(left if self.poisoned is None else left & self.poisoned)
             if unwritten.size:
                 defects.append(("unwritten", f"never written (still the poison NaN): "
                                               f"{_indices(unwritten)} of {n} elements"))
         return whole[g:g + n].reshape(self.shape), defects
+
+
+def outside_region(host: np.ndarray, before: np.ndarray, written: np.ndarray
+                   ) -> list[tuple[str, str]]:
+    """Defects of an output that aliases an input: elements outside the region the op writes
+    (`written`, a boolean mask) whose bits differ from the input's (`before`)."""
+    bits = np.ascontiguousarray(host).reshape(-1).view(np.uint8).reshape(host.size, -1)
+    old = np.ascontiguousarray(before).reshape(-1).view(np.uint8).reshape(before.size, -1)
+    changed = np.flatnonzero((bits != old).any(axis=1) & ~written.reshape(-1))
+    if not changed.size:
+        return []
+    return [("outside_region", f"write outside the region the op writes: {_indices(changed)} "
+             f"changed (it writes {int(written.sum())} of {written.size} elements; the rest "
+             "must keep the input's bits)")]
 
 
 def _indices(flat: np.ndarray) -> str:
@@ -101,15 +119,24 @@ class Backend:
     def poisoned(self, shape: tuple[int, ...], dtype: str):
         return self.to_device(poisoned_host(shape, dtype))
 
-    def guarded(self, shape: tuple[int, ...], dtype: str) -> GuardedOutput:
+    def guarded(self, shape: tuple[int, ...], dtype: str, fill: np.ndarray | None = None,
+                poison: np.ndarray | None = None) -> GuardedOutput:
         """A poisoned output between two guard regions, all one device allocation: the output
-        is a contiguous view into it (a slice, then a reshape: the same on CuPy and torch)."""
+        is a contiguous view into it (a slice, then a reshape: the same on CuPy and torch).
+        An output aliasing an input: `fill` holds the input's values, and only the elements of
+        the boolean mask `poison` are poisoned."""
         bits = POISON_BITS[dtype]
         n, g = int(np.prod(shape, dtype=np.int64)), GUARD_BYTES // bits.itemsize
         host = np.full(n + 2 * g, CANARY_BITS[dtype], dtype=bits.dtype)
         host[g:g + n] = bits
+        if fill is not None:
+            inner = np.ascontiguousarray(fill, dtype=storage_dtype(dtype)).reshape(-1)
+            keep = np.ones(n, dtype=bool) if poison is None else ~poison.reshape(-1)
+            host[g:g + n][keep] = inner.view(bits.dtype)[keep]
         whole = self.to_device(host.view(storage_dtype(dtype)))
-        return GuardedOutput(whole[g:g + n].reshape(shape), whole, tuple(shape), dtype, g)
+        mask = None if fill is None else (np.zeros(n, dtype=bool) if poison is None
+                                          else poison.reshape(-1).copy())
+        return GuardedOutput(whole[g:g + n].reshape(shape), whole, tuple(shape), dtype, g, mask)
 
     def to_host(self, array, dtype: str) -> np.ndarray:
         raise NotImplementedError

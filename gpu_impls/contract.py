@@ -14,17 +14,20 @@ case generator turns those into the "violating case per invariant" that tests an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from oracle.dtypes import FLOAT_DTYPES
 
 
 class ContractError(ValueError):
-    """A case that the kernel's dispatch contract forbids. Raised before any launch."""
+    """A case that the kernel's dispatch contract forbids. Raised before any launch. `launch`:
+    which launch of a several-launch impl (`Launches`) the invariant belongs to, else ""."""
 
-    def __init__(self, impl: str, invariant: str, values: str, why: str, fix: str):
-        self.impl, self.invariant, self.fix = impl, invariant, fix
+    def __init__(self, impl: str, invariant: str, values: str, why: str, fix: str,
+                 launch: str = ""):
+        self.impl, self.invariant, self.fix, self.launch = impl, invariant, fix, launch
+        self.values, self.why = values, why
         super().__init__(f"{impl}: contract invariant `{invariant}` broken ({values}): {why}. "
                          f"Nearest valid choice: {fix}")
 
@@ -65,10 +68,12 @@ class Contract:
     # {"kv": ("e4m3", "e5m2")}; a role not named here may take any dtype.
     role_dtypes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def namespace(self, case) -> tuple[dict, Launch | None]:
+    def namespace(self, case, given: Mapping[str, object] | None = None
+                  ) -> tuple[dict, Launch | None]:
         """dims, params (with the case's `dtype`: a vector width depends on it; for an op with
-        dtype roles, `dtypes`: each role's dtype in the case) and geometry."""
-        params = {**case.params, "dtype": case.dtype}
+        dtype roles, `dtypes`: each role's dtype in the case) and geometry. `given`: names an
+        earlier launch derived (`Launches`), seen as params."""
+        params = {**(given or {}), **case.params, "dtype": case.dtype}
         if case.spec.roles:
             params["dtypes"] = {role: case.dtype_of(role) for role in case.spec.roles}
         ns = {**params, **case.dims}
@@ -109,6 +114,84 @@ class Contract:
 
 
 NO_CONTRACT = Contract()
+
+
+class Launches:
+    """The contract of an impl with several launches (a split-KV pass and its combine): one
+    `Contract` per named launch, in launch order. Every launch's invariants are checked before
+    anything launches; `check` returns {name: Launch}, which the impl's run function receives.
+
+    A launch's geometry and invariants see the names the earlier launches derived (the combine
+    reads the split's part count). Its invariants are named `"<launch>: <invariant>"`, so a
+    violating case's label and a `ContractError` name the launch.
+
+    Same interface as `Contract` (`check`, `broken`, `admits`, `invariants`, `dtypes`), so the
+    case generator and the runners take either.
+    """
+
+    def __init__(self, contracts: Mapping[str, Contract]):
+        if not contracts:
+            raise ValueError("Launches needs at least one named launch")
+        for name, c in contracts.items():
+            if not isinstance(c, Contract):
+                raise TypeError(f"launch {name!r}: a Contract, got {type(c).__name__}")
+        self.contracts = dict(contracts)
+
+    @property
+    def geometry(self):  # a several-launch contract has no single geometry
+        return None
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes every launch is instantiated for."""
+        each = [c.dtypes for c in self.contracts.values()]
+        return tuple(d for d in each[0] if all(d in other for other in each[1:]))
+
+    @property
+    def invariants(self) -> tuple[Invariant, ...]:
+        return tuple(inv for _, inv, _ in self._named())
+
+    def _named(self) -> list[tuple[str, Invariant, Invariant]]:
+        """(launch, invariant named for its launch, the launch contract's own invariant)."""
+        if not hasattr(self, "_named_cache"):
+            self._named_cache = [(name, replace(inv, name=f"{name}: {inv.name}"), inv)
+                                 for name, c in self.contracts.items() for inv in c.invariants]
+        return self._named_cache
+
+    def namespaces(self, case) -> dict[str, tuple[dict, Launch | None]]:
+        """Per launch, its namespace (with the names earlier launches derived) and launch."""
+        out, given = {}, {}
+        own = {**case.params, **case.dims, "dtype": case.dtype}
+        for name, contract in self.contracts.items():
+            ns, launch = contract.namespace(case, given)
+            out[name] = (ns, launch)
+            given = {**given, **{k: v for k, v in ns.items() if k not in own}}
+        return out
+
+    def broken(self, case) -> list[Invariant]:
+        spaces = self.namespaces(case)
+        return [named for launch, named, inv in self._named() if not inv.holds(spaces[launch][0])]
+
+    def check(self, impl_id: str, case) -> dict[str, Launch | None]:
+        """{launch name: derived launch}, or ContractError for the first broken invariant of
+        any launch (launch order), before anything launches."""
+        for name, contract in self.contracts.items():
+            if case.dtype not in contract.dtypes:
+                raise ContractError(impl_id, f"{name}: dtype in {contract.dtypes}",
+                                    f"dtype={case.dtype}", f"launch {name!r} is not "
+                                    "instantiated for this dtype",
+                                    f"one of {', '.join(contract.dtypes)}", launch=name)
+        spaces = self.namespaces(case)
+        for name, named, inv in self._named():
+            ns = spaces[name][0]
+            if not inv.holds(ns):
+                shown = ", ".join(f"{k}={ns[k]}" for k in inv.shows if k in ns)
+                raise ContractError(impl_id, named.name, shown, inv.why, inv.fix(ns),
+                                    launch=name)
+        return {name: launch for name, (_, launch) in spaces.items()}
+
+    def admits(self, case) -> bool:
+        return case.dtype in self.dtypes and not self.broken(case)
 
 
 def nearest_multiples(value: int, m: int, lo: int = 1, hi: int | None = None) -> str:

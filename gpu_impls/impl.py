@@ -4,15 +4,21 @@
 `outputs` pre-allocated and poisoned with NaN by the runner (backends that write in place: cuda,
 torch), or `None` (functional backends: mlx, which return new arrays). It returns the outputs as
 a dict, or None when it wrote into `outputs`. `launch` is the geometry the contract derived and
-checked; a kernel launches with exactly that geometry.
+checked; a kernel launches with exactly that geometry. An impl with several launches declares
+`launches={"split": Contract(...), "combine": Contract(...)}` instead of `contract=` (a
+`Launches`): every launch is checked before any runs, and `launch` is the dict of them.
+
+An output that aliases an input (`TensorSpec.aliases`) is that input's buffer: `outputs[name]`
+and `inputs[input]` are the same device array; the impl updates it in place (or, on a
+functional backend, returns the whole updated tensor).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
-from gpu_impls.contract import NO_CONTRACT, Contract, Launch
+from gpu_impls.contract import NO_CONTRACT, Contract, Launch, Launches
 from oracle.numerics import DEFAULT as DEFAULT_NUMERICS
 from oracle.numerics import Numerics
 
@@ -56,6 +62,19 @@ class Impl:
     # sums (default: any order, the bound that holds for every kernel) and its functions' ULPs.
     # A declared order tightens the bound; it must be true of the impl on every device.
     numerics: Numerics = DEFAULT_NUMERICS
+    # Several launches, each with its own contract (see the module docstring); sets `contract`.
+    launches: Mapping[str, Contract] | None = field(default=None, compare=False)
+    # Set: a staged impl of a pipeline op (`gpu_impls/staged.py`): stage name -> the impl id
+    # that runs it. The runner checks each stage on the previous stage's output.
+    stages: Mapping[str, str] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.launches is not None:
+            built = isinstance(self.contract, Launches) and \
+                self.contract.contracts == dict(self.launches)  # dataclasses.replace of one
+            if self.contract is not NO_CONTRACT and not built:
+                raise ValueError(f"impl {self.id}: give `contract` or `launches`, not both")
+            object.__setattr__(self, "contract", Launches(dict(self.launches)))
 
     def available(self, backend) -> tuple[bool, str]:
         ok, why = backend.available()

@@ -459,8 +459,23 @@ class Bounds:
         self.m = model
 
     def load(self, x) -> Val:
-        """An input as the kernel reads it (exact) or an f32 constant."""
-        return Val.exact(x, self.m)
+        """An input as the kernel reads it (exact) or an f32 constant; an interval (a pipeline
+        stage's input that an earlier stage's kernel stored, `stored`) as it is."""
+        return x if isinstance(x, Val) else Val.exact(x, self.m)
+
+    def stored(self, y: Val, dtype: str, center: np.ndarray) -> Val:
+        """What a later kernel reads of `y` stored as `dtype` (a pipeline's intermediate), as an
+        interval around `center`, the exact composition's value there (the oracle's T-rounded
+        output). The kernel stores some T value in [RNE_T(v - e), RNE_T(v + e)] (rounding is
+        monotone; an f32 store is the kernel's f32 value, which lies there too). The error is
+        the farther end from `center`; `F64_SLACK` covers v's own float64 noise."""
+        c = np.asarray(center, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            e = y.e + F64_SLACK * np.abs(y.v)
+            lo = round_to(y.v - e, dtype).astype(np.float64)
+            hi = round_to(y.v + e, dtype).astype(np.float64)
+            e = np.maximum(np.abs(hi - c), np.abs(c - lo))
+        return _finite(Val(c, np.where(np.isfinite(c), e, 0.0), self.m))
 
     def sum(self, t: Val, reduction: Reduction | None = None) -> Val:
         return f32_sum(t, reduction)
@@ -495,7 +510,13 @@ class Worst:
         self.m, self.ch = model, choices
 
     def load(self, x) -> Adverse:
-        return Adverse(np.asarray(x, dtype=np.float64), self.m, self.ch)
+        return x if isinstance(x, Adverse) else Adverse(np.asarray(x, dtype=np.float64), self.m,
+                                                         self.ch)
+
+    def stored(self, y: Adverse, dtype: str, center: np.ndarray) -> Adverse:
+        """This kernel's value stored as `dtype`, as the next stage reads it (an f32 value
+        too: the emulation's float64 value rounded to the f32 a kernel would hold)."""
+        return Adverse(round_to(y.x, dtype).astype(np.float64), self.m, self.ch)
 
     def sum(self, t: Adverse, reduction: Reduction | None = None) -> Adverse:
         return adverse_sum(t, reduction)

@@ -20,6 +20,7 @@ Conventions shared by every oracle:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -44,10 +45,21 @@ class TensorSpec:
     the case's value distribution (outlier_rows, nonfinite, tiny...) applies to the tensor:
     None leaves it to the init (True for "data" and "activation"); False keeps e.g. a page table
     or a router's ids clean in every case.
+
+    `shape(dims)`, or `shape(dims, params)` where a shape depends on a param (per-sequence
+    lengths: `lambda d, p: (sum(p["new_lens"]), d["d"])`); call it through `shape_of(case)`.
+
+    An output with `aliases="<input>"` is that input's buffer, updated in place (a KV-cache
+    append, a recurrent state): the runner hands the impl the input's device buffer as the
+    output, poisons only the elements `writes(case, inputs)` names (a boolean mask of the
+    output's shape, or any NumPy index into it; None: every element) and requires every other
+    element to keep the input's bits. `reads_written=True`: the op reads the old values where it
+    writes (a state update), so the runner leaves them unpoisoned. The oracle returns the whole
+    updated tensor.
     """
 
     name: str
-    shape: Callable[[Mapping[str, int]], tuple[int, ...]]
+    shape: Callable[..., tuple[int, ...]]
     role: str = "T"
     init: str | Callable = "data"
     # An output that is a vector of logits (out = vocab): its check also records argmax
@@ -58,6 +70,9 @@ class TensorSpec:
     # How the check judges this output (`runners/comparators.py`: `Bounded()`, `Logits()`,
     # `Exact()`, `TopKSet(...)`, ...). None: the element-wise bound, `Bounded()`.
     comparator: object | None = None
+    aliases: str = ""
+    writes: Callable[[object, dict], object] | None = None
+    reads_written: bool = False
 
     def __post_init__(self):
         if self.logits and self.comparator is not None:
@@ -74,6 +89,25 @@ class TensorSpec:
             return self.role
         raise ValueError(f"tensor {self.name}: role {self.role!r} is a per-case dtype role "
                          f"(OpSpec.roles): pass the case, t.dtype(case), not its dtype string")
+
+    def shape_for(self, dims: Mapping[str, int], params: Mapping[str, object]
+                  ) -> tuple[int, ...]:
+        """The shape at these dims (and params, for a shape that reads them)."""
+        if _arity(self.shape) >= 2:
+            return tuple(self.shape(dims, params))
+        return tuple(self.shape(dims))
+
+    def shape_of(self, case) -> tuple[int, ...]:
+        return self.shape_for(case.dims, case.params)
+
+
+def _arity(fn) -> int:
+    """Positional parameters of a shape function: 1 (dims) or 2 (dims, params)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: the classic one-argument form
+        return 1
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 @dataclass(frozen=True)
@@ -127,6 +161,9 @@ class OpSpec:
     # tensor's dtype, or an array already in its storage dtype, kept as is), replacing the
     # per-tensor inits (`cases.model.make_inputs`; `plant` still applies after).
     make_inputs: Callable[[object, object], dict] | None = None
+    # Set: the op is this `oracle.pipeline.Pipeline` (stages of registered ops), whose staged
+    # impls the runner checks stage by stage.
+    pipeline: object | None = None
 
     def __post_init__(self):
         self._check_roles()
@@ -135,6 +172,20 @@ class OpSpec:
                 raise ValueError(f"op {self.name}: give a kernel model or a tolerance")
             object.__setattr__(self, "tolerance", lambda inputs, exact, case, numerics=None:
                                self.bounds(inputs, exact, case, numerics))
+        inputs = {t.name: t for t in self.inputs}
+        for t in self.inputs:
+            if t.aliases or t.writes is not None:
+                raise ValueError(f"op {self.name}: input {t.name!r} declares aliases/writes; "
+                                 "an in-place update is declared on the output")
+        for t in self.outputs:
+            if t.writes is not None and not t.aliases:
+                raise ValueError(f"op {self.name}: output {t.name!r} has `writes` but aliases no "
+                                 "input (a fresh output is written whole)")
+            if t.aliases and (t.aliases not in inputs or inputs[t.aliases].role != t.role):
+                raise ValueError(
+                    f"op {self.name}: output {t.name!r} aliases {t.aliases!r}, which is not an "
+                    f"input of the same dtype role {t.role!r}; inputs: "
+                    + ", ".join(f"{n} ({i.role})" for n, i in inputs.items()))
 
     def _check_roles(self):
         for role, default in self.roles.items():
@@ -154,25 +205,52 @@ class OpSpec:
     def output_dtype(self, name: str, case) -> str:
         return next(t for t in self.outputs if t.name == name).dtype(case)
 
+    def written(self, name: str, case, inputs: dict) -> np.ndarray:
+        """The boolean mask (the output's shape) of the elements output `name` writes: all of a
+        fresh output; of an aliased one, what its `writes(case, inputs)` names."""
+        t = next(t for t in self.outputs if t.name == name)
+        shape = t.shape_of(case)
+        if t.writes is None:
+            return np.ones(shape, dtype=bool)
+        where = t.writes(case, inputs)
+        if isinstance(where, np.ndarray) and where.dtype == bool and where.shape == shape:
+            return where
+        mask = np.zeros(shape, dtype=bool)
+        mask[where] = True
+        return mask
+
     def reference(self, inputs: dict, case) -> tuple[dict, dict]:
         """(exact float64 outputs, outputs rounded to their storage dtype)."""
         with np.errstate(invalid="ignore"):  # NaN/inf inputs propagate: that is the contract
             exact = self.oracle(inputs, case)
         rounded = {t.name: round_to(exact[t.name], t.dtype(case)) for t in self.outputs}
+        for t in self.outputs:
+            if t.aliases:  # the oracle's own region must be the one the op declares
+                kept = ~self.written(t.name, case, inputs)
+                old = np.asarray(inputs[t.aliases]).astype(np.float64)[kept]
+                if not np.array_equal(np.asarray(exact[t.name])[kept], old, equal_nan=True):
+                    raise ValueError(f"op {self.name}: the oracle changes {t.name!r} outside the "
+                                     f"elements its `writes` declares")
         return exact, rounded
 
     def bounds(self, inputs: dict, exact: dict, case, numerics=None) -> dict:
         """Per output, the bound on |impl - exact| for an impl declaring `numerics`
-        (`oracle.numerics.Numerics`; None: the default, every order admitted)."""
+        (`oracle.numerics.Numerics`; None: the default, every order admitted). An aliased
+        output's bound is 0 outside the elements it writes: the rest must be the input, exactly."""
         from oracle.numerics import DEFAULT, Bounds, model_for
 
         if self.kernel is None:
-            return self.tolerance(inputs, exact, case)
-        arith = Bounds(model_for(case, numerics or DEFAULT))
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            values = self.kernel(arith, inputs, case)
-            return {t.name: arith.store(values[t.name], t.dtype(case))
-                    for t in self.outputs}
+            bounds = self.tolerance(inputs, exact, case)
+        else:
+            arith = Bounds(model_for(case, numerics or DEFAULT))
+            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                values = self.kernel(arith, inputs, case)
+                bounds = {t.name: arith.store(values[t.name], t.dtype(case))
+                          for t in self.outputs}
+        for t in self.outputs:
+            if t.aliases:
+                bounds[t.name] = np.where(self.written(t.name, case, inputs), bounds[t.name], 0.0)
+        return bounds
 
     def io_bytes(self, case) -> int:
         """Each input read once, each output written once."""
@@ -180,6 +258,8 @@ class OpSpec:
         for t in self.inputs + self.outputs:
             n = int(np.prod(t.shape(case.dims), dtype=np.int64))
             total += n * storage_dtype(t.dtype(case)).itemsize
+            n = int(np.prod(t.shape_of(case), dtype=np.int64))
+            total += n * storage_dtype(t.dtype(case.dtype)).itemsize
         return total
 
 

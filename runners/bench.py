@@ -36,7 +36,7 @@ CHECK_MAX_ELEMS = 1 << 25
 
 def elements(case) -> int:
     spec = case.spec
-    return sum(int(np.prod(t.shape(case.dims))) for t in spec.inputs + spec.outputs)
+    return sum(int(np.prod(t.shape_of(case))) for t in spec.inputs + spec.outputs)
 
 
 def correctness(impl, backend, case,
@@ -82,8 +82,9 @@ def _input_sets(impl, backend, case, host_inputs: dict, k: int) -> list:
     for _ in range(k):
         ins = {name: backend.to_device(v) for name, v in host_inputs.items()}
         outs = None
-        if backend.writes_in_place:
-            outs = {t.name: backend.poisoned(t.shape(case.dims), t.dtype(case.dtype))
+        if backend.writes_in_place:  # an output aliasing an input is that input's buffer
+            outs = {t.name: ins[t.aliases] if t.aliases else
+                    backend.poisoned(t.shape_of(case), t.dtype(case.dtype))
                     for t in case.spec.outputs}
         sets.append((ins, outs))
     backend.synchronize()

@@ -6,11 +6,12 @@ guards and poison checked -> each output judged by its comparator (`runners/comp
 The row keeps the worst output's metrics (by budget) and all outputs' metrics as JSON.
 
 Status: `pass` (every output's comparator satisfied: by default within its bound, no NaN/Inf
-mismatch; no guard element changed, no element left unwritten), `fail` (flags `oob_write` /
-`unwritten` name those two), `rejected` (the contract refused the case before launch: expected
-for violating cases, a failure otherwise), `error` (the impl raised). A violating case that
-launches is a `fail`. Comparators add flags of their own (`near_tie:<output>`: a choice that
-differs from the oracle's within the tolerance, recorded, not failed).
+mismatch; no guard element changed, no element left unwritten, an aliased output unchanged
+outside the region the op writes), `fail` (flags `oob_write` / `unwritten` / `outside_region`
+name those three), `rejected` (the contract refused the case before launch: expected for
+violating cases, a failure otherwise), `error` (the impl raised). A violating case that launches
+is a `fail`. Comparators add flags of their own (`near_tie:<output>`: a choice that differs from
+the oracle's within the tolerance, recorded, not failed).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from cases.generate import Work
 from cases.model import make_inputs
+from gpu_impls.backend import outside_region
 from gpu_impls.contract import ContractError
 from oracle.dtypes import storage_dtype
 from runners.comparators import judge_outputs
@@ -57,14 +59,27 @@ def launch_impl(impl, backend, case, inputs: dict
     """(host outputs, defects as (flag, text)). On backends that write in place each output is
     poisoned and sits between guard regions (`Backend.guarded`); the defects name each output
     with out-of-bounds writes (guard elements changed) or unwritten elements (poison bits
-    left), with their flat indices. Raises ContractError before the launch."""
+    left), with their flat indices. An output aliasing an input (`TensorSpec.aliases`) is the
+    input's own buffer, guarded, holding the input's values and poisoned only where the op
+    writes (`OpSpec.written`); any element outside that region whose bits differ from the
+    input's afterwards is an `outside_region` defect (on every backend). Raises ContractError
+    before the launch."""
     spec = case.spec
     launch = impl.contract.check(impl.id, case)
-    dev_in = {k: backend.to_device(v) for k, v in inputs.items()}
+    aliased = {t.aliases: t for t in spec.outputs if t.aliases}
+    dev_in = {k: backend.to_device(v) for k, v in inputs.items() if k not in aliased}
+    written = {t.name: spec.written(t.name, case, inputs) for t in aliased.values()}
     guarded = {}
-    if backend.writes_in_place:
-        guarded = {t.name: backend.guarded(t.shape(case.dims), t.dtype(case.dtype))
-                   for t in spec.outputs}
+    for t in spec.outputs:
+        if t.aliases and backend.writes_in_place:  # the input's own buffer, poisoned where written
+            poison = np.zeros_like(written[t.name]) if t.reads_written else written[t.name]
+            guarded[t.name] = backend.guarded(t.shape_of(case), t.dtype(case.dtype),
+                                              fill=inputs[t.aliases], poison=poison)
+            dev_in[t.aliases] = guarded[t.name].array
+        elif t.aliases:  # a functional backend returns the updated tensor
+            dev_in[t.aliases] = backend.to_device(inputs[t.aliases])
+        elif backend.writes_in_place:
+            guarded[t.name] = backend.guarded(t.shape_of(case), t.dtype(case.dtype))
     backend.synchronize()
     returned = impl.run(launch, dev_in, {k: g.array for k, g in guarded.items()} or None, case)
     backend.synchronize()
@@ -72,7 +87,7 @@ def launch_impl(impl, backend, case, inputs: dict
         raise RuntimeError(f"{impl.id} returned no outputs")
     out, defects = {}, []
     for t in spec.outputs:
-        shape = t.shape(case.dims)
+        shape = t.shape_of(case)
         fenced = guarded.get(t.name)
         own = returned is not None and (
             fenced is None or not backend.same_memory(returned.get(t.name), fenced.array))
@@ -89,6 +104,9 @@ def launch_impl(impl, backend, case, inputs: dict
                 raise RuntimeError(f"{impl.id}: output {t.name} has {host.size} elements, "
                                    f"expected {int(np.prod(shape))} {shape}")
         out[t.name] = host.reshape(shape).astype(storage_dtype(t.dtype(case.dtype)), copy=False)
+        if t.aliases:  # everything the op does not write keeps the input's bits
+            defects += [(flag, f"{t.name}: {text}") for flag, text in
+                        outside_region(out[t.name], inputs[t.aliases], written[t.name])]
     return out, defects
 
 
@@ -138,6 +156,19 @@ def base_row(work: Work, device: str, run_id: str = "") -> dict:
 
 
 def check(work: Work, backend, run_id: str = "") -> dict:
+    """One impl on one case: its result row. A staged pipeline impl (`Impl.stages`) is checked
+    stage by stage and end to end (`runners.pipeline_check`)."""
+    if work.impl.stages is not None and work.expect == "valid":
+        from runners.pipeline_check import check_stages
+
+        return check_stages(work, backend, run_id)
+    return check_op(work, backend, run_id)
+
+
+def check_op(work: Work, backend, run_id: str = "", inputs: dict | None = None,
+             keep: dict | None = None) -> dict:
+    """`check` on the case's own inputs, or on `inputs` (a pipeline stage runs on its
+    predecessor's kernel output); `keep`, where given, receives the impl's host outputs."""
     impl, case = work.impl, work.case
     spec = case.spec
     row = base_row(work, backend.device(), run_id)
@@ -148,13 +179,15 @@ def check(work: Work, backend, run_id: str = "") -> dict:
             row["status"] = "fail"
             row["message"] = f"contract accepted a case that breaks `{work.invariant}`"
             return row
-        inputs = make_inputs(case)
+        inputs = make_inputs(case) if inputs is None else inputs
         oracle_case = case
         if backend.flushes_subnormals and "ftz" in spec.params:
             oracle_case = case.replace(ftz=1)  # the oracle under the backend's FTZ semantics
         exact, ref = spec.reference(inputs, oracle_case)
         bounds = spec.bounds(inputs, exact, oracle_case, impl.numerics.on(impl.backend))
         out, defects = launch_impl(impl, backend, case, inputs)
+        if keep is not None:
+            keep.update(out)
         verdicts = judge_outputs(spec, case, inputs, out, exact, ref, bounds)
         per_output = {name: {**v.metrics, "digest": output_digest(out[name])}
                       for name, v in verdicts.items()}
@@ -228,7 +261,11 @@ def failure_kind(row: dict) -> str:
     or the kind its worst failing output's comparator named (`runners/comparators.py`: "over
     bound", "NaN/Inf mismatch", "argmax flip", "exact mismatch", "top-k set mismatch", ...)."""
     flags = set(row["flags"].split(",")) if row["flags"] else set()
-    for flag in ("oob_write", "unwritten"):
+    stages = sorted(f.split(":", 1)[1] for f in flags if f.startswith("stage:"))
+    if stages:  # a staged pipeline impl: which stage failed, then how
+        return f"stage {'+'.join(stages)}: " + failure_kind(
+            {**row, "flags": ",".join(f for f in flags if not f.startswith("stage:"))})
+    for flag in ("oob_write", "outside_region", "unwritten"):
         if flag in flags:
             return flag
     if row["status"] == "rejected":

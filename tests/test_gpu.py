@@ -166,7 +166,7 @@ def test_kp_qgemv_mma_pdl_reads_the_x_the_kernel_before_wrote():
     dev = {k: be.to_device(v) for k, v in inputs.items()}
     sources = [be.to_device(x) for x in xs]
     (out_t,) = case.spec.outputs
-    outs = [be.to_device(np.zeros(out_t.shape(case.dims), alone[0].dtype)) for _ in xs]
+    outs = [be.to_device(np.zeros(out_t.shape_of(case), alone[0].dtype)) for _ in xs]
     be.synchronize()
     for source, out in zip(sources, outs):
         cupy.bitwise_or(source, np.uint16(0), out=dev["x"])  # the writer, just before the reader
