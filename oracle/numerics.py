@@ -468,13 +468,17 @@ class Bounds:
         interval around `center`, the exact composition's value there (the oracle's T-rounded
         output). The kernel stores some T value in [RNE_T(v - e), RNE_T(v + e)] (rounding is
         monotone; an f32 store is the kernel's f32 value, which lies there too). The error is
-        the farther end from `center`; `F64_SLACK` covers v's own float64 noise."""
+        the farther end from `center`; `F64_SLACK` covers v's own float64 noise. Under FTZ the
+        next kernel may read a subnormal as 0: where the interval reaches below 2^-126 it
+        covers 0 too."""
         c = np.asarray(center, dtype=np.float64)
         with np.errstate(invalid="ignore"):
             e = y.e + F64_SLACK * np.abs(y.v)
             lo = round_to(y.v - e, dtype).astype(np.float64)
             hi = round_to(y.v + e, dtype).astype(np.float64)
             e = np.maximum(np.abs(hi - c), np.abs(c - lo))
+            if self.m.ftz:
+                e = np.where(np.abs(c) - e < TINY32, np.maximum(e, np.abs(c)), e)
         return _finite(Val(c, np.where(np.isfinite(c), e, 0.0), self.m))
 
     def sum(self, t: Val, reduction: Reduction | None = None) -> Val:
@@ -515,8 +519,12 @@ class Worst:
 
     def stored(self, y: Adverse, dtype: str, center: np.ndarray) -> Adverse:
         """This kernel's value stored as `dtype`, as the next stage reads it (an f32 value
-        too: the emulation's float64 value rounded to the f32 a kernel would hold)."""
-        return Adverse(round_to(y.x, dtype).astype(np.float64), self.m, self.ch)
+        too: the emulation's float64 value rounded to the f32 a kernel would hold; under FTZ
+        a subnormal reads as 0)."""
+        x = round_to(y.x, dtype).astype(np.float64)
+        if self.m.ftz:
+            x = np.where(np.abs(x) < TINY32, 0.0, x)
+        return Adverse(x, self.m, self.ch)
 
     def sum(self, t: Adverse, reduction: Reduction | None = None) -> Adverse:
         return adverse_sum(t, reduction)
