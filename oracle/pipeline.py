@@ -162,9 +162,12 @@ class Pipeline:
         for stage in self.stages:
             sc = self.stage_case(case, stage)
             stage_in = self.stage_inputs(stage, values)
+            fed = any("." in self.source(stage, t.name) for t in stage.spec.inputs)
             try:
                 got[stage.name] = stage.spec.kernel(A, stage_in, sc)
             except (TypeError, ValueError) as e:
+                if not fed:
+                    raise
                 raise TypeError(f"pipeline {self.name}, stage {stage.name} ({stage.op}): its "
                                 f"kernel model cannot take an earlier stage's output as an "
                                 f"interval (read inputs through A.load), or failed: {e}; give "
