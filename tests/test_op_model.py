@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpu_impls
-from cases.generate import Work, gate_cases, valid_cases, violating_cases
+from cases.generate import Work, gate_cases, violating_cases
 from cases.model import Case, make_inputs
 from gpu_impls.contract import ContractError
 from oracle.numerics import Bounds, Choices, Model, Worst, adverse_store, model_for
