@@ -144,7 +144,7 @@ class Pipeline:
             with np.errstate(invalid="ignore"):
                 got = stage.spec.oracle(self.stage_inputs(stage, values, case), sc)
             for t in stage.spec.outputs:
-                key, dtype = f"{stage.name}.{t.name}", t.dtype(case.dtype)
+                key, dtype = f"{stage.name}.{t.name}", t.dtype(case)
                 exact[key] = np.asarray(got[t.name], dtype=np.float64)
                 values[key] = round_to(exact[key], dtype).astype(storage_dtype(dtype),
                                                                  copy=False)
@@ -174,7 +174,7 @@ class Pipeline:
                                 "the pipeline a `tolerance`") from e
             for t in stage.spec.outputs:
                 key = f"{stage.name}.{t.name}"
-                values[key] = A.stored(got[stage.name][t.name], t.dtype(case.dtype),
+                values[key] = A.stored(got[stage.name][t.name], t.dtype(case),
                                        centers[key])
         out = {}
         for name, src in self.output_sources().items():

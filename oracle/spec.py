@@ -256,10 +256,8 @@ class OpSpec:
         """Each input read once, each output written once."""
         total = 0
         for t in self.inputs + self.outputs:
-            n = int(np.prod(t.shape(case.dims), dtype=np.int64))
-            total += n * storage_dtype(t.dtype(case)).itemsize
             n = int(np.prod(t.shape_of(case), dtype=np.int64))
-            total += n * storage_dtype(t.dtype(case.dtype)).itemsize
+            total += n * storage_dtype(t.dtype(case)).itemsize
         return total
 
 

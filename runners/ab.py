@@ -38,7 +38,7 @@ def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs) -> tuple[
         if np.isnan(diff).any() and not np.array_equal(np.isnan(a.astype(np.float64)),
                                                        np.isnan(b.astype(np.float64))):
             max_abs = float("inf")
-        max_ulp = max(max_ulp, int(np.max(ulp_distance(a, b, t.dtype(case.dtype)))))
+        max_ulp = max(max_ulp, int(np.max(ulp_distance(a, b, t.dtype(case)))))
     return max_abs, max_ulp
 
 

@@ -84,7 +84,7 @@ def _input_sets(impl, backend, case, host_inputs: dict, k: int) -> list:
         outs = None
         if backend.writes_in_place:  # an output aliasing an input is that input's buffer
             outs = {t.name: ins[t.aliases] if t.aliases else
-                    backend.poisoned(t.shape_of(case), t.dtype(case.dtype))
+                    backend.poisoned(t.shape_of(case), t.dtype(case))
                     for t in case.spec.outputs}
         sets.append((ins, outs))
     backend.synchronize()

@@ -408,7 +408,7 @@ def judge_outputs(spec, case, inputs: dict, out: dict, exact: dict, ref: dict,
     """Every output's verdict, in the op's output order."""
     level2 = (spec.loss(inputs, case) if spec.loss is not None else None) or {}
     return {t.name: comparator_for(t)(OutputCheck(
-        t.name, out[t.name], ref[t.name], exact[t.name], bounds[t.name], t.dtype(case.dtype),
+        t.name, out[t.name], ref[t.name], exact[t.name], bounds[t.name], t.dtype(case),
         case, spec.inf_may_be_nan, level2.get(t.name), out, ref, exact)) for t in spec.outputs}
 
 

@@ -73,13 +73,13 @@ def launch_impl(impl, backend, case, inputs: dict
     for t in spec.outputs:
         if t.aliases and backend.writes_in_place:  # the input's own buffer, poisoned where written
             poison = np.zeros_like(written[t.name]) if t.reads_written else written[t.name]
-            guarded[t.name] = backend.guarded(t.shape_of(case), t.dtype(case.dtype),
+            guarded[t.name] = backend.guarded(t.shape_of(case), t.dtype(case),
                                               fill=inputs[t.aliases], poison=poison)
             dev_in[t.aliases] = guarded[t.name].array
         elif t.aliases:  # a functional backend returns the updated tensor
             dev_in[t.aliases] = backend.to_device(inputs[t.aliases])
         elif backend.writes_in_place:
-            guarded[t.name] = backend.guarded(t.shape_of(case), t.dtype(case.dtype))
+            guarded[t.name] = backend.guarded(t.shape_of(case), t.dtype(case))
     backend.synchronize()
     returned = impl.run(launch, dev_in, {k: g.array for k, g in guarded.items()} or None, case)
     backend.synchronize()
@@ -99,11 +99,11 @@ def launch_impl(impl, backend, case, inputs: dict
         if own:
             if t.name not in returned:
                 raise RuntimeError(f"{impl.id} did not produce output {t.name!r}")
-            host = backend.to_host(returned[t.name], t.dtype(case.dtype))
+            host = backend.to_host(returned[t.name], t.dtype(case))
             if host.size != int(np.prod(shape)):
                 raise RuntimeError(f"{impl.id}: output {t.name} has {host.size} elements, "
                                    f"expected {int(np.prod(shape))} {shape}")
-        out[t.name] = host.reshape(shape).astype(storage_dtype(t.dtype(case.dtype)), copy=False)
+        out[t.name] = host.reshape(shape).astype(storage_dtype(t.dtype(case)), copy=False)
         if t.aliases:  # everything the op does not write keeps the input's bits
             defects += [(flag, f"{t.name}: {text}") for flag, text in
                         outside_region(out[t.name], inputs[t.aliases], written[t.name])]

@@ -46,7 +46,7 @@ def main() -> int:
                             verify=False)
             launch = impl.contract.check(impl.id, case)
             dev_in = {k: backend.to_device(v) for k, v in inputs.items()}
-            dev_out = ({t.name: backend.poisoned(t.shape_of(case), t.dtype(case.dtype))
+            dev_out = ({t.name: backend.poisoned(t.shape_of(case), t.dtype(case))
                         for t in case.spec.outputs} if backend.writes_in_place else None)
             call = partial(impl.run, launch, dev_in, dev_out, case)
             ms = triton.testing.do_bench(call, warmup=100, rep=1000, return_mode="median")

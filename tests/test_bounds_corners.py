@@ -58,7 +58,7 @@ def _dims(op: str) -> dict:
     cases = [c for c in gate_cases(op) if c.dist == "normal"]
 
     def size(c):
-        return max(int(np.prod(t.shape(c.dims))) for t in c.spec.outputs)
+        return max(int(np.prod(t.shape_of(c))) for t in c.spec.outputs)
     small = [c for c in cases if size(c) <= 1 << 16] or cases
     return max(small, key=size).dims
 
@@ -152,7 +152,7 @@ def _worst_kernel(case: Case, inputs: dict, exact: dict, bound: dict, numerics: 
         arith = Worst(Model(bool(case.params.get("ftz")), numerics), choices)
         with np.errstate(all="ignore"):
             values = spec.kernel(arith, inputs, case)
-            outs = {t.name: arith.store(values[t.name], t.dtype(case.dtype)) for t in spec.outputs}
+            outs = {t.name: arith.store(values[t.name], t.dtype(case)) for t in spec.outputs}
         return _budget(outs, exact, bound)
 
     best, choices = max(((budget(c), c) for c in (Choices(assoc=a, form=f)
@@ -181,7 +181,7 @@ def _bound(case: Case, inputs: dict, exact: dict, numerics: Numerics, shrink=Non
     arith = Bounds(Model(bool(case.params.get("ftz")), numerics, shrink or {}))
     with np.errstate(all="ignore"):
         values = spec.kernel(arith, inputs, case)
-        return {t.name: arith.store(values[t.name], t.dtype(case.dtype)) for t in spec.outputs}
+        return {t.name: arith.store(values[t.name], t.dtype(case)) for t in spec.outputs}
 
 
 @pytest.mark.parametrize("op", MODELLED)

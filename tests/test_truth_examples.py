@@ -46,7 +46,7 @@ def _on_inputs(impl_id: str, backend_name: str, case: Case, inputs: dict,
     out, defects = launch_impl(impl, backend(backend_name), case, inputs)
     assert not defects, f"{impl_id}: {defects}\n{_where(impl_id, case)}"
     metrics = {t.name: compare(out[t.name], ref[t.name], exact[t.name], bounds[t.name],
-                               t.dtype(case.dtype), spec.inf_may_be_nan)
+                               t.dtype(case), spec.inf_may_be_nan)
                for t in spec.outputs}
     return out, exact, bounds, metrics
 

@@ -2,16 +2,15 @@
 //
 //   silu(g) = g / (1 + exp(-g))      (f32; exp overflow for g < -88 gives 1 + inf = inf, silu = -0)
 //
-// DISPATCH INVARIANTS (checked by the wrapper's contract before any launch):
-//   - block = 256 threads, grid = ceil(count / 256): thread i owns element i; count = rows * n.
-//   - count < 2^31: the element index is a 32-bit int.
+// DISPATCH INVARIANTS (the wrapper's geometry): block = 256 threads, grid = ceil(count / 256):
+// thread i owns element i, count = rows * n (64-bit indices: any count memory can hold).
 #include "common.cuh"
 
 template <typename T>
 __global__ void silu_mul(const typename T::storage* __restrict__ gate,
                          const typename T::storage* __restrict__ up,
-                         typename T::storage* __restrict__ out, int count) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+                         typename T::storage* __restrict__ out, long long count) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     const float g = T::load(gate, i);
     T::store(out, i, g / (1.0f + expf(-g)) * T::load(up, i));
