@@ -43,7 +43,7 @@ def _store(dtype, values):
 # --- corner inputs ---------------------------------------------------------------------------
 
 LONG = {"rows": 2, "n": 4096}
-GEMV_DIMS = {"out": 24, "in": 4096, "bits": 4, "group_size": 64}
+GEMV_DIMS = {"out": 8, "in": 4096, "bits": 4, "group_size": 64}
 DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_inv": LONG,
         "gated_mixer_norm": LONG, "silu_mul": LONG,
         "rms_norm_per_head": {"batch": 1, "tokens": 2, "heads": 4, "head_dim": 256},
