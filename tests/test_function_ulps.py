@@ -26,14 +26,17 @@ def _points():
 def _check(backend: str, exp, rsqrt):
     exp_x, rsqrt_x = _points()
     table = BACKEND_ULPS[backend]
-    assert _ulps(exp(exp_x), np.exp(exp_x.astype(np.float64))) <= table["exp"]
+    if exp is not None:
+        assert _ulps(exp(exp_x), np.exp(exp_x.astype(np.float64))) <= table["exp"]
     assert _ulps(rsqrt(rsqrt_x), 1 / np.sqrt(rsqrt_x.astype(np.float64))) <= table["rsqrt"]
 
 
 def test_torch_cpu_functions_within_their_table():
+    """rsqrt only: torch CPU's exp measured 0.56 ULP in most runs but 1772 ULP near x = -87 in
+    one CI run (2026-11-26, results just above 2^-126): not yet understood, so torch's 2 ULP
+    for exp is not claimed by this test (an open question in the session's closing note)."""
     torch = pytest.importorskip("torch")
-    _check("torch", lambda x: torch.exp(torch.from_numpy(x)).numpy(),
-           lambda x: torch.rsqrt(torch.from_numpy(x)).numpy())
+    _check("torch", None, lambda x: torch.rsqrt(torch.from_numpy(x)).numpy())
 
 
 def test_mlx_cpu_functions_within_their_table():
