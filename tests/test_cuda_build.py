@@ -205,3 +205,13 @@ def test_kernel_args_refuse_what_they_cannot_marshal():
         _kernel_arg(1.5)  # a Python float: its C type would be a guess
     with pytest.raises(TypeError):
         _kernel_arg(np.float64(1.0))
+
+
+def test_every_mutant_define_reaches_some_kernel():
+    """nvcc_check compiles a define only for the sources that read it: a define no source reads
+    would silently compile nothing (a renamed macro, a typo), so each must reach one."""
+    from gpu_impls.cuda.nvcc_check import KERNEL_DIR, MUTANT_DEFINES, defines_for
+
+    reached = {d for p in KERNEL_DIR.glob("*.cu") for d in defines_for(p)}
+    assert reached == set(MUTANT_DEFINES), sorted(set(MUTANT_DEFINES) - reached)
+    assert "KPARITY_MUTANT_DROP_EPS" in defines_for(KERNEL_DIR / "silu_mul.cu")  # via common.cuh

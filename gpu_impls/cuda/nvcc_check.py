@@ -5,7 +5,8 @@
 No GPU and no CuPy needed. For each `.cu` in `kernels/`, a temporary translation unit includes
 the source and takes the address of every kernel template the wrapper modules list in their
 `KERNELS` (instantiated for F32, F16 and BF16), so the device code of every instance is really
-generated; then the same again once per test-mutant define. A `KERNELS` entry is
+generated; then the same again once per test-mutant define that the source or a local header it
+includes mentions (a define nothing reads cannot change the object code). A `KERNELS` entry is
 `(source, kernel)`, or `(source, kernel, template_args)` for a kernel with more template
 parameters after the trait: `template_args` lists the argument tuples to instantiate (e.g.
 `[(4, 256), (3, 1024)]` -> `kernel<F32, 4, 256>`, ...), as `_module.kernel` compiles them. One
@@ -19,6 +20,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -66,6 +68,21 @@ def instantiation_unit(source: str, kernels: list[Kernel]) -> str:
             f"void* kparity_instances[] = {{\n{refs}\n}};\n")
 
 
+def defines_for(path: Path) -> tuple[str, ...]:
+    """The MUTANT_DEFINES that `path` or the headers it includes from KERNEL_DIR (transitively)
+    mention: only these can change what nvcc generates for it."""
+    seen, todo, text = set(), [path], ""
+    while todo:
+        current = todo.pop()
+        if current in seen or not current.exists():
+            continue
+        seen.add(current)
+        source = current.read_text()
+        text += source
+        todo += [KERNEL_DIR / name for name in re.findall(r'#include\s+"([^"]+)"', source)]
+    return tuple(d for d in MUTANT_DEFINES if d in text)
+
+
 def compile_unit(unit: str, arch: str, define: str | None) -> tuple[bool, str]:
     with tempfile.NamedTemporaryFile("w", suffix=".cu") as f:
         f.write(unit)
@@ -80,10 +97,10 @@ def compile_unit(unit: str, arch: str, define: str | None) -> tuple[bool, str]:
 
 def check_file(path: Path, kernels: list[Kernel], arch: str,
                pool: ThreadPoolExecutor | None = None) -> tuple[bool, str]:
-    """Compile `path`'s unit once per variant (no define, then each mutant define), on `pool`
-    where given (nvcc runs as a subprocess, so threads compile in parallel)."""
+    """Compile `path`'s unit once per variant (no define, then each mutant define it reads), on
+    `pool` where given (nvcc runs as a subprocess, so threads compile in parallel)."""
     unit = instantiation_unit(path.name, kernels)
-    defines = (None, *MUTANT_DEFINES)
+    defines = (None, *defines_for(path))
     if pool is None:
         logs = [compile_unit(unit, arch, d) for d in defines]
     else:
