@@ -1,13 +1,34 @@
-"""`kparity`: one verb per use. `ops`, `cases`, `check`, `repro`, `bench`, `ab`, `compare`,
-`accept`, `sql`, `report`, `nightly`.
+"""kparity: differential correctness and benchmarking of LLM-inference GPU kernels against
+NumPy oracles. Every check and timing is a row in a Parquet store.
 
-Exit codes: 0 success, 1 a check failed, 2 bad input (an unknown name lists the valid ones,
-closest first), 3 nothing could run (no backend here for what was asked).
+Verbs (`kparity VERB --help` for each):
+  what is here   ops       ops, impls (and where each came from), backends here;
+                           --matrix: op x impl x dtype, what runs here and why not
+                 cases     the (impl, case) pairs a check would run; --list prints each case
+  correctness    check     sweep every selected impl over its op's cases against the oracle
+                 repro     rerun one case by id (from the store or the generators)
+  timing         bench     timing sweep over the bench cases
+                 ab        A/B of impls: correctness, interleaved runs, a verdict
+  history        compare   run vs run, or vs the last N runs: regressions
+                 accept    accept a speed or error-budget change as the new baseline
+                 sql       a DuckDB query over the store
+                 report    static HTML dashboard of the store
+                 nightly   check + bench + compare + report
+
+Global options (--store, --plugin) go before or after the verb: `kparity --store DIR check`
+and `kparity check --store DIR` are the same. Plugins register more ops and impls (a kernel
+repo's own): `--plugin MODULE` (a dotted module importable from here, or a .py file; one that
+fails to load is exit 2), and every `kparity.plugins` entry point installed (one that fails is
+a warning; the rest runs). The store is .kparity/ here unless --store or $KPARITY_STORE.
+
+Exit codes: 0 success, 1 a check failed (or a regression), 2 bad input (an unknown name lists
+the valid ones, closest first), 3 nothing could run (no backend here for what was asked).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import Counter, defaultdict
@@ -156,22 +177,92 @@ def plugin_flags(args) -> str:
 def cmd_ops(args) -> int:
     import gpu_impls
 
-    table = Table(title="ops and impls")
+    impls = _impls()
+    if args.matrix:
+        return support_matrix(impls)
+    table = Table(title="ops and impls (impls from plugins: see below)")
     for col in ("op", "family", "dims", "impls"):
         table.add_column(col)
-    impls = _impls()
     for name, spec in sorted(op_registry().items()):
         ids = sorted(i.id for i in impls.values() if i.op == name)
         table.add_row(name, spec.family, ", ".join(spec.dims), ", ".join(ids))
     console.print(table)
-    backends = Table(title="backends here")
-    backends.add_column("backend")
-    backends.add_column("available")
-    backends.add_column("device / why not")
+    by_origin = defaultdict(list)
+    for impl_id in sorted(impls):
+        by_origin[gpu_impls.origin(impl_id)].append(impl_id)
+    builtin = by_origin.pop("builtin", [])
+    if by_origin:
+        plugins = Table(title="impls from plugins")
+        plugins.add_column("from")
+        plugins.add_column("impls")
+        for where, ids in sorted(by_origin.items()):
+            plugins.add_row(escape(where), ", ".join(ids))
+        console.print(plugins)
+    console.print(f"{len(builtin)} builtin impls (gpu_impls/<backend>/), "
+                  f"{len(impls) - len(builtin)} from plugins (--plugin, or a `kparity.plugins` "
+                  "entry point)")
+    console.print(backends_table())
+    return 0
+
+
+def backends_table() -> Table:
+    import gpu_impls
+
+    table = Table(title="backends here")
+    table.add_column("backend")
+    table.add_column("available")
+    table.add_column("device / why not")
     for b in gpu_impls.BACKENDS:
         ok, why = _backend(b).available()
-        backends.add_row(b, "yes" if ok else "no", escape(why))
-    console.print(backends)
+        table.add_row(b, "yes" if ok else "no", escape(why))
+    return table
+
+
+def support_matrix(impls: dict) -> int:
+    """`ops --matrix`, like llama.cpp's `test-backend-ops support`: per impl and dtype, whether
+    it runs here (n of the op's gate cases of that dtype its contract admits), is refused by its
+    contract for every such case (the invariant most of them break), or its backend is missing
+    here (why). Contracts are pure Python: no framework is imported beyond the availability
+    checks `ops` makes anyway."""
+    from gpu_impls.contract import ContractError
+
+    table = Table(title="support matrix: cases of each dtype the impl runs here, of the op's "
+                        "gate cases")
+    for col in ("op", "impl", *FLOAT_DTYPES, "why not"):
+        table.add_column(col, no_wrap=col in ("op", "impl"))
+    cases_of = {}
+    for impl in sorted(impls.values(), key=lambda i: (i.op, i.id)):
+        if impl.op not in cases_of:
+            cases_of[impl.op] = gate_cases(impl.op)
+        backend = _backend(impl.backend)
+        ok, missing = impl.available(backend)
+        if not backend.available()[0]:  # the backend's own why is in the table below, once
+            missing = f"no {impl.backend} backend here (why: below)"
+        cells, whys = [], defaultdict(list)
+        for dtype in FLOAT_DTYPES:
+            cases = [c for c in cases_of[impl.op] if c.dtype == dtype]
+            refused = Counter()
+            for case in cases:
+                try:
+                    impl.contract.check(impl.id, case)
+                except ContractError as e:
+                    refused[e.invariant] += 1
+            admitted = len(cases) - sum(refused.values())
+            if not cases:
+                cells.append("[dim]no cases[/]")
+            elif not admitted:
+                cells.append("[yellow]refused[/]")
+                whys[f"refused by contract: `{refused.most_common(1)[0][0]}`"].append(dtype)
+            elif not ok:
+                cells.append("[red]missing[/]")
+                whys[missing].append(dtype)
+            else:
+                cells.append(f"[green]runs[/] {admitted}/{len(cases)}")
+        why = "; ".join(w if len(whys) == 1 and len(ds) == len(FLOAT_DTYPES)
+                        else f"{', '.join(ds)}: {w}" for w, ds in whys.items())
+        table.add_row(impl.op, impl.id, *cells, escape(why))
+    console.print(table)
+    console.print(backends_table())
     return 0
 
 
@@ -187,7 +278,10 @@ def cmd_cases(args) -> int:
         if args.list and shown < args.limit:
             shown += 1
             extra = f"  breaks `{w.invariant}`" if w.expect == "rejected" else ""
-            console.print(f"{w.case.id}  {w.impl.id:32s} {w.case.short()}  {w.case.label}{extra}")
+            params = " ".join(f"{k}={v}" for k, v in w.case.param_items)  # the case's own
+            console.print(escape(f"{w.case.id}  {w.impl.id:32s} {w.case.short()}"
+                                 f"{'  ' + params if params else ''}  {w.case.label}{extra}"),
+                          soft_wrap=True)
     table = Table(title=f"{len(work)} (impl, case) pairs would run")
     for col in ("impl", "valid cases", "violating cases"):
         table.add_column(col)
@@ -419,18 +513,41 @@ def _seed(p: argparse.ArgumentParser) -> None:
                         "the usual ids. Not with --cases (a file's cases keep their seeds)")
 
 
+def _global_options(p: argparse.ArgumentParser, after_verb: bool) -> None:
+    """--store and --plugin, on the top-level parser and (after_verb) on every verb's. A verb's
+    parser fills its own namespace, which then overwrites the top level's: after the verb they
+    have no default (SUPPRESS), so an option given only before the verb survives, and --plugin
+    lands in `plugin_after`, which `parse_args` appends to the plugins given before the verb."""
+    default = argparse.SUPPRESS if after_verb else None
+    p.add_argument("--store", default=default, metavar="DIR",
+                   help="result store (default: .kparity here, or $KPARITY_STORE)")
+    p.add_argument("--plugin", action="append", default=default, metavar="MODULE",
+                   dest="plugin_after" if after_verb else "plugin",
+                   help="load a plugin first: a dotted module importable from here "
+                        "(tests.mutants) or a .py file (tests/mutants.py) that registers ops "
+                        "or impls; repeatable. Installed `kparity.plugins` entry points load "
+                        "without it")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kparity", description=__doc__.splitlines()[0])
-    p.add_argument("--store", default=None, help="result store (default .kparity or $KPARITY_STORE)")
-    p.add_argument("--plugin", action="append",
-                   help="import MODULE first (registers extra ops or impls)")
-    sub = p.add_subparsers(dest="verb", required=True)
-    sub.add_parser("ops", help="ops, impls, and which backends run here")
-    cases = sub.add_parser("cases", help="what would run")
+    p = argparse.ArgumentParser(prog="kparity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _global_options(p, after_verb=False)
+    sub = p.add_subparsers(title="verbs", dest="verb", required=True, metavar="VERB")
+    ops = sub.add_parser("ops", help="ops, impls (and where each came from), backends here")
+    ops.add_argument("--matrix", action="store_true",
+                     help="support matrix, op x impl x dtype: runs here (how many of the op's "
+                          "cases of that dtype the impl's contract admits), refused by "
+                          "contract (and the invariant), or backend missing (and why)")
+    cases = sub.add_parser("cases", help="what would run: (impl, case) pairs, per impl")
     _filters(cases)
-    cases.add_argument("--invalid", action="store_true", help="include violating cases")
-    cases.add_argument("--list", action="store_true", help="print each case")
-    cases.add_argument("--limit", type=int, default=200)
+    cases.add_argument("--invalid", action="store_true",
+                       help="include the violating cases (one per contract invariant)")
+    cases.add_argument("--list", action="store_true",
+                       help="print each case: id, impl, op[dims] dtype distribution, its "
+                            "params, label")
+    cases.add_argument("--limit", type=int, default=200, metavar="N",
+                       help="print at most N cases with --list (200)")
     _seed(cases)
     chk = sub.add_parser("check", help="correctness sweep against the oracles")
     _filters(chk)
@@ -462,7 +579,16 @@ def parser() -> argparse.ArgumentParser:
 
     for module in (timing_verbs, history_verbs, report_verbs):
         module.add_parsers(sub, _filters)
+    for verb_parser in sub.choices.values():
+        _global_options(verb_parser, after_verb=True)
     return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The parsed command line, --plugin values from before and after the verb together."""
+    args = parser().parse_args(argv)
+    args.plugin = (args.plugin or []) + vars(args).pop("plugin_after", []) or None
+    return args
 
 
 def _verb(module: str, name: str):
@@ -482,17 +608,11 @@ VERBS = {"ops": cmd_ops, "cases": cmd_cases, "check": cmd_check, "repro": cmd_re
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     try:
-        if args.plugin:
-            import gpu_impls
-
-            for module in args.plugin:
-                try:
-                    gpu_impls.load_plugin(module)
-                except ImportError as e:
-                    raise UsageError(f"--plugin {module}: cannot import ({e})") from None
-        return VERBS[args.verb](args)
+        with plugin_warnings_in_yellow():
+            load_plugins(args.plugin or [])
+            return VERBS[args.verb](args)
     except UsageError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
@@ -502,6 +622,41 @@ def main(argv=None) -> int:
     except DeviceUnusable as e:  # rows so far are in the store; --resume runs the rest
         console.print(f"[red]stopped:[/] {escape(str(e))}", soft_wrap=True)
         return 1
+
+
+def load_plugins(modules: list[str]) -> None:
+    """The --plugin modules, in order; one that fails to load is bad input (exit 2)."""
+    import gpu_impls
+
+    for module in modules:
+        try:
+            gpu_impls.load_plugin(module)
+        except gpu_impls.PluginError as e:
+            hint = ("; --plugin takes a module importable from here (tests.mutants) or a .py "
+                    "file (tests/mutants.py)"
+                    if isinstance(e.__cause__, (ImportError, OSError)) else "")
+            raise UsageError(f"{e}{hint}") from None
+
+
+@contextlib.contextmanager
+def plugin_warnings_in_yellow():
+    """An entry-point plugin that failed to load (`gpu_impls.PluginWarning`, warned wherever
+    impls are first listed) as one yellow line each; other warnings as Python shows them."""
+    import warnings
+
+    import gpu_impls
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, gpu_impls.PluginWarning):
+            console.print(f"[yellow]plugin not loaded:[/] {escape(str(message))}",
+                          soft_wrap=True)
+        else:
+            show_other(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():  # restores the filters and showwarning on the way out
+        warnings.simplefilter("always", gpu_impls.PluginWarning)
+        show_other, warnings.showwarning = warnings.showwarning, show
+        yield
 
 
 if __name__ == "__main__":
