@@ -18,6 +18,7 @@ import pytest
 
 import gpu_impls
 from cases.generate import gate_cases, valid_cases
+from runners import cli
 from runners.cli import VERBS, main, parser
 
 # A plugin registering a copy of torch:rms_norm under another name (cheap, correct).
@@ -208,7 +209,7 @@ def test_the_example_plugin_is_found_by_its_entry_point_and_passes(tmp_path, cap
 
 # --- 5. ops --matrix ---------------------------------------------------------------------------
 
-def test_ops_matrix_runs_refused_missing(tmp_path, registry, capsys):
+def test_ops_matrix_runs_refused_missing(tmp_path, monkeypatch, registry, capsys):
     """Per impl and dtype: runs here (admitted of the op's gate cases), refused by its contract
     (the invariant), or missing (the impl's or the backend's why)."""
     plugin = tmp_path / "kp_test_matrix.py"
@@ -223,6 +224,7 @@ def test_ops_matrix_runs_refused_missing(tmp_path, registry, capsys):
                  dataclasses.replace(base, name="kp_test_elsewhere",
                                      requires=lambda: (False, "needs the moon")))
         """))
+    monkeypatch.setattr(cli.console, "width", 400)  # one line per row, whatever the ids
     assert main(["--plugin", str(plugin), "ops", "--matrix"]) == 0
     rows = {cells[1]: cells for cells in (
         [c.strip() for c in line.strip("│").split("│")]
