@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from pathlib import Path
 
 from cases.distributions import DISTRIBUTIONS, PLANTED
@@ -78,10 +79,13 @@ def _case(where: str, raw, ops) -> Case:
     params = raw.get("params", {})
     if not isinstance(params, dict):
         raise bad("params", "expected an object")
-    for name in params:
+    for name, value in params.items():
         if name not in spec.params:
-            raise bad(f"params.{name}", f"{op} has no param {name!r}; its params: "
-                      + (", ".join(spec.params) or "none"))
+            raise bad(f"params.{name}", f"{op} has no param {name!r}; its params (closest "
+                      f"first): {closest(name, spec.params) or 'none'}")
+        why = param_error(spec, name, value)
+        if why:
+            raise bad(f"params.{name}", why)
     version = raw.get("oracle_version", spec.version)
     if version != spec.version:
         raise bad("oracle_version", f"{version!r}, but {op}'s oracle is version {spec.version}: "
@@ -97,6 +101,42 @@ def _case(where: str, raw, ops) -> Case:
         return Case.make(op, dims, raw["dtype"], dist, seed, params, label, dtypes)
     except ValueError as e:  # a role or a dtype the op does not know: Case.make names it
         raise bad("dtypes", str(e)) from None
+
+
+def param_error(spec, name: str, value) -> str:
+    """Why `value` is not a value of the op's param `name`, or "": it must be one of the op's
+    declared values (`OpSpec.param_values`) where it declares them, else of the kind of the
+    param's default (a string, an integer, a finite number, a list of non-negative integers).
+    Unchecked, a bad value runs silently as something else (rounding="twice" as "once")."""
+    default = spec.params[name]
+    if name in spec.param_values:
+        values = spec.param_values[name]
+        if value in values and isinstance(value, bool) == isinstance(default, bool):
+            return ""
+        return (f"{_json(value)} is not a value of {spec.name}'s {name}; valid (closest "
+                f"first): {closest(_json(value), [_json(v) for v in values])}")
+    if isinstance(default, bool):
+        kind, ok = "true or false", isinstance(value, bool)
+    elif isinstance(default, str):
+        kind, ok = "a string", isinstance(value, str)
+    elif isinstance(default, int):
+        kind, ok = "an integer", isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        kind = "a finite number"
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value)
+    elif isinstance(default, (tuple, list)):
+        kind = "a list of non-negative integers"
+        ok = isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    else:
+        return ""
+    return "" if ok else f"expected {kind} (the default is {_json(default)}), got {_json(value)}"
+
+
+def _json(value) -> str:
+    """A value as the case file spells it."""
+    return json.dumps(value, default=str)
 
 
 def load_cases(path: str | Path) -> list[Case]:

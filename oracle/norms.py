@@ -123,7 +123,7 @@ def norm_kernel(A, x, w, case):
 
 
 def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc: str,
-            dims=("rows", "n"), params=None) -> OpSpec:
+            dims=("rows", "n"), params=None, param_values=None) -> OpSpec:
     def elems(case) -> int:
         return int(np.prod([case.dims[d] for d in dims]))
 
@@ -132,7 +132,8 @@ def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc
         oracle=oracle, tolerance=None, kernel=kernel,
         bytes=lambda case: get_bytes(name, case),
         flops=lambda case: flops_per_elem * elems(case),
-        params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0}, doc=doc, version=2))
+        params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0},
+        param_values=param_values or {}, doc=doc, version=2))
 
 
 def get_bytes(name: str, case) -> int:
@@ -178,7 +179,7 @@ NORM_PARAMS = {"eps": 1e-6, "weight_offset": 0, "rounding": "once", "ftz": 0}
 _row_op("rms_norm", rms_norm, rms_norm_kernel,
         inputs=(TensorSpec("x", ROWS), TensorSpec("w", ROW_N, init="weight")),
         outputs=(TensorSpec("out", ROWS),), flops_per_elem=4, doc=rms_norm.__doc__,
-        params=NORM_PARAMS)
+        params=NORM_PARAMS, param_values={"rounding": ROUNDINGS})
 
 
 # --- per-head rms_norm (Qwen3 q_norm / k_norm) -------------------------------------------------
@@ -197,7 +198,7 @@ _row_op("rms_norm_per_head", rms_norm_per_head, rms_norm_kernel,
         inputs=(TensorSpec("x", HEADS), TensorSpec("w", lambda d: (d["head_dim"],), init="weight")),
         outputs=(TensorSpec("out", HEADS),), flops_per_elem=4,
         dims=("batch", "tokens", "heads", "head_dim"), doc=rms_norm_per_head.__doc__,
-        params=NORM_PARAMS)
+        params=NORM_PARAMS, param_values={"rounding": ROUNDINGS})
 
 
 # --- rms_norm_residual (FFAI) --------------------------------------------------------------------

@@ -164,9 +164,19 @@ class OpSpec:
     # Set: the op is this `oracle.pipeline.Pipeline` (stages of registered ops), whose staged
     # impls the runner checks stage by stage.
     pipeline: object | None = None
+    # The values a param may take where they are a finite set, e.g. {"rounding": ("once",
+    # "normed")}; `ftz` (every op's flush-to-zero flag) is (0, 1) unless declared. A case file's
+    # params are checked against these, and against the type of the param's default.
+    param_values: Mapping[str, tuple] = field(default_factory=dict)
 
     def __post_init__(self):
         self._check_roles()
+        if "ftz" in self.params and "ftz" not in self.param_values:
+            object.__setattr__(self, "param_values", {**self.param_values, "ftz": (0, 1)})
+        for name, values in self.param_values.items():
+            if name not in self.params or self.params[name] not in values:
+                raise ValueError(f"op {self.name}: param_values[{name!r}] = {values!r}: the "
+                                 f"param must be in params with its default among the values")
         if self.tolerance is None:
             if self.kernel is None:
                 raise ValueError(f"op {self.name}: give a kernel model or a tolerance")

@@ -159,13 +159,50 @@ def work_list(args, impls) -> list[Work]:
         if seed:  # a file's cases keep their own seeds: ignoring --seed would be silent
             raise UsageError(f"--seed {seed} re-seeds generated cases; a --cases file's cases "
                              "keep the seeds the file gives them")
-        from cases.casefile import load_cases
-
-        dtypes = _split(args.dtype)
-        return [work_for(impl, case) for case in load_cases(args.cases) for impl in impls
-                if impl.op == case.op and (not dtypes or case.dtype in dtypes)]
+        return case_file_work(args.cases, impls, _split(args.dtype))
     return plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
                 invalid=not getattr(args, "valid_only", False), seed=seed)
+
+
+def case_file_work(path: str, impls, dtypes: list[str]) -> list[Work]:
+    """Each case of the file against every selected impl of its op: run where the impl's
+    contract admits it, recorded as refused where it does not. A report-only impl (a speed
+    baseline computing another function) never gates, as in the generated plan. A user's case
+    that no selected impl would check is an error, before anything runs: a sweep that launched
+    nothing must not read as a pass."""
+    from cases.casefile import load_cases
+
+    work, unrun = [], []
+    for index, case in enumerate(load_cases(path)):
+        if dtypes and case.dtype not in dtypes:
+            continue
+        mine = [impl for impl in impls if impl.op == case.op]
+        items = [w for w in (work_for(impl, case) for impl in mine)
+                 if not (w.impl.report_only and w.expect == "valid")]
+        work += items
+        why = {impl.id: refusal(impl, case) for impl in mine}
+        if mine and all(why.values()):
+            label = "" if case.label.startswith("file:") else f"{case.label!r}, "
+            unrun.append(f"case {index} ({label}{case.short()}) runs on no selected impl:\n"
+                         + "\n".join(f"  {text}" for text in why.values()))
+    if unrun:
+        raise UsageError(f"{path}: " + "\n".join(unrun) + "\nChange or drop the case, or "
+                         "select an impl that runs it (--impl; `kparity ops` lists them)")
+    return work
+
+
+def refusal(impl, case: Case) -> str:
+    """Why `impl` would not check `case` (its contract's refusal, naming the invariant and the
+    nearest valid choice; or report-only), or "" where it would."""
+    from gpu_impls.contract import ContractError
+
+    if impl.report_only:
+        return f"{impl.id}: report-only, never gated ({impl.report_only.split(': ')[0]})"
+    try:
+        impl.contract.check(impl.id, case)
+    except ContractError as e:
+        return str(e)
+    return ""
 
 
 def plugin_flags(args) -> str:

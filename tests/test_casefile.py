@@ -49,7 +49,15 @@ def test_cases_from_a_file_run_against_every_impl_of_their_op(tmp_path):
     ({**GOOD, "dist": "gaussian"}, "dist", "unknown distribution 'gaussian'"),
     ({**GOOD, "dist": "near_tie"}, "dist", "unknown distribution 'near_tie' for rms_norm"),
     ({**GOOD, "seed": "7"}, "seed", "non-negative integer"),
-    ({**GOOD, "params": {"epsilon": 1e-5}}, "params.epsilon", "its params: eps"),
+    ({**GOOD, "params": {"epsilon": 1e-5}}, "params.epsilon", "(closest first): eps"),
+    # params are checked like dims: a declared value set (OpSpec.param_values), else the kind
+    # of the default; unchecked, "twice" ran as "once" and 2 as ftz on
+    ({**GOOD, "params": {"rounding": "twice"}}, "params.rounding",
+     '"twice" is not a value of rms_norm\'s rounding; valid (closest first): "once", "normed"'),
+    ({**GOOD, "params": {"ftz": 2}}, "params.ftz", "valid (closest first): 1, 0"),
+    ({**GOOD, "params": {"eps": "1e-5"}}, "params.eps", 'expected a finite number (the default '
+                                                        'is 1e-06), got "1e-5"'),
+    ({**GOOD, "params": {"weight_offset": True}}, "params.weight_offset", "expected an integer"),
     ({**GOOD, "shape": [3, 96]}, "shape", "unknown field"),
     ({**GOOD, "oracle_version": 0}, "oracle_version", "rms_norm's oracle is version"),
 ])
@@ -85,3 +93,23 @@ def test_the_cli_exits_2_before_running_anything(tmp_path, capsys):
     assert Store(store).read("correctness").num_rows == 0
     assert main(["--store", str(store), "check", "--cases", str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().out
+
+
+def test_a_case_no_selected_impl_runs_is_an_error_naming_each_refusal(tmp_path, capsys):
+    """Refused by every selected impl's contract, a user's case used to be recorded `rejected
+    ok` and the run said OK with nothing launched. Now: exit 2 before anything runs, naming the
+    case (index, label) and each impl's broken invariant."""
+    normed = {**GOOD, "params": {"rounding": "normed"}}
+    path = _file(tmp_path, [{**GOOD, "dtype": "f32", "label": ""}, normed])
+    store = tmp_path / "store"
+    assert main(["--store", str(store), "check", "--cases", str(path),
+                 "--impl", "torch:rms_norm,mlx:rms_norm_f32"]) == 2
+    out = capsys.readouterr().out
+    assert f"{path}: case 1 ('mine', rms_norm[n=96,rows=3] bf16 outlier_rows) runs on no " \
+           "selected impl" in out
+    for impl in ("torch:rms_norm", "mlx:rms_norm_f32"):
+        assert f"{impl}: contract invariant `rounding == 'once'` broken (rounding=normed)" in out
+    assert "case 0" not in out and Store(store).read("correctness").num_rows == 0
+    # one impl that runs it is enough: the other's refusal is recorded as before
+    assert main(["--store", str(store), "check", "--cases", str(path),
+                 "--impl", "torch:rms_norm,torch:rms_norm_llama"]) == 0
