@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from collections import Counter, defaultdict
 
@@ -50,6 +51,7 @@ from runners.comparators import SUMMARIES, describe
 from runners.correctness import (failure_kind, is_failure, judged_row, outcome, quarantined_row,
                                  repeated_row)
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
+from runners.metrics import budget_text
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -400,12 +402,57 @@ RARE_STATUSES = ("timeout", "crash", "xfail", "xpass", "quarantined")
 
 
 def summarize(rows: list[dict], run_id: str, store: Store, seed: int = 0) -> None:
+    """The run's tables and its verdict line. Only what launched counts as a check: a violating
+    case refused by its contract (as it should be) and a quarantined case are counted apart,
+    and report-only impls (`Impl.report_only`: speed baselines computing another function)
+    get a table of their own: their results are not the op's."""
+    report_only = report_only_impls(rows)
     # a seeded run's ids are not the usual ones: say so where its results are read
-    table = Table(title=f"run {run_id}" + (f" (--seed {seed})" if seed else ""))
+    title = f"run {run_id}" + (f" (--seed {seed})" if seed else "")
+    gated = [r for r in rows if r["impl"] not in report_only]
+    if gated or not report_only:
+        console.print(_outcome_table(title, gated, report_only={}))
+    if report_only:
+        console.print(_outcome_table("report-only impls (speed baselines, not gated)",
+                                     [r for r in rows if r["impl"] in report_only], report_only))
+    kinds = Counter(failure_kind(r) for r in rows
+                    if outcome(r) in ("fail", "rejected") and gates(r, report_only))
+    if kinds:
+        console.print("fail, by kind: " + ", ".join(f"{n} {k}" for k, n in kinds.most_common()))
+    _print_reported(rows)
+    console.print(verdict_line(rows, report_only) + f"; rows in {store.root}/")
+
+
+def report_only_impls(rows: list[dict]) -> dict[str, str]:
+    """{impl id: why it is report-only} for the report-only impls among the rows' impls."""
+    impls = _impls()
+    return {i: impls[i].report_only for i in sorted({r["impl"] for r in rows})
+            if i in impls and impls[i].report_only}
+
+
+def gates(row: dict, report_only: dict[str, str]) -> bool:
+    """Whether the row's verdict counts: a report-only impl's check of a valid case (run only by
+    `repro`) computes another function than the op, so it is shown, never counted; its
+    contract's refusals count like any impl's."""
+    return not (row["impl"] in report_only and row["expect"] == "valid")
+
+
+def failing(rows: list[dict], report_only: dict[str, str]) -> int:
+    return sum(is_failure(r) and gates(r, report_only) for r in rows)
+
+
+def _outcome_table(title: str, rows: list[dict], report_only: dict[str, str]) -> Table:
+    """Per impl: its rows by outcome; for gated impls the largest budget and the ULP distance
+    at that row's worst element, for report-only impls why they are."""
+    table = Table(title=title)
     rare = [s for s in RARE_STATUSES if any(r["status"] == s for r in rows)]
     columns = ("pass", "fail", "error", *rare, "rejected ok")
-    for col in ("impl", "device", *columns, "max budget", "max ulp"):
-        table.add_column(col, justify="right" if col not in ("impl", "device") else "left",
+    if report_only:  # only the outcomes they had (refusals, as a rule): no gate rows of zeros
+        had = {"fail" if outcome(r) == "rejected" else outcome(r) for r in rows}
+        columns = tuple(c for c in columns if c in had)
+    extra = ("why",) if report_only else ("max budget", "ulp @ worst")
+    for col in ("impl", "device", *columns, *extra):
+        table.add_column(col, justify="left" if col in ("impl", "device", "why") else "right",
                          no_wrap=col == "impl")
     by_impl = defaultdict(list)
     for r in rows:
@@ -413,19 +460,51 @@ def summarize(rows: list[dict], run_id: str, store: Store, seed: int = 0) -> Non
     for impl, rs in sorted(by_impl.items()):
         # an unexpected rejection (`outcome` "rejected") is counted with the failures
         c = Counter("fail" if outcome(r) == "rejected" else outcome(r) for r in rs)
-        budgets = [r["budget"] for r in rs if r["budget"] is not None]
-        ulps = [r["max_ulp"] for r in rs if r["max_ulp"] is not None]
-        style = "red" if any(is_failure(r) for r in rs) else "green"
+        style = "red" if any(is_failure(r) and gates(r, report_only) for r in rs) else "green"
+        if report_only:  # the reason's first clause: the whole is in `kparity ops`
+            cells = (escape(report_only[impl].split(": ")[0]),)
+        else:
+            judged = [r for r in rs if r["budget"] is not None]
+            worst = max(judged, key=lambda r: r["budget"]) if judged else None
+            cells = (budget_text(worst and worst["budget"]), _ulp_at_worst(worst))
         table.add_row(f"[{style}]{impl}[/]", rs[0]["device"], *(str(c[col]) for col in columns),
-                      f"{max(budgets):.3g}" if budgets else "-", str(max(ulps)) if ulps else "-")
-    console.print(table)
-    kinds = Counter(failure_kind(r) for r in rows if outcome(r) in ("fail", "rejected"))
-    if kinds:
-        console.print("fail, by kind: " + ", ".join(f"{n} {k}" for k, n in kinds.most_common()))
-    _print_reported(rows)
-    n_fail = sum(is_failure(r) for r in rows)
-    verdict = "[red]FAILED[/]" if n_fail else "[green]OK[/]"
-    console.print(f"{verdict}: {len(rows)} checks, {n_fail} failing; rows in {store.root}/")
+                      *cells)
+    return table
+
+
+def _ulp_at_worst(row: dict | None) -> str:
+    """The ULP distance at the element that set the row's budget (`metrics.compare`'s
+    `worst_ulp`), "-" where there is none: no finite budget (an unwritten output's NaN has no
+    ULP distance), an exact output, a row stored before the metric existed. Never the row's
+    `max_ulp`, which near-zero outputs make huge on passing cases."""
+    if row is None or not math.isfinite(row["budget"]):
+        return "-"
+    metrics = json.loads(row["outputs_json"] or "{}").get(row["worst_output"], {})
+    ulp = metrics.get("worst_ulp")
+    return "-" if ulp is None else str(ulp)
+
+
+def verdict_line(rows: list[dict], report_only: dict[str, str]) -> str:
+    """`OK`/`FAILED`: checks launched and failing; then, apart, what never launched (violating
+    cases refused by contract as they should be, ledger quarantines) and the report-only impls."""
+    n_fail = failing(rows, report_only)
+    launched = sum(r["status"] not in ("rejected", "quarantined") for r in rows)
+    refused = sum(outcome(r) == "rejected ok" for r in rows)
+    quarantined = sum(r["status"] == "quarantined" for r in rows)
+    parts = [f"{launched} {_plural(launched, 'check')} launched, {n_fail} failing"]
+    if refused:
+        parts.append(f"{refused} violating {_plural(refused, 'case')} refused by contract, "
+                     "as expected")
+    if quarantined:
+        parts.append(f"{quarantined} quarantined (known issues, not launched)")
+    if report_only:
+        parts.append(f"{len(report_only)} report-only {_plural(len(report_only), 'impl')} "
+                     "(not gated)")
+    return ("[red]FAILED[/]" if n_fail else "[green]OK[/]") + ": " + "; ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"
 
 
 def _print_reported(rows: list[dict]) -> None:
@@ -529,7 +608,7 @@ def cmd_repro(args) -> int:
         console.print(f"[bold]{r['impl']}[/] {r['status']}: {escape(r['message'])}")
         for name, m in json.loads(r["outputs_json"]).items():
             console.print(f"  {name}: {describe(case.spec, name, m)}")
-    return 1 if any(is_failure(r) for r in rows) else 0
+    return 1 if failing(rows, report_only_impls(rows)) else 0
 
 
 # --- parser ------------------------------------------------------------------------------------

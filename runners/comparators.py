@@ -36,7 +36,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from oracle.dtypes import round_to
-from runners.metrics import compare, level2_metrics, logit_metrics
+from runners.metrics import budget_text, compare, level2_metrics, logit_metrics
 
 
 @dataclass(frozen=True)
@@ -120,14 +120,15 @@ class Bounded(Comparator):
             return Verdict(m, True)
         message = (f"{x.name}[{m['worst_index']}] = {m['worst_out']:.9g}, oracle "
                    f"{m['worst_exact']:.9g}, bound {m['worst_bound']:.3g} (budget "
-                   f"{m['budget']:.3g}, {m['nonfinite_mismatch']} NaN/Inf mismatches)")
+                   f"{budget_text(m['budget'])}, {m['nonfinite_mismatch']} NaN/Inf mismatches)")
         kind = "NaN/Inf mismatch" if m["nonfinite_mismatch"] else "over bound"
         return Verdict(m, False, message, kind)
 
     def describe(self, m: dict) -> str:
-        return (f"budget {m['budget']:.3g}, max_abs {m['max_abs']:.3g}, max_ulp {m['max_ulp']}, "
-                f"frac_within {m['frac_within']:.6f}, NaN/Inf mismatches "
-                f"{m['nonfinite_mismatch']}, worst index {m['worst_index']}")
+        ulp = m.get("worst_ulp")  # at the worst element; absent from rows stored before it
+        return (f"budget {budget_text(m['budget'])}, max_abs {m['max_abs']:.3g}, ulp at worst "
+                f"{'-' if ulp is None else ulp}, frac_within {m['frac_within']:.6f}, "
+                f"NaN/Inf mismatches {m['nonfinite_mismatch']}, worst index {m['worst_index']}")
 
 
 def _logit_cells(ms: list[dict]) -> tuple[str, ...]:

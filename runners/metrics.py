@@ -10,11 +10,17 @@ float64 pre-store value, `bound` the op's element-wise tolerance on |out - exact
 |                 | dtype's smallest normal, whichever is larger                         |
 | nmse            | Σ(out - ref)² / Σ ref²  (0 when both are all zero)                    |
 | cosine          | <out, ref> / (|out| |ref|), 1 when both are all zero                  |
-| max_ulp         | max ULP distance between out and ref in the output dtype             |
+| max_ulp         | max ULP distance between out and ref in the output dtype, over the   |
+|                 | elements where both are finite (huge where outputs cross zero: kept  |
+|                 | for queries, not shown in summaries)                                 |
 | frac_within     | fraction of elements with |out - exact| <= bound                      |
 | nonfinite_mismatch | elements where out and ref differ in NaN-ness or in ±inf           |
 | budget          | max |out - exact| / bound: the share of the tolerance used (>1 fails) |
 | worst_index     | flat index of the element with the largest budget                    |
+| worst_ulp       | ULP distance between out and ref at that element; None where either  |
+|                 | is NaN/Inf there (the summaries' ULP column: it describes the element |
+|                 | the budget describes, so a near-zero output's huge count never shows |
+|                 | beside a small budget)                                               |
 
 NaN in the output where the oracle is finite is a mismatch: with outputs poisoned to NaN before
 the launch, that is how an unwritten element shows.
@@ -74,6 +80,7 @@ def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarr
         if dtype in ("f32", "f16", "bf16") else np.zeros(1)
 
     worst = int(np.argmax(ratio)) if ratio.size else 0
+    worst_ulp = int(ulps[worst]) if ulps.size == o.size and o.size and finite[worst] else None
     return {
         "max_abs": float(diff.max(initial=0.0)),
         "max_rel": float((diff / np.maximum(np.abs(r), floor)).max(initial=0.0)) if floor > 0
@@ -85,6 +92,7 @@ def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarr
         "nonfinite_mismatch": int(nonfinite_mismatch.sum()),
         "budget": float(ratio.max(initial=0.0)),
         "worst_index": worst,
+        "worst_ulp": worst_ulp,
         "worst_out": float(o[worst]) if o.size else 0.0,
         "worst_exact": float(e[worst]) if e.size else 0.0,
         "worst_bound": float(b[worst]) if b.size else 0.0,
@@ -129,3 +137,21 @@ def level2_metrics(out: np.ndarray, reference: np.ndarray) -> dict:
     return {"rel_rms": float(np.sqrt(np.mean((o - r) ** 2))) / rms,
             "cosine": float(o @ r) / norm if norm else float(np.array_equal(o, r)),
             "max_abs_over_rms": float(np.max(np.abs(o - r), initial=0.0)) / rms}
+
+
+def budget_text(budget: float | None) -> str:
+    """A budget as text with 3 significant digits, rounded away from 1 so that the side of 1 is
+    never lost: 0.9996 reads 0.999 (rounded down: a pass), 1.0004 reads 1.01 (rounded up: a
+    failure), only 1 itself reads 1. "-" for None (nothing judged)."""
+    from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+    if budget is None:
+        return "-"
+    if budget == 0 or not np.isfinite(budget):
+        return f"{budget:g}"
+    value = Decimal(repr(float(budget)))  # the shortest decimal of the float: no binary noise
+    step = Decimal(1).scaleb(value.adjusted() - 2)  # the third significant digit
+    rounded = value.quantize(step, rounding=ROUND_FLOOR if value < 1 else ROUND_CEILING)
+    if -4 <= rounded.adjusted() < 4:
+        return f"{rounded.normalize():f}"
+    return f"{float(rounded):.3g}"  # exact: `rounded` has 3 significant digits
