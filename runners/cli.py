@@ -353,32 +353,81 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
         store.write("runs", [run_row(run_id, verb, devices, versions, filters)], run_id, 0)
 
     rows = list(kept or [])
+    maxfail = getattr(args, "maxfail", None)
     first_part = store.next_part("correctness", run_id)
-    with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
-            runner_for(args, work) as run_case, Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
-            console=console, transient=True) as progress:
-        task = progress.add_task(verb, total=len(work), failed=0)
-        failed = 0
-        repeat = getattr(args, "repeat", None) or 1
-        for w in work:
-            progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
-            row = run_one(w, run_id, run_case, repeat, ledger)
-            writer.add(row)
-            rows.append(row)
-            if is_failure(row):
-                failed += 1
-                if failed <= args.show_failures:
-                    progress.console.print(
-                        f"[red]{row['status'].upper()}[/] {w.impl.id} case {w.case.id} "
-                        f"({w.case.short()}, {w.case.label}): {escape(row['message'][:300])}\n"
-                        + escape(f"    repro: kparity{plugin_flags(args)} repro {w.case.id} "
-                                 f"--impl {w.impl.id}"),
-                        soft_wrap=True)  # a repro line must survive copy-paste: never wrap it
-            progress.update(task, advance=1, failed=failed)
+    failed = done = 0
+    try:
+        with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
+                runner_for(args, work) as run_case, Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+                console=console, transient=True) as progress:
+            task = progress.add_task(verb, total=len(work), failed=0)
+            repeat = getattr(args, "repeat", None) or 1
+            for w in work:
+                if maxfail is not None and failed >= maxfail:
+                    break
+                progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
+                row = run_one(w, run_id, run_case, repeat, ledger)
+                writer.add(row)
+                rows.append(row)
+                done += 1
+                if is_failure(row):
+                    failed += 1
+                    if failed <= args.show_failures:
+                        progress.console.print(
+                            f"[red]{row['status'].upper()}[/] {w.impl.id} case {w.case.id} "
+                            f"({w.case.short()}, {w.case.label}): "
+                            f"{escape(row['message'][:300])}\n"
+                            + escape(f"    repro: kparity{plugin_flags(args)} repro "
+                                     f"{w.case.id} --impl {w.impl.id}"),
+                            soft_wrap=True)  # a repro line must survive copy-paste: never wrap
+                progress.update(task, advance=1, failed=failed)
+    except KeyboardInterrupt:  # the writer has closed: every finished row is in a part
+        raise Interrupted(args, verb, run_id, store) from None
     summarize(rows, run_id, store, getattr(args, "seed", 0))
+    if done < len(work):  # --maxfail: the verdict above is of the rows that ran
+        console.print(f"[yellow]stopped early[/]: {failed} failing "
+                      f"{'row' if failed == 1 else 'rows'} reached --maxfail {maxfail}; "
+                      f"{len(work) - done} of {len(work)} (impl, case) pairs not run. "
+                      + escape(f"The rest: {resume_command(args, run_id)}"), soft_wrap=True)
     return rows
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a sweep, after its finished rows were written: what was kept, and how to
+    run the rest (`check --resume`)."""
+
+    def __init__(self, args, verb: str, run_id: str, store: Store):
+        import pyarrow.compute as pc
+
+        kept = store.read("correctness", filter=pc.field("run_id") == run_id).num_rows
+        rest = f"; the rest: {resume_command(args, run_id)}" if verb == "check" else ""
+        super().__init__(f"{kept} rows of run {run_id} kept in {store.root}/{rest}")
+
+
+def resume_command(args, run_id: str) -> str:
+    """The command that runs what check run `run_id` left (its store and plugins named again)."""
+    store = f" --store {args.store}" if args.store else ""
+    return f"kparity{store}{plugin_flags(args)} check --resume {run_id}"
+
+
+def interruptible(verb):
+    """A verb that Ctrl-C ends with one line (exit 130, a shell's code for SIGINT), not a
+    traceback."""
+    import functools
+
+    @functools.wraps(verb)
+    def run(args) -> int:
+        try:
+            return verb(args)
+        except Interrupted as e:
+            console.print(f"[yellow]interrupted[/]: {escape(str(e))}", soft_wrap=True)
+        except KeyboardInterrupt:  # before or after the sweep: no row was being written
+            console.print("[yellow]interrupted[/] outside the sweep: rows already written stay "
+                          "in the store")
+        return 130
+    return run
 
 
 def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
@@ -530,9 +579,12 @@ def _print_reported(rows: list[dict]) -> None:
     console.print(table)
 
 
+@interruptible
 def cmd_check(args) -> int:
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat}: at least 1")
+    if args.maxfail is not None and args.maxfail < 1:
+        raise UsageError(f"--maxfail {args.maxfail}: at least 1 (-x is --maxfail 1)")
     if args.resume:
         return resume_check(args)
     impls = select_impls(args, need_available=True)
@@ -546,11 +598,16 @@ def cmd_check(args) -> int:
 
 def resume_check(args) -> int:
     """`check --resume RUN_ID`: the killed run's filters (from its `runs` row), its journaled
-    rows made parts, then only the (impl, case) pairs it has no row for, under the same run id."""
+    rows made parts, then only the (impl, case) pairs it has no row for, under the same run id.
+    `--resume last`: the store's newest check run."""
     import pyarrow.compute as pc
 
     store = Store(args.store)
     checks = {r["run_id"]: r for r in store.read("runs").to_pylist() if r["verb"] == "check"}
+    if args.resume == "last":
+        if not checks:
+            raise UsageError(f"--resume last: the store {store.root} holds no check run")
+        args.resume = max(checks.values(), key=lambda r: (r["started"], r["run_id"]))["run_id"]
     if args.resume not in checks:
         raise unknown("check run", args.resume, checks)
     stored = json.loads(checks[args.resume]["filters"] or "{}")
@@ -588,6 +645,7 @@ def find_case(case_id: str, store: Store) -> tuple[Case, list[str]]:
                      f"generated cases (seed 0); `kparity cases --list` shows ids")
 
 
+@interruptible
 def cmd_repro(args) -> int:
     store = Store(args.store)
     case, ran = find_case(args.case_id, store)
@@ -678,7 +736,14 @@ def parser() -> argparse.ArgumentParser:
                           "ones")
     _seed(chk)
     chk.add_argument("--resume", metavar="RUN_ID", default=None,
-                     help="continue a killed check run: only the cases it has no row for")
+                     help="continue a killed, interrupted or stopped check run (its filters, "
+                          "its run id): only the cases it has no row for; 'last': the store's "
+                          "newest check run")
+    chk.add_argument("--maxfail", type=int, default=None, metavar="N",
+                     help="stop after N failing rows; the rows so far are kept and --resume "
+                          "runs the rest")
+    chk.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
+                     help="stop at the first failing row (--maxfail 1)")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
     rep.add_argument("case_id")
     rep.add_argument("--impl", action="append")

@@ -76,3 +76,59 @@ def test_resume_rejects_unknown_runs_and_other_filters(tmp_path, capsys):
     assert main([*store, "check", "--resume", run_id]) == 0
     assert f"{3 * len(DISTRIBUTIONS)} rows kept (0 recovered from its journal), 0 to run" in capsys.readouterr().out
     assert Store(tmp_path).read("correctness").num_rows == 3 * len(DISTRIBUTIONS)
+
+
+QWEN = ["check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b"]
+
+
+def test_ctrl_c_ends_with_one_line_and_resume_last_runs_the_rest(tmp_path, capsys, monkeypatch):
+    """Ctrl-C mid-sweep: exit 130 and one line (rows kept, the run id, the resume command), not a
+    traceback; the finished rows are in the store and `--resume last` completes the run."""
+    import runners.cli as cli
+
+    real, ran = cli.run_one, []
+
+    def interrupted_after_5(*args, **kwargs):
+        if len(ran) == 5:
+            raise KeyboardInterrupt
+        ran.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "run_one", interrupted_after_5)
+    store = tmp_path / "store"
+    try:
+        rc = main(["--store", str(store), *QWEN])
+    except KeyboardInterrupt:  # escaping main: the traceback a user saw (not pytest's own ^C)
+        rc = "KeyboardInterrupt raised"
+    assert rc == 130
+    rows = Store(store).read("correctness").to_pylist()
+    assert len(rows) == 5 and not list((store / ".journal").rglob("*.jsonl"))  # parts, closed
+    run_id = rows[0]["run_id"]
+    assert capsys.readouterr().out.strip() == (
+        f"interrupted: 5 rows of run {run_id} kept in {store}/; the rest: kparity --store "
+        f"{store} check --resume {run_id}")
+
+    monkeypatch.setattr(cli, "run_one", real)
+    assert main(["--store", str(store), "check", "--resume", "last"]) == 0
+    after = Store(store).read("correctness").to_pylist()
+    assert len(_keys(after)) == len(after) == 3 * len(DISTRIBUTIONS)
+    assert {r["run_id"] for r in after} == {run_id}
+
+
+def test_maxfail_stops_keeps_the_rows_and_names_the_resume(tmp_path, capsys):
+    """`-x` stops at the first failing row (exit 1), keeps what ran, says it stopped early and
+    how to run the rest; `--maxfail 0` is bad input."""
+    store = tmp_path / "store"
+    mutant = ["--plugin", str(ROOT / "tests" / "mutants.py"), "check", "--impl",
+              "torch:mutant_drop_eps", "--preset", "qwen3-0.6b", "--show-failures", "0"]
+    assert main(["--store", str(store), *mutant, "-x"]) == 1
+    rows = Store(store).read("correctness").to_pylist()
+    assert [r["status"] for r in rows][-1] == "fail"
+    assert [r["status"] for r in rows[:-1]] == ["pass"] * (len(rows) - 1)
+    out = capsys.readouterr().out
+    assert (f"stopped early: 1 failing row reached --maxfail 1; {3 * len(DISTRIBUTIONS) - len(rows)}"
+            f" of {3 * len(DISTRIBUTIONS)} (impl, case) pairs not run. The rest: kparity --store "
+            f"{store} --plugin {ROOT / 'tests' / 'mutants.py'} check --resume "
+            f"{rows[0]['run_id']}") in out
+    assert main(["--store", str(store), *mutant, "--maxfail", "0"]) == 2
+    assert "--maxfail 0: at least 1" in capsys.readouterr().out
