@@ -666,6 +666,16 @@ def cmd_repro(args) -> int:
         console.print(f"[bold]{r['impl']}[/] {r['status']}: {escape(r['message'])}")
         for name, m in json.loads(r["outputs_json"]).items():
             console.print(f"  {name}: {describe(case.spec, name, m)}")
+    if args.dump:
+        from runners.repro_dump import dump
+
+        script, statuses = dump(case, work, args.plugin or [], args.dump)
+        for r in rows:  # the dump's own run (in this process) disagreeing would be news
+            if statuses[r["impl"]] != r["status"]:
+                console.print(f"[yellow]{r['impl']}: {statuses[r['impl']]} in the dump's run, "
+                              f"{r['status']} above[/] (nondeterministic?)")
+        console.print(escape(f"dumped inputs, outputs, oracle and bounds (.npy) to {args.dump}/;"
+                             f" rerun without the CLI: python {script}"), soft_wrap=True)
     return 1 if failing(rows, report_only_impls(rows)) else 0
 
 
@@ -748,6 +758,10 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("case_id")
     rep.add_argument("--impl", action="append")
     rep.add_argument("--show-failures", type=int, default=20)
+    rep.add_argument("--dump", metavar="DIR", default=None,
+                     help="also write the case's inputs, each impl's outputs, the oracle (exact, "
+                          "rounded) and bounds as .npy, and repro_<case>.py, a script that "
+                          "reruns the case without the CLI (the impls run again, in process)")
     for verb_parser in (chk, rep):
         verb_parser.add_argument(
             "--isolate", choices=ISOLATION_MODES, default="auto",

@@ -414,6 +414,13 @@ def judge_outputs(spec, case, inputs: dict, out: dict, exact: dict, ref: dict,
 
 
 def describe(spec, name: str, metrics: dict) -> str:
-    """One output's stored metrics in one line, as its comparator words them."""
-    tensor = next(t for t in spec.outputs if t.name == name)
+    """One output's stored metrics in one line, as its comparator words them. A staged
+    pipeline impl's row also holds its stages' outputs, named "<stage>.<output>"."""
+    tensor = next((t for t in spec.outputs if t.name == name), None)
+    if tensor is None and spec.pipeline is not None and "." in name:
+        stage, output = name.split(".", 1)
+        return describe(next(s for s in spec.pipeline.stages if s.name == stage).spec, output,
+                        metrics)
+    if tensor is None:
+        raise KeyError(f"op {spec.name} has no output {name!r}")
     return comparator_for(tensor).describe(metrics)

@@ -180,11 +180,7 @@ def check_op(work: Work, backend, run_id: str = "", inputs: dict | None = None,
             row["message"] = f"contract accepted a case that breaks `{work.invariant}`"
             return row
         inputs = make_inputs(case) if inputs is None else inputs
-        oracle_case = case
-        if backend.flushes_subnormals and "ftz" in spec.params:
-            oracle_case = case.replace(ftz=1)  # the oracle under the backend's FTZ semantics
-        exact, ref = spec.reference(inputs, oracle_case)
-        bounds = spec.bounds(inputs, exact, oracle_case, impl.numerics.on(impl.backend))
+        exact, ref, bounds = oracle_for(impl, backend, case, inputs)
         out, defects = launch_impl(impl, backend, case, inputs)
         if keep is not None:
             keep.update(out)
@@ -219,6 +215,17 @@ def check_op(work: Work, backend, run_id: str = "", inputs: dict | None = None,
     finally:
         row["seconds"] = time.perf_counter() - t0
     return row
+
+
+def oracle_for(impl, backend, case, inputs: dict) -> tuple[dict, dict, dict]:
+    """(exact, rounded reference, bounds) per output, as `impl` on `backend` is judged: under
+    the backend's flush-to-zero semantics where it flushes subnormals, with the bounds of the
+    impl's declared numerics."""
+    spec = case.spec
+    if backend.flushes_subnormals and "ftz" in spec.params:
+        case = case.replace(ftz=1)  # the oracle under the backend's FTZ semantics
+    exact, ref = spec.reference(inputs, case)
+    return exact, ref, spec.bounds(inputs, exact, case, impl.numerics.on(impl.backend))
 
 
 def output_digest(array: np.ndarray) -> str:

@@ -76,3 +76,19 @@ def test_budget_text_never_rounds_onto_1():
     assert [budget_text(b) for b in (0.9996, 0.99, 1.0, 1.0004, 2.75, 0.000313051, 0.0,
                                       float("inf"), None)] == \
         ["0.999", "0.99", "1", "1.01", "2.75", "0.000313", "0", "inf", "-"]
+
+
+def test_repro_describes_a_staged_impls_stage_outputs():
+    """A staged pipeline impl's row holds "<stage>.<output>" metrics: `repro` words them as the
+    stage's op does (it raised StopIteration on them). A stand-in pipeline spec: registering the
+    example plugin here would change what later tests of this process see."""
+    from types import SimpleNamespace
+
+    from oracle.spec import get_op
+    from runners.comparators import describe
+
+    stage = SimpleNamespace(name="norm", spec=get_op("rms_norm"))
+    pipeline_op = SimpleNamespace(name="norm_scale", outputs=get_op("rms_norm").outputs,
+                                  pipeline=SimpleNamespace(stages=[stage]))
+    assert describe(pipeline_op, "norm.out", _near_zero_metrics(0.5)).startswith(
+        "budget 0.5, max_abs 1.19e-07, ulp at worst 1,")

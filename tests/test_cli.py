@@ -197,3 +197,41 @@ def test_seed_with_a_case_file_is_refused(tmp_path, capsys):
     assert run(tmp_path, "check", "--cases", str(path), "--impl", "torch:rms_norm") == 0
     rows = ds.dataset(str(tmp_path / "store" / "correctness"), format="parquet").to_table()
     assert {json.loads(c)["seed"] for c in rows.column("case_json").to_pylist()} == {5}
+
+
+def test_repro_dump_writes_npy_and_a_script_that_reruns_the_case(tmp_path, capsys):
+    """`repro CASE --dump DIR`: inputs, each impl's outputs, the oracle and bounds as .npy, and
+    repro_<case>.py, which reruns the case without the CLI and reports the same statuses."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from cases.model import Case, make_inputs
+
+    assert run(tmp_path, "--plugin", MUTANTS, "check", "--impl", "torch:mutant_drop_eps",
+               "--preset", "qwen3-0.6b", "--dtype", "bf16", "-x") == 1
+    table = ds.dataset(str(tmp_path / "store" / "correctness"), format="parquet").to_table()
+    row = next(r for r in table.to_pylist() if r["status"] == "fail")
+    case, folder = Case.from_json(row["case_json"]), tmp_path / "dump"
+    assert run(tmp_path, "--plugin", MUTANTS, "repro", case.id, "--impl", "torch:mutant_drop_eps",
+               "--impl", "torch:rms_norm", "--dump", str(folder)) == 1
+    script = folder / f"repro_{case.id}.py"
+    assert f"rerun without the CLI: python {script}" in capsys.readouterr().out
+    for name, array in make_inputs(case).items():  # bf16 written as exact float32
+        assert np.array_equal(np.load(folder / f"{case.id}.input.{name}.npy"),
+                              array.astype(np.float32))
+
+    def within(impl):  # the verdict, from the files alone
+        got = {k: np.load(folder / f"{case.id}.{impl}.{k}.out.npy").astype(np.float64)
+               for k in ("out", "exact", "bound")}
+        return bool(np.all(np.abs(got["out"] - got["exact"]) <= got["bound"]))
+
+    assert within("torch-rms_norm") and not within("torch-mutant_drop_eps")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}  # this checkout's kparity
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 1, done.stderr
+    assert "torch:mutant_drop_eps fail (as at the dump)" in done.stdout
+    assert "torch:rms_norm pass (as at the dump)" in done.stdout
