@@ -8,7 +8,10 @@ defaults), `dtypes` (per-role dtypes, for ops that declare roles: `{"kv": "e4m3"
 ("file:<name>") are optional. A stored row's `case_json` (what a failing
 case prints) is a valid entry as is: its `oracle_version` must be the op's current one, since
 the same case under another oracle version is another case. Every field is checked before anything runs;
-a bad one is named with the file, the case's index and the field, and what would be valid.
+a bad one is named with the file, the case's index and the field, and what would be valid. A
+param's value must be one of the op's declared values (`OpSpec.param_values`, e.g. rounding
+"once" or "normed") or else of its default's kind. `kparity check` also refuses, before it runs
+anything, a case that no selected impl would check (`runners.cli.case_file_work`).
 """
 
 from __future__ import annotations
