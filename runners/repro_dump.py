@@ -24,7 +24,6 @@ The impls run again in this process to capture their outputs (not in an isolated
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

@@ -125,9 +125,9 @@ def test_maxfail_stops_keeps_the_rows_and_names_the_resume(tmp_path, capsys):
     rows = Store(store).read("correctness").to_pylist()
     assert [r["status"] for r in rows][-1] == "fail"
     assert [r["status"] for r in rows[:-1]] == ["pass"] * (len(rows) - 1)
-    out = capsys.readouterr().out
-    assert (f"stopped early: 1 failing row reached --maxfail 1; {3 * len(DISTRIBUTIONS) - len(rows)}"
-            f" of {3 * len(DISTRIBUTIONS)} (impl, case) pairs not run. The rest: kparity --store "
+    out, total = capsys.readouterr().out, 3 * len(DISTRIBUTIONS)
+    assert (f"stopped early: 1 failing row reached --maxfail 1; {total - len(rows)} of {total} "
+            f"(impl, case) pairs not run. The rest: kparity --store "
             f"{store} --plugin {ROOT / 'tests' / 'mutants.py'} check --resume "
             f"{rows[0]['run_id']}") in out
     assert main(["--store", str(store), *mutant, "--maxfail", "0"]) == 2
