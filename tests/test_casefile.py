@@ -113,3 +113,17 @@ def test_a_case_no_selected_impl_runs_is_an_error_naming_each_refusal(tmp_path, 
     # one impl that runs it is enough: the other's refusal is recorded as before
     assert main(["--store", str(store), "check", "--cases", str(path),
                  "--impl", "torch:rms_norm,torch:rms_norm_llama"]) == 0
+
+
+def test_a_dtype_an_impl_is_not_built_for_is_its_refusal_not_its_failure(tmp_path):
+    """mlx:quantized_matmul is built for f32 only: a user's bf16 case is refused by its contract
+    (as a violating case is), and runs on the impl that takes it."""
+    case = {"op": "dequant_gemv", "dims": {"out": 32, "in": 64, "bits": 4, "group_size": 32},
+            "dtype": "bf16"}
+    store = tmp_path / "store"
+    assert main(["--store", str(store), "check", "--cases", str(_file(tmp_path, [case])),
+                 "--impl", "mlx:quantized_matmul,torch:dequant_linear"]) == 0
+    rows = {r["impl"]: r for r in Store(store).read("correctness").to_pylist()}
+    assert (rows["mlx:quantized_matmul"]["expect"], rows["mlx:quantized_matmul"]["status"]) == \
+        ("rejected", "rejected")
+    assert rows["torch:dequant_linear"]["status"] == "pass"
