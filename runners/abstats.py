@@ -26,16 +26,18 @@ NOISE_FACTOR = 3.0
 
 
 def summarize(samples_s) -> dict:
-    """Median, mean, min, quartiles, relative IQR and relative stdev of per-call times (s)."""
+    """Median, mean, min, quartiles, relative IQR and relative stdev of per-call times (s).
+    One sample has no spread to measure: its rel_std is None, not 0 (a "noise 0.00 %" on one
+    sample would read as a perfect measurement)."""
     x = np.asarray(samples_s, dtype=np.float64)
     if x.size == 0:
         return {k: None for k in ("median", "mean", "min", "q1", "q3", "rel_iqr", "rel_std")}
     q1, median, q3 = np.percentile(x, [25, 50, 75])
-    std = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    std = float(x.std(ddof=1)) if x.size > 1 else None
     return {"median": float(median), "mean": float(x.mean()), "min": float(x.min()),
             "q1": float(q1), "q3": float(q3),
             "rel_iqr": float((q3 - q1) / median) if median > 0 else None,
-            "rel_std": std / float(x.mean()) if x.mean() > 0 else None}
+            "rel_std": std / float(x.mean()) if std is not None and x.mean() > 0 else None}
 
 
 def aa_noise(*arms) -> float:

@@ -12,6 +12,10 @@ Samples are per-call times. After each one:
 
 The measured time counts every call a sample stands for (`add(sample, calls)`), so a CUDA-graph
 sample of R calls contributes R times its per-call time, as nvbench counts a batch.
+
+Only "converged" meets the noise target. `shortfall` says, for the status column, how a
+measurement that stopped otherwise falls short of it: a timeout at 23 % noise is not an `ok`
+like a converged one.
 """
 
 from __future__ import annotations
@@ -95,3 +99,25 @@ class StdRel:
             if mean > 0 and math.sqrt(var) / mean < self.plateau_noise:
                 return "plateau"
         return ""
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.3g} %"
+
+
+def shortfall(stop_reason: str, noise: float | None, samples: int, max_noise: float) -> str:
+    """How a measurement that stopped on `stop_reason` falls short of the noise target
+    `max_noise`, or "" when it met it ("converged"). `noise`: the relative stdev of its samples
+    (None or NaN below two samples). A plateau is named apart from a timeout: the rule stopped
+    there on purpose (sampling longer would not lower the noise), a timeout just ran out of time."""
+    if stop_reason == "converged":
+        return ""
+    if noise is None or not math.isfinite(noise):
+        return f"not converged ({samples} sample{'' if samples == 1 else 's'}: no noise estimate)"
+    above = f"noise {_pct(noise)} > {_pct(max_noise)}"
+    if stop_reason == "plateau":
+        return f"noise plateau ({above})"
+    if noise >= max_noise:
+        return f"not converged ({above})"
+    return (f"not converged (time limit after {samples} samples, before --min-samples or "
+            "--min-time)")

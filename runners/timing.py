@@ -30,6 +30,7 @@ WARMUP_S = 0.1
 HOST_SAMPLE_S = 0.01      # `wall` mode: a sample should last at least this long
 THROTTLE_PAUSE_S = 0.05
 ROTATING = ("graph_rot", "wall", "wall_eval", "metal_ts")
+MODES = (*ROTATING, "cold", "eager")  # every mode `measure` knows (a timer offers some of them)
 
 
 @dataclass
