@@ -52,6 +52,7 @@ from runners.correctness import (failure_kind, is_failure, judged_row, outcome, 
                                  repeated_row)
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
 from runners.metrics import budget_text
+from runners.outputs import add_flags as add_output_flags, write_check
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -600,6 +601,7 @@ def cmd_check(args) -> int:
         console.print("[red]no cases match the filters[/]")
         return 3
     rows = run_work(args, work, "check")
+    write_check(args, rows)
     return 1 if any(is_failure(r) for r in rows) else 0
 
 
@@ -633,6 +635,7 @@ def resume_check(args) -> int:
     console.print(f"resuming run {args.resume}: {len(kept)} rows kept ({recovered} recovered "
                   f"from its journal), {len(work)} to run")
     rows = run_work(args, work, "check", resume=args.resume, kept=kept)
+    write_check(args, rows, args.resume)
     return 1 if any(is_failure(r) for r in rows) else 0
 
 
@@ -761,6 +764,7 @@ def parser() -> argparse.ArgumentParser:
                           "runs the rest")
     chk.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
                      help="stop at the first failing row (--maxfail 1)")
+    add_output_flags(chk, "(impl, case)")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
     rep.add_argument("case_id")
     rep.add_argument("--impl", action="append")
