@@ -55,6 +55,15 @@ def bench_plan(impls, dtypes=None, presets=None) -> list[Work]:
             and (not presets or any(p in c.label for p in presets))]
 
 
+def bench_presets(impls, dtypes=None) -> dict[str, list[Work]]:
+    """The bench presets (`bench:<preset>` labels) of `impls`' ops, each with the (impl, case)
+    pairs of `bench_plan` it selects, in label order (`kparity cases` lists them)."""
+    out: dict[str, list[Work]] = {}
+    for w in bench_plan(impls, dtypes=dtypes):
+        out.setdefault(w.case.label.split(":", 1)[-1], []).append(w)
+    return dict(sorted(out.items()))
+
+
 def valid_cases(impl, seed: int = 0) -> list[Case]:
     return [c for c in gate_cases(impl.op, seed) if impl.contract.admits(c)]
 

@@ -1,13 +1,17 @@
-"""A/B of two impls of one op on one case: correctness of each, agreement, and a timing verdict.
+"""A/B of impls of one op on one case: correctness of each, agreement, and a timing verdict.
+
+`kparity ab A B [C ...]`: A is the baseline, every other impl is compared with it.
 
 1. Each arm against the oracle (as in `kparity check`; cases too large for the oracle are
-   `skipped:size`), then A against B on the same inputs: max |A - B| and the max ULP distance.
-   An arm that is wrong is not timed, and the A/B says so (status `fail`).
-2. `runs` interleaved runs per arm (A B A B ...), each a full `bench_one` measurement with fresh
-   buffers and a fresh graph, so the run-to-run effects (placement, clocks) land in the spread
-   that the verdict sees. Every run is a `bench` row (ab_id, arm, rep).
-3. The verdict from the run medians (`runners/abstats.py`): ratio B/A with a bootstrap 95 %
-   interval, delta = max(2 %, 3 x the A/A noise), FASTER / SLOWER / SAME / AMBIGUOUS.
+   `skipped:size`), then A against each other arm on the same inputs: max |A - X| and the max
+   ULP distance. An arm that is wrong is not timed, and its A/B says so (status `fail`).
+2. `runs` interleaved runs per arm (A B A B ..., or A B C A B C ... with more impls), each a
+   full `bench_one` measurement with fresh buffers and a fresh graph, so the run-to-run effects
+   (placement, clocks) land in the spread that the verdict sees. Every run is a `bench` row
+   (ab_id: one per case, shared by its pairs; arm: the impl's letter, A the baseline; rep).
+3. One `ab` row per (baseline, other impl) pair: the verdict from the run medians
+   (`runners/abstats.py`): ratio X/A with a bootstrap 95 % interval, delta = max(2 %, 3 x the
+   A/A noise), FASTER / SLOWER / SAME / AMBIGUOUS. The baseline's runs serve every pair.
 """
 
 from __future__ import annotations
@@ -42,45 +46,70 @@ def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs) -> tuple[
     return max_abs, max_ulp
 
 
-def ab_case(impl_a, backend_a, impl_b, backend_b, case, mode: str, runs: int, new_stop,
-            ceilings: dict | None, run_id: str, on_row=None, progress=None) -> dict:
-    """Run the A/B of `case`; `on_row(bench_row)` receives each run's row as it lands."""
+def _row(run_id: str, ab_id: str, case, mode: str, impl_a, impl_b) -> dict:
+    return {"run_id": run_id, "ab_id": ab_id, "case_id": case.id, "impl_a": impl_a.id,
+            "impl_b": impl_b.id, "op": case.op, "dtype": case.dtype,
+            "dims": json.dumps(case.dims, sort_keys=True), "label": case.label, "mode": mode,
+            "status": "error", "message": "", "runs_a_ns": [], "runs_b_ns": []}
+
+
+def ab_group(arms: list, case, mode: str, runs: int, new_stop, ceilings: dict, run_id: str,
+             on_row=None, progress=None) -> list[dict]:
+    """The A/B of the baseline `arms[0]` against each other arm on `case`: one `ab` row per
+    other arm, in order. `arms`: (letter, impl, backend), the letter each run's bench row
+    carries as its `arm`; `ceilings`: backend name -> its ceilings row; `on_row(bench_row)`
+    receives each run's row as it lands. An arm that fails (wrong, or a run not ok) ends its
+    own pair; a failing baseline ends every pair."""
     ab_id = secrets.token_hex(6)
-    row = {"run_id": run_id, "ab_id": ab_id, "case_id": case.id, "impl_a": impl_a.id,
-           "impl_b": impl_b.id, "op": case.op, "dtype": case.dtype,
-           "dims": json.dumps(case.dims, sort_keys=True), "label": case.label, "mode": mode,
-           "status": "error", "message": "", "runs_a_ns": [], "runs_b_ns": []}
+    (base, impl_a, backend_a), others = arms[0], arms[1:]
+    rows = {letter: _row(run_id, ab_id, case, mode, impl_a, impl) for letter, impl, _ in others}
+    live = list(arms)
+
+    def end(letter: str, status: str, message: str) -> None:
+        """Close the pair of `letter` (the baseline: every pair still open)."""
+        for other in ([x for x, _, _ in live[1:]] if letter == base else [letter]):
+            rows[other].update(status=status, message=message)
+        live[:] = [live[0]] if letter == base else [a for a in live if a[0] != letter]
     try:
-        for arm, impl, backend in (("a", impl_a, backend_a), ("b", impl_b, backend_b)):
+        correct = {}
+        for letter, impl, backend in arms:
+            if len(live) < 2:  # the baseline failed: nothing left to compare
+                break
             status, _, msg = correctness(impl, backend, case)
-            row[f"correct_{arm}"] = status
+            correct[letter] = status
             if status in ("fail", "error"):
-                row["status"] = "fail"
-                row["message"] = f"{impl.id} not timed: {status} against the oracle ({msg})"
-                return row
+                end(letter, "fail", f"{impl.id} not timed: {status} against the oracle ({msg})")
+        for letter, row in rows.items():
+            row["correct_a"], row["correct_b"] = correct.get(base), correct.get(letter)
+        if len(live) < 2:
+            return list(rows.values())
         host_inputs = make_inputs(case)
-        row["ab_max_abs"], row["ab_max_ulp"] = agreement(impl_a, backend_a, impl_b, backend_b,
-                                                         case, host_inputs)
-        medians = {"A": [], "B": []}
+        for letter, impl, backend in live[1:]:
+            rows[letter]["ab_max_abs"], rows[letter]["ab_max_ulp"] = agreement(
+                impl_a, backend_a, impl, backend, case, host_inputs)
+        medians = {letter: [] for letter, _, _ in live}
         for rep in range(runs):
-            for arm, impl, backend in (("A", impl_a, backend_a), ("B", impl_b, backend_b)):
-                b = bench_one(impl, backend, case, mode, new_stop, ceilings, run_id,
-                              host_inputs=host_inputs, verify=False, progress=progress)
-                b.update({"ab_id": ab_id, "arm": arm, "rep": rep,
-                          "correct": row[f"correct_{arm.lower()}"]})
+            for letter, impl, backend in list(live):
+                if len(live) < 2:
+                    break
+                b = bench_one(impl, backend, case, mode, new_stop, ceilings.get(impl.backend),
+                              run_id, host_inputs=host_inputs, verify=False, progress=progress)
+                b.update({"ab_id": ab_id, "arm": letter, "rep": rep, "correct": correct[letter]})
                 if on_row is not None:
                     on_row(b)
                 if b["status"] != "ok":
-                    row["status"] = "fail"
-                    row["message"] = f"{impl.id} run {rep}: {b['status']}: {b['message']}"
-                    return row
-                medians[arm].append(b["median_ns"])
-        row["runs_a_ns"], row["runs_b_ns"] = medians["A"], medians["B"]
-        row.update(compare_runs(medians["A"], medians["B"]))
-        row["status"] = "ok"
+                    end(letter, "fail", f"{impl.id} run {rep}: {b['status']}: {b['message']}")
+                    continue
+                medians[letter].append(b["median_ns"])
+        for letter, _, _ in live[1:]:
+            row = rows[letter]
+            row["runs_a_ns"], row["runs_b_ns"] = medians[base], medians[letter]
+            row.update(compare_runs(medians[base], medians[letter]))
+            row["status"] = "ok"
     except ContractError as e:
-        row["status"] = "fail"
-        row["message"] = str(e)
+        for letter, _, _ in live[1:]:
+            rows[letter].update(status="fail", message=str(e))
     except Exception as e:
-        row["message"] = f"{type(e).__name__}: {e}"
-    return row
+        for letter, _, _ in live[1:]:
+            rows[letter]["message"] = f"{type(e).__name__}: {e}"
+    return list(rows.values())

@@ -40,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cases.casefile import CaseFileError, closest
-from cases.generate import Work, gate_cases, plan, valid_cases, violating_cases
+from cases.generate import Work, bench_cases, gate_cases, plan, valid_cases, violating_cases
 from cases.model import Case
 from gpu_impls import known_issues
 from oracle.dtypes import FLOAT_DTYPES
@@ -144,6 +144,11 @@ def check_presets(args, source=gate_cases, extra=("edge", "violates")) -> list[s
         labels |= set(extra)
         for p in presets:
             if not any(p in label for label in labels):
+                if source is gate_cases and any(p in c.label for op in op_registry()
+                                                for c in bench_cases(op)):
+                    raise UsageError(f"{p!r} is a bench preset: kparity bench --preset {p} "
+                                     "times it. Valid presets here (closest first): "
+                                     + closest(p, labels))
                 raise unknown("preset", p, labels)
     return presets
 
@@ -335,6 +340,8 @@ def cmd_cases(args) -> int:
     for impl in impls:
         table.add_row(impl.id, str(counts[(impl.id, "valid")]), str(counts[(impl.id, "rejected")]))
     console.print(table)
+    from runners.timing_verbs import print_bench_presets  # the timing verbs' own section
+    print_bench_presets(impls, _split(args.dtype) or None)
     return 0
 
 

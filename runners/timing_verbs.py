@@ -7,6 +7,8 @@ per run of each arm) and, for `ab`, one `ab` row per case with the verdict.
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
 from functools import partial
 
@@ -14,24 +16,68 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cases.generate import bench_cases, bench_plan
+from cases.generate import bench_cases, bench_plan, bench_presets
 from cases.model import make_inputs
+from gpu_impls.contract import ContractError
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store
-from runners.ab import ab_case
+from runners import outputs
+from runners.ab import ab_group
 from runners.bench import bench_one, ceilings_row
 from runners.cli import (UsageError, _backend, _impls, _split, check_presets, console,
                          select_impls, unknown)
-from runners.stopping import StdRel
+from runners.stopping import StdRel, shortfall
+from runners.timing import MODES
 
 
 MIN_RUNS = 5
+# Bench with nothing narrowing it on a CPU: these presets (`--preset all`: every bench case).
+CPU_DEFAULT_PRESET = "decode"
+
+
+def check_timing_flags(args) -> None:
+    """Every numeric timing flag in its range, or a UsageError naming the flag and the range:
+    `--max-noise -1 --timeout 0` used to give one-sample rows reported `noise 0.00 %, ok`."""
+    def need(flag: str, value, ok: bool, valid: str) -> None:
+        if not ok or (isinstance(value, float) and not math.isfinite(value)):
+            raise UsageError(f"{flag} {value}: {valid}")
+    need("--max-noise", args.max_noise, 0 < args.max_noise <= 1,
+         "a relative stdev in (0, 1], e.g. 0.005 for 0.5 %")
+    need("--min-time", args.min_time, args.min_time >= 0,
+         "seconds of measured time, at least 0")
+    need("--min-samples", args.min_samples, args.min_samples >= 2,
+         "at least 2 (the noise needs two samples)")
+    need("--timeout", args.timeout, args.timeout > 0, "seconds per measurement, above 0")
+    if args.min_time >= args.timeout:  # measured time never exceeds wall time
+        raise UsageError(f"--min-time {args.min_time} is not below --timeout {args.timeout}: "
+                         "every measurement would stop on the timeout before its noise is "
+                         "judged; lower --min-time or raise --timeout")
+    runs = getattr(args, "runs", None)
+    if runs is not None and runs < MIN_RUNS:
+        raise UsageError(f"--runs {runs}: the verdict needs at least {MIN_RUNS} runs per arm "
+                         "(runs, not samples, are the unit of replication); pass --runs "
+                         f"{MIN_RUNS}")
 
 
 def _stop_rule(args):
     """A factory of fresh stopping rules with the CLI's settings."""
     return partial(StdRel, max_noise=args.max_noise, min_time_s=args.min_time,
                    min_samples=args.min_samples, timeout_s=args.timeout)
+
+
+def check_mode(mode: str | None, impls) -> None:
+    """--mode: a mode some timer knows (else the closest-first list) and that at least one
+    selected impl's timer offers."""
+    if mode in (None, "primary", "all"):
+        return
+    if mode not in MODES:
+        raise unknown("mode", mode, (*MODES, "all", "primary"))
+    timers = {_backend(i.backend).timer() for i in impls}
+    if timers and not any(mode in t.modes for t in timers):
+        offered = "; ".join(f"{t.kind}: {', '.join(t.modes)}" for t in
+                            sorted(timers, key=lambda t: t.kind))
+        raise UsageError(f"--mode {mode}: not offered by the timers of the selected impls "
+                         f"({offered}); choose one of those, 'all' or 'primary'")
 
 
 def _modes(args, backend) -> list[str]:
@@ -50,8 +96,10 @@ def _start(args, verb: str, backends) -> tuple[Store, str, dict]:
     run_id = new_run_id()
     devices = {b: _backend(b).device() for b in backends}
     versions = {k: v for b in backends for k, v in _backend(b).versions().items()}
+    # the stopping rule's settings too: whether a row met the noise target is judged by them
     filters = {k: getattr(args, k, None) for k in ("op", "impl", "backend", "dtype", "preset",
-                                                   "mode")}
+                                                   "mode", "max_noise", "min_time",
+                                                   "min_samples", "timeout")}
     store.write("runs", [run_row(run_id, verb, devices, versions, filters)], run_id, 0)
     ceilings, rows = {}, []
     with console.status("measuring ceilings (copy, GEMM)"):
@@ -83,16 +131,96 @@ def _case_text(row: dict) -> str:
     return row["label"].split(":", 1)[-1] or row["dims"]
 
 
+def note(row: dict, max_noise: float) -> str:
+    """An ok row's shortfall of the noise target (`runners.stopping.shortfall`), else ""."""
+    if row["status"] != "ok":
+        return ""
+    return shortfall(row.get("stop_reason") or "", row.get("rel_std"),
+                     row.get("n_samples") or 0, max_noise)
+
+
+def _presets(args, impls) -> tuple[list[str] | None, bool]:
+    """(the preset filter, whether it is the CPU default). With no --preset, --op or --impl and
+    only CPU backends, the decode presets: every bench case on a CPU takes hours."""
+    presets = check_presets(args, bench_cases, extra=("all",))
+    if "all" in presets:
+        return None, False
+    if presets:
+        return presets, False
+    on_cpu = bool(impls) and all(_backend(i.backend).device() == "cpu" for i in impls)
+    if on_cpu and not _split(args.op) and not _split(args.impl):
+        return [CPU_DEFAULT_PRESET], True
+    return None, False
+
+
+def why_not_benched(impl, dtypes, presets, mode=None) -> str:
+    """Why `impl` has no bench work: its op has no bench cases, the filters leave none, or its
+    contract refuses every one (the invariant that does, and what its fix says would match)."""
+    cases = bench_cases(impl.op)
+    if not cases:
+        return f"{impl.id}: its op {impl.op} has no bench cases"
+    picked = [c for c in cases if (not dtypes or c.dtype in dtypes)
+              and (not presets or any(p in c.label for p in presets))]
+    if not picked:
+        given = " ".join([*(f"--preset {p}" for p in presets or []),
+                          *(f"--dtype {d}" for d in dtypes or [])])
+        names = sorted({c.label.split(":", 1)[-1] for c in cases})
+        return (f"{impl.id}: none of the {len(cases)} bench cases of {impl.op} matches "
+                f"{given}; its presets: {', '.join(names)}")
+    refusals, example = Counter(), {}
+    for c in picked:
+        try:
+            impl.contract.check(impl.id, c)
+        except ContractError as e:
+            refusals[e.invariant] += 1
+            example.setdefault(e.invariant, e)
+    if sum(refusals.values()) < len(picked):  # some admitted: the mode left them out
+        timer = _backend(impl.backend).timer()
+        return (f"{impl.id}: its timer ({timer.kind}) has no mode {mode!r}; its modes: "
+                f"{', '.join(timer.modes)}")
+    (top, _), *_ = refusals.most_common()
+    which = "the bench case" if len(picked) == 1 else f"all {len(picked)} bench cases"
+    parts = "; ".join(f"`{inv}` refuses {n} ({example[inv].values}: {example[inv].why})"
+                      for inv, n in refusals.most_common())
+    if len(refusals) == 1:
+        parts = f"`{top}` ({example[top].values}: {example[top].why})"
+    return (f"{impl.id}: its contract refuses {which} of {impl.op}: {parts}. "
+            f"What would match: {example[top].fix}")
+
+
 def cmd_bench(args) -> int:
+    check_timing_flags(args)
     impls = select_impls(args, need_available=True)
-    presets = check_presets(args, bench_cases, extra=())
-    work = bench_plan(impls, dtypes=_split(args.dtype) or None, presets=presets or None)
+    check_mode(args.mode, impls)
+    presets, default = _presets(args, impls)
+    dtypes = _split(args.dtype) or None
+    work = bench_plan(impls, dtypes=dtypes, presets=presets)
     items = [(w, mode) for w in sorted(work, key=lambda w: (w.case.id, w.impl.id))
              for mode in _modes(args, _backend(w.impl.backend))]
-    if not items:
-        console.print("[red]nothing to bench: no bench case of the selected impls matches the "
-                      "filters (or the mode is not available on their timers)[/]")
+    idle = [i for i in impls if not any(w.impl is i for w, _ in items)]
+    if not impls:
+        console.print("[red]nothing to bench: no impl matches the --op, --impl and --backend "
+                      "filters together[/] (`kparity ops` lists the impls)")
         return 3
+    if not items:
+        console.print("[red]nothing to bench:[/]")
+        for impl in idle:
+            console.print("  " + escape(why_not_benched(impl, dtypes, presets, args.mode)),
+                          soft_wrap=True)
+        return 3
+    named = set(_split(args.impl))
+    for impl in idle:  # asked for by name and left out: say why
+        if impl.id in named or impl.name in named:
+            console.print("[yellow]not benched:[/] "
+                          + escape(why_not_benched(impl, dtypes, presets, args.mode)),
+                          soft_wrap=True)
+    if default:
+        every = len(bench_plan(impls, dtypes=dtypes))
+        console.print(f"no --preset, --op or --impl on a CPU: benching the {CPU_DEFAULT_PRESET} "
+                      f"presets ({len(items)} measurements); --preset all for every bench case "
+                      f"({every})")
+    console.print(f"benching {len(items)} (impl, case, mode) measurements, each up to "
+                  f"--timeout {args.timeout:g} s")
     store, run_id, ceilings = _start(args, "bench", sorted({w.impl.backend for w, _ in items}))
     stop = _stop_rule(args)
     rows, inputs = [], {}
@@ -117,37 +245,89 @@ def cmd_bench(args) -> int:
                                        f"{w.case.id} ({escape(w.case.short())}): "
                                        f"{escape(row['message'][:300])}", soft_wrap=True)
             progress.update(task, advance=1, detail="")
-    bench_table(rows, run_id)
+    notes = {i: note(r, args.max_noise) for i, r in enumerate(rows)}
+    bench_table(rows, run_id, notes)
     counts = Counter(r["status"] for r in rows)
     console.print(f"{len(rows)} measurements: " + ", ".join(f"{v} {k}" for k, v in
                                                               sorted(counts.items()))
-                  + f"; rows in {store.root}/")
+                  + convergence_summary(notes.values(), args) + f"; rows in {store.root}/")
+    outputs.write_bench(args, rows, run_id, notes)
     return 1 if counts["fail"] or counts["error"] else 0
 
 
-def bench_table(rows: list[dict], run_id: str) -> None:
-    """One line per measurement; % spec only where the device reports a spec peak."""
+def convergence_summary(notes, args) -> str:
+    """'; 3 not converged (...)' for the summary line: the rows that stopped short of the
+    noise target, by how; "" when every ok row converged."""
+    kinds = Counter(n.split(" (", 1)[0] for n in notes if n)
+    if not kinds:
+        return ""
+    parts = []
+    if kinds["not converged"]:
+        parts.append(f"{kinds['not converged']} not converged (stopped at --timeout "
+                     f"{args.timeout:g} s before reaching --max-noise "
+                     f"{100 * args.max_noise:.3g} %)")
+    if kinds["noise plateau"]:
+        parts.append(f"{kinds['noise plateau']} at a noise plateau above --max-noise")
+    return "; [yellow]" + "; ".join(parts) + "[/]"
+
+
+def bench_table(rows: list[dict], run_id: str, notes: dict[int, str]) -> None:
+    """One line per measurement; % spec only where the device reports a spec peak; the status
+    says when an ok row stopped short of the noise target (`notes`)."""
     spec = any(r.get("pct_peak_spec") is not None for r in rows)
     table = Table(title=f"bench {run_id}: median per call")
     cols = ["impl", "case", "dtype", "mode", "µs", "GB/s", "%copy"] + (["%spec"] if spec else [])
-    for col in cols + ["noise", "n", "stop"]:
-        table.add_column(col, justify="left" if col in ("impl", "case", "dtype", "mode", "stop")
-                         else "right", no_wrap=True)
-    for r in sorted(rows, key=lambda r: (r["op"], r["label"], r["dtype"], r["mode"], r["impl"])):
+    for col in cols + ["noise", "n", "stop", "status"]:
+        table.add_column(col, justify="left" if col in ("impl", "case", "dtype", "mode", "stop",
+                                                        "status") else "right",
+                         no_wrap=col != "status")
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["op"], rows[i]["label"],
+                                                    rows[i]["dtype"], rows[i]["mode"],
+                                                    rows[i]["impl"]))
+    for i in order:
+        r = rows[i]
         ok = r["status"] == "ok"
         cells = [r["impl"], _case_text(r), r["dtype"], r["mode"],
-                 f"{r['median_ns'] / 1e3:.2f}" if ok else f"[red]{r['status']}[/]",
+                 f"{r['median_ns'] / 1e3:.2f}" if ok else "-",
                  _fmt(r.get("gbps"), ".0f") + ("[yellow]*[/]" if r.get("cache_resident") else ""),
                  _fmt(r.get("pct_copy_ceiling"), ".1f")]
         if spec:
             cells.append(_fmt(r.get("pct_peak_spec"), ".1f"))
+        status = (f"[yellow]ok, {escape(notes[i])}[/]" if notes.get(i) else "ok") if ok else \
+            f"[red]{r['status']}[/]"
         cells += [f"{100 * r['rel_std']:.2f}%" if ok and r.get("rel_std") is not None else "-",
-                  str(r.get("n_samples") or "-"), r.get("stop_reason") or "-"]
+                  str(r.get("n_samples") or "-"), r.get("stop_reason") or "-", status]
         table.add_row(*cells)
     console.print(table)
     if any(r.get("cache_resident") for r in rows):
         console.print("[yellow]*[/] above 100% of peak: the data came from a cache (a benchmark "
                       "bug for an HBM-sized case)")
+
+
+def _natural(text: str) -> list:
+    """Sort key: decode-1x4096 before decode-16x4096."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def print_bench_presets(impls, dtypes=None) -> None:
+    """`kparity cases`' bench section: the bench presets (`bench --preset NAME`), one line per
+    group of ops they apply to, with the (impl, case) pairs of the selected impls they time."""
+    by_ops = {}
+    for name, work in bench_presets(impls, dtypes).items():
+        ops = ", ".join(sorted({w.impl.op for w in work}))
+        names, pairs = by_ops.get(ops, ([], 0))
+        by_ops[ops] = (names + [name], pairs + len(work))
+    if not by_ops:
+        return
+    n = sum(len(names) for names, _ in by_ops.values())
+    table = Table(title=f"bench presets ({n}): kparity bench --preset NAME")
+    for col in ("ops", "presets", "(impl, case) pairs"):
+        table.add_column(col, justify="right" if col.startswith("(") else "left")
+    for ops, (names, pairs) in sorted(by_ops.items()):
+        table.add_row(ops, ", ".join(sorted(names, key=_natural)), str(pairs))
+    console.print(table)
+    console.print(f"bench with no --preset, --op or --impl on a CPU times the "
+                  f"{CPU_DEFAULT_PRESET} presets; --preset all: every bench case")
 
 
 def _resolve(name: str):
@@ -160,54 +340,100 @@ def _resolve(name: str):
     raise unknown("impl", name, impls)
 
 
-def cmd_ab(args) -> int:
-    if args.runs < MIN_RUNS:
-        raise UsageError(f"--runs {args.runs}: the verdict needs at least {MIN_RUNS} runs per arm "
-                         f"(runs, not samples, are the unit of replication); pass --runs {MIN_RUNS}")
-    a, b = _resolve(args.impl_a), _resolve(args.impl_b)
-    if a.op != b.op:
-        raise UsageError(f"{a.id} implements {a.op} and {b.id} implements {b.op}: an A/B needs "
-                         f"two impls of one op")
-    for impl in (a, b):
+def _letters(n: int) -> list[str]:
+    """The arms' letters: A (the baseline), B, C, ..., then A2, B2, ... past Z."""
+    return [chr(ord("A") + i % 26) + (str(i // 26 + 1) if i >= 26 else "") for i in range(n)]
+
+
+def _ab_impls(args) -> list:
+    """The impls of `ab A B [C ...]`: one op, runnable here (else exit 3)."""
+    if len(args.impls) < 2:
+        raise UsageError(f"ab {' '.join(args.impls)}: give a baseline and at least one impl to "
+                         "compare with it (kparity ab A B [C ...])")
+    impls = [_resolve(name) for name in args.impls]
+    a = impls[0]
+    for x in impls[1:]:
+        if x.op != a.op:
+            raise UsageError(f"{a.id} implements {a.op} and {x.id} implements {x.op}: an A/B "
+                             f"needs two impls of one op")
+    for impl in impls:
         ok, why = impl.available(_backend(impl.backend))
         if not ok:
             console.print(f"[red]{impl.id} cannot run here[/]: {escape(why)}")
-            return 3
-    ta, tb = _backend(a.backend).timer(), _backend(b.backend).timer()
-    mode = args.mode if args.mode not in (None, "primary") else ta.modes[0]
-    if mode not in ta.modes or mode not in tb.modes or ta.kind != tb.kind:
-        raise UsageError(f"mode {mode!r}: {a.id} times with {ta.kind} {ta.modes}, {b.id} with "
-                         f"{tb.kind} {tb.modes}; an A/B compares one mode on one kind of timer")
-    args.impl = [a.id]
-    presets = check_presets(args, bench_cases, extra=())
-    cases = [w.case for w in bench_plan([a], dtypes=_split(args.dtype) or None,
-                                        presets=presets or None) if b.contract.admits(w.case)]
-    if not cases:
-        console.print(f"[red]no bench case that both {a.id} and {b.id} admit matches the "
-                      f"filters[/]")
+            raise SystemExit(3)
+    return impls
+
+
+def _ab_mode(args, impls) -> str:
+    """The one mode every arm is timed in, on one kind of timer."""
+    check_mode(args.mode, impls)
+    timers = [_backend(i.backend).timer() for i in impls]
+    mode = args.mode if args.mode not in (None, "primary") else timers[0].modes[0]
+    if mode == "all" or any(mode not in t.modes or t.kind != timers[0].kind for t in timers):
+        shown = ", ".join(f"{i.id} times with {t.kind} {t.modes}" for i, t in zip(impls, timers))
+        raise UsageError(f"mode {mode!r}: {shown}; an A/B compares one mode on one kind of timer")
+    return mode
+
+
+def cmd_ab(args) -> int:
+    check_timing_flags(args)
+    impls = _ab_impls(args)
+    mode = _ab_mode(args, impls)
+    a, others = impls[0], impls[1:]
+    letters = _letters(len(impls))
+    args.impl = [i.id for i in impls]  # the runs row's filters
+    presets = [p for p in check_presets(args, bench_cases, extra=("all",)) if p != "all"]
+    dtypes = _split(args.dtype) or None
+    groups = []  # (case, arms): the baseline and the other impls that admit the case
+    for w in bench_plan([a], dtypes=dtypes, presets=presets or None):
+        arms = [(letters[0], a, _backend(a.backend))] + [
+            (letters[k], x, _backend(x.backend)) for k, x in enumerate(others, 1)
+            if x.contract.admits(w.case)]
+        if len(arms) > 1:
+            groups.append((w.case, arms))
+    if not groups:
+        console.print(f"[red]no bench case that {a.id} and {' or '.join(x.id for x in others)} "
+                      "admit matches the filters:[/]")
+        for impl in impls:
+            if not bench_plan([impl], dtypes=dtypes, presets=presets or None):
+                console.print("  " + escape(why_not_benched(impl, dtypes, presets or None, mode)),
+                              soft_wrap=True)
         return 3
-    store, run_id, ceilings = _start(args, "ab", sorted({a.backend, b.backend}))
+    store, run_id, ceilings = _start(args, "ab", sorted({i.backend for i in impls}))
     stop = _stop_rule(args)
-    results = []
+    results, runs = [], []
     with RowWriter(store, "bench", run_id, every=20) as bench_writer, \
             RowWriter(store, "ab", run_id, every=1) as ab_writer, _progress() as progress:
-        task = progress.add_task("ab", total=len(cases) * 2 * args.runs, detail="")
-        for case in cases:
+        total = sum(len(arms) for _, arms in groups) * args.runs
+        task = progress.add_task("ab", total=total, detail="")
+        for case, arms in groups:
             progress.update(task, description=f"{case.label.split(':', 1)[-1]} {case.dtype}")
 
             def landed(row):
                 bench_writer.add(row)
+                runs.append(row)
                 progress.update(task, advance=1)
-            row = ab_case(a, _backend(a.backend), b, _backend(b.backend), case, mode, args.runs,
-                          stop, ceilings[b.backend], run_id, on_row=landed)
-            ab_writer.add(row)
-            results.append(row)
-            if row["status"] != "ok":
-                progress.console.print(f"[red]{row['status'].upper()}[/] case {case.id} "
-                                       f"({escape(case.short())}): {escape(row['message'][:300])}",
-                                       soft_wrap=True)
-    ab_table(results, a.id, b.id, mode, run_id)
+            rows = ab_group(arms, case, mode, args.runs, stop, ceilings, run_id, on_row=landed)
+            for row in rows:
+                ab_writer.add(row)
+                results.append(row)
+                if row["status"] != "ok":
+                    progress.console.print(
+                        f"[red]{row['status'].upper()}[/] {row['impl_b']} against {a.id}, case "
+                        f"{case.id} ({escape(case.short())}): {escape(row['message'][:300])}",
+                        soft_wrap=True)
+    if len(impls) == 2:
+        ab_table(results, a.id, others[0].id, mode, run_id)
+    else:
+        ab_table_n(results, [i.id for i in impls], mode, run_id)
+    short = convergence_summary([note(r, args.max_noise) for r in runs], args)
+    if short:  # a run's median still counts: the verdict's delta follows the run-to-run noise
+        console.print(f"of {len(runs)} runs: {short[2:]}")
     return _ab_exit(results, args.require)
+
+
+def _median_us(values) -> float:
+    return sorted(values)[len(values) // 2] / 1e3
 
 
 def ab_table(rows: list[dict], a: str, b: str, mode: str, run_id: str) -> None:
@@ -215,18 +441,56 @@ def ab_table(rows: list[dict], a: str, b: str, mode: str, run_id: str) -> None:
     for col in ("case", "dtype", "A µs", "B µs", "B/A", "95% CI", "δ", "verdict", "A=B ulp"):
         table.add_column(col, justify="left" if col in ("case", "dtype", "verdict") else "right",
                          no_wrap=col == "case")
-    colour = {"FASTER": "green", "SLOWER": "red", "SAME": "cyan", "AMBIGUOUS": "yellow"}
     for r in rows:
         if r["status"] != "ok":
             table.add_row(_case_text(r), r["dtype"], "-", "-", "-", "-", "-",
                           f"[red]{r['status']}[/]", "-")
             continue
-        ma = sorted(r["runs_a_ns"])[len(r["runs_a_ns"]) // 2] / 1e3
-        mb = sorted(r["runs_b_ns"])[len(r["runs_b_ns"]) // 2] / 1e3
         v = r["verdict"]
-        table.add_row(_case_text(r), r["dtype"], f"{ma:.2f}", f"{mb:.2f}", f"{r['ratio']:.3f}",
+        table.add_row(_case_text(r), r["dtype"], f"{_median_us(r['runs_a_ns']):.2f}",
+                      f"{_median_us(r['runs_b_ns']):.2f}", f"{r['ratio']:.3f}",
                       f"[{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]", f"{100 * r['delta']:.1f}%",
-                      f"[{colour[v]}]{v}[/]", str(r["ab_max_ulp"]))
+                      f"[{COLOUR[v]}]{v}[/]", str(r["ab_max_ulp"]))
+    console.print(table)
+
+
+COLOUR = {"FASTER": "green", "SLOWER": "red", "SAME": "cyan", "AMBIGUOUS": "yellow"}
+
+
+def ab_table_n(rows: list[dict], ids: list[str], mode: str, run_id: str) -> None:
+    """`ab A B C ...`, tritonbench style: one line per case, the baseline's time, then for each
+    other impl its time, its ratio to the baseline with the 95 % interval, and the verdict."""
+    letters = _letters(len(ids))
+    console.print(f"ab {run_id}, {mode}, run medians: "
+                  + ", ".join(f"{k} = {i}" for k, i in zip(letters, ids)) + " (A: the baseline)")
+    table = Table(title=f"ab {run_id}: each impl against A = {ids[0]}")
+    cols = ["case", "dtype", "A µs"]
+    for k in letters[1:]:
+        cols += [f"{k} µs", f"{k}/A [95% CI]", f"{k} verdict"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("case", "dtype")
+                         or col.endswith("verdict") else "right", no_wrap=True)
+    by_case = {}
+    for r in rows:
+        by_case.setdefault((r["case_id"], r["mode"]), []).append(r)
+    for group in by_case.values():
+        first = group[0]
+        base = next((r for r in group if r["status"] == "ok"), None)
+        cells = [_case_text(first), first["dtype"],
+                 f"{_median_us(base['runs_a_ns']):.2f}" if base else "-"]
+        mine = {r["impl_b"]: r for r in group}
+        for impl in ids[1:]:
+            r = mine.get(impl)
+            if r is None:
+                cells += ["-", "-", "refused"]  # its contract does not admit the case
+            elif r["status"] != "ok":
+                cells += ["-", "-", f"[red]{r['status']}[/]"]
+            else:
+                v = r["verdict"]
+                cells += [f"{_median_us(r['runs_b_ns']):.2f}",
+                          f"{r['ratio']:.3f} [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]",
+                          f"[{COLOUR[v]}]{v}[/]"]
+        table.add_row(*cells)
     console.print(table)
 
 
@@ -247,28 +511,37 @@ def _ab_exit(rows: list[dict], require: str | None) -> int:
 def add_parsers(sub, filters) -> None:
     def timing_flags(p):
         p.add_argument("--mode", default=None,
-                       help="graph_rot, cold, eager (CUDA), wall (CPU), wall_eval (MLX); "
-                            "'all', or the timer's primary (default)")
-        p.add_argument("--max-noise", type=float, default=0.005,
-                       help="stop once the relative stdev is under this (0.005)")
-        p.add_argument("--min-time", type=float, default=0.5,
-                       help="seconds of measured time before stopping (0.5)")
-        p.add_argument("--min-samples", type=int, default=10)
-        p.add_argument("--timeout", type=float, default=15.0,
-                       help="seconds of wall time per measurement at most (15)")
+                       help="graph_rot, cold, eager (CUDA), wall (CPU), wall_eval (MLX), "
+                            "metal_ts (Metal); 'all', or the timer's primary (default)")
+        p.add_argument("--max-noise", type=float, default=0.005, metavar="FRACTION",
+                       help="stop once the relative stdev is under this, in (0, 1] (0.005: "
+                            "0.5 %%); a row that stops otherwise is marked not converged")
+        p.add_argument("--min-time", type=float, default=0.5, metavar="SECONDS",
+                       help="seconds of measured time before stopping, >= 0 and below "
+                            "--timeout (0.5)")
+        p.add_argument("--min-samples", type=int, default=10, metavar="N",
+                       help="samples before stopping, >= 2 (10)")
+        p.add_argument("--timeout", type=float, default=15.0, metavar="SECONDS",
+                       help="seconds of wall time per measurement at most, > 0 (15)")
 
-    bench = sub.add_parser("bench", help="timing sweep over the bench cases")
+    bench = sub.add_parser("bench", help="timing sweep over the bench cases",
+                           description="Timing sweep over the bench cases (`kparity cases` "
+                                       "lists the bench presets). With no --preset, --op or "
+                                       "--impl on a CPU: the decode presets (--preset all: "
+                                       "every bench case).")
     filters(bench)
     timing_flags(bench)
     bench.add_argument("--no-verify", action="store_true",
                        help="skip the oracle check before timing")
-    ab = sub.add_parser("ab", help="A/B of two impls: correctness, interleaved runs, verdict")
-    ab.add_argument("impl_a")
-    ab.add_argument("impl_b")
+    outputs.add_flags(bench, "(impl, case, mode) measurement")
+    ab = sub.add_parser("ab", help="A/B of a baseline and one or more impls: correctness, "
+                                   "interleaved runs, verdicts")
+    ab.add_argument("impls", nargs="+", metavar="IMPL",
+                    help="the baseline A first, then the impls compared with it (B, C, ...)")
     for flag, help_text in (("--dtype", "f32, f16, bf16"),
                             ("--preset", "bench case label substring, e.g. hbm, decode")):
         ab.add_argument(flag, action="append", help=help_text)
     timing_flags(ab)
     ab.add_argument("--runs", type=int, default=5, help="interleaved runs per arm (>= 5)")
     ab.add_argument("--require", choices=("faster", "not-slower", "same"),
-                    help="exit 1 unless every case's verdict (B against A) is this")
+                    help="exit 1 unless every impl's verdict against A on every case is this")

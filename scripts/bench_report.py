@@ -47,7 +47,8 @@ def report(roots: list[Path]) -> str:
                     lines.append(f"| {r['label']} | {r['dtype']} | {r['status']}: "
                                  f"{r['message'][:80]} |||||||||")
                     continue
-                runs_b = [x for x in bench if x["ab_id"] == r["ab_id"] and x["arm"] == "B"]
+                runs_b = [x for x in bench if x["ab_id"] == r["ab_id"] and x["arm"] != "A"
+                          and x["impl"] == r["impl_b"]]  # `ab A B C`: one ab_id, arms B, C
                 pct = np.median([x["pct_copy_ceiling"] for x in runs_b]) if runs_b else None
                 lines.append(
                     f"| {r['label'].split(':', 1)[-1]} | {r['dtype']} "
