@@ -3,6 +3,8 @@
 Which runs. Only runs with rows of a compared table count: correctness rows (check, repro) or
 plain bench rows (bench; A/B arms are not history). Device kind: two runs are of one kind when
 they share a backend and every backend both ran has the same device string in `runs.devices`.
+A `kparity repro` run (`runs.verb`) is never picked: not as A, not as history, not as the
+default B (a 3-case rerun is no sweep to compare with); named by its id, it is compared.
 
 - pair, default: B = the newest run; A = the newest earlier run of B's device kind that shares
   an (impl, case) of a table with B (so after a bench run, A is the previous bench run of
@@ -14,12 +16,19 @@ they share a backend and every backend both ran has the same device string in `r
 Correctness, per (impl, case_id) (a run's several rows of one key: the worst of them):
 - new_failure: A passing, B failing (`runners.correctness.is_failure`); fixed: the reverse;
   still_failing: both failing (listed, not a regression: nothing changed).
+- new_case_failure: a key only in B (with --baseline: in no history run), failing in B. A
+  failing case with no history is a failure to report, not just "new": listed first and a
+  regression, unless `--new-may-fail` (`Thresholds.new_may_fail`: a mutant's or a new
+  kernel's check, where failures are expected) accepts it. New passing keys are only counted.
 - budget_jump: both passing and B.budget >= budget_jump * A.budget (default 2) and
   B.budget >= BUDGET_FLOOR (0.05 of the tolerance: 1e-9 -> 3e-9 is bit noise, not a jump);
   budget_drop: the mirror image (A.budget >= budget_jump * B.budget, A.budget >= floor).
 - With --baseline, A is the newest history row for failures, and the budget is judged by
   `history.judge_last` (lookback z-score over the history, same z / min_change, the budget's
-  floor of 0.01) instead of the ratio; a jump still needs B.budget >= BUDGET_FLOOR.
+  floor of 0.01) instead of the ratio; a jump still needs B.budget >= BUDGET_FLOOR. A budget
+  with fewer than min_history earlier values (since the last reset) is not_judged, counted
+  apart with its history length ("not judged (1 of 10 runs)"), never "unchanged".
+  unchanged: the status is the same and the budget, where both have one, judged the same.
 Cases in only one run are counted (new_cases, missing_cases).
 
 Speed, per (impl, case_id, mode) of plain `ok` bench rows:
@@ -32,16 +41,22 @@ Speed, per (impl, case_id, mode) of plain `ok` bench rows:
   sample interval), so the interval alone would call noise a change: min_change (5 %) is the
   floor of what counts, and `--baseline` (history) is the tool for smaller changes.
 - FAILED: timed in A, not in B (wrong results or an error); RECOVERED: the reverse; NOT_TIMED:
-  neither.
+  neither. NEW_FAILED: only in B, and not timed there because it failed or raised (status
+  fail or error, as `kparity bench` exits 1 on): a regression unless --new-may-fail, like
+  new_case_failure.
 - With --baseline: `history.judge_last` on the run medians, contender last: SLOWER / FASTER when
-  flagged, SAME when not, AMBIGUOUS when the series has under min(N, 10) runs of history.
+  flagged, SAME when not, NOT_JUDGED when the series has under min(N, 10) runs of history
+  (`history_runs` says how many).
 
-A regression: any new_failure, budget_jump, SLOWER or FAILED that no annotation accepts. An
-annotation (`kparity accept`) accepts a change when it matches the series (target = impl or
-case id, metric "" or the series' metric: `budget` for correctness, `median_ns` for speed) and
-its run is after A and at most B (with --baseline: after the newest history run of that table,
-up to the contender); older annotations reset the history (with --baseline). Accepted changes
-are listed with `accepted_by` and do not fail the comparison.
+A regression: any new_failure, new_case_failure, budget_jump, SLOWER, FAILED or NEW_FAILED
+that nothing accepts. An annotation (`kparity accept`) accepts a change when it matches the
+series (target = impl or case id, metric "" or the series' metric: `budget` for correctness,
+`median_ns` for speed) and its run is after A and at most B (with --baseline: after the newest
+history run of that table, up to the contender); older annotations reset the history (with
+--baseline). Accepted changes are listed with `accepted_by` and do not fail the comparison.
+An annotation never accepts a correctness failure (new_failure, new_case_failure): accept is
+for speed and error-budget baselines; a known failure belongs in the known-issues ledger
+(`gpu_impls/known_issues.py`, with its tracked issue), which records it as xfail, not failing.
 """
 
 from __future__ import annotations
@@ -66,9 +81,15 @@ BUDGET_FLOOR = 0.05
 N_BOOT = 2000
 LEVEL = 0.95
 SEED = 0
-REGRESSING = {"new_failure", "budget_jump", "SLOWER", "FAILED"}
+REGRESSING = {"new_failure", "new_case_failure", "budget_jump", "SLOWER", "FAILED",
+              "NEW_FAILED"}
 IMPROVING = {"fixed", "budget_drop", "FASTER", "RECOVERED"}
 UNDECIDED = {"AMBIGUOUS"}
+NOT_JUDGED = {"not_judged", "NOT_JUDGED"}
+FAILURES = {"new_failure", "new_case_failure"}  # correctness failures: no annotation accepts them
+NEW_FAILURES = {"new_case_failure", "NEW_FAILED"}
+BENCH_FAILING = ("fail", "error")  # a bench row not timed because the kernel is wrong or raised
+NEW_MAY_FAIL = "new cases may fail (--new-may-fail)"
 
 
 class CompareError(Exception):
@@ -124,6 +145,7 @@ class Thresholds:
     n_boot: int = N_BOOT
     level: float = LEVEL
     min_history: int | None = None   # set with --baseline: min(N, history.MIN_HISTORY)
+    new_may_fail: bool = False       # new failing cases are expected (accepted, not regressions)
 
 
 CASE_COLUMNS = ["run_id", "case_id", "impl", "op", "backend", "device", "dtype", "label"]
@@ -142,6 +164,14 @@ class StoreRows:
 
     def tables_of(self, run_id: str) -> set[str]:
         return self.by_run.get(run_id, set())
+
+    def is_repro(self, run_id: str) -> bool:
+        """A `kparity repro` run: a few cases rerun, never a baseline (module docstring)."""
+        return self.runs.get(run_id, {}).get("verb") == "repro"
+
+    def newest(self) -> str | None:
+        """The newest comparable run that is not a repro."""
+        return max((r for r in self.by_run if not self.is_repro(r)), default=None)
 
     def share_cases(self, a: str, b: str, tables: set[str]) -> bool:
         """Whether runs a and b have an (impl, case) of one of `tables` in common: two bench
@@ -202,9 +232,10 @@ def _check_run(data: StoreRows, run_id: str) -> None:
 
 def _peers(data: StoreRows, run_id: str, tables: set[str]) -> list[str]:
     """Comparable runs of run_id's device kind sharing an (impl, case) of one of `tables` with
-    it, oldest first."""
+    it, oldest first; repro runs are no one's peer."""
     mine = _devices(data, run_id)
-    return sorted(r for r in data.by_run if r != run_id and data.share_cases(r, run_id, tables)
+    return sorted(r for r in data.by_run if r != run_id and not data.is_repro(r)
+                  and data.share_cases(r, run_id, tables)
                   and same_device_kind(mine, _devices(data, r)))
 
 
@@ -213,9 +244,6 @@ def pick_pair(data: StoreRows, run_a: str | None, run_b: str | None) -> tuple[st
     for given in (run_a, run_b):
         if given is not None:
             _check_run(data, given)
-    if not data.by_run:
-        raise CompareError("no runs with correctness or plain bench rows (matching the filters) "
-                           "in the store")
     if run_a is not None and run_b is not None:
         return run_a, run_b
     if run_a is not None:
@@ -224,7 +252,10 @@ def pick_pair(data: StoreRows, run_a: str | None, run_b: str | None) -> tuple[st
             raise CompareError(f"no run after {run_a} of its device kind sharing cases with it; "
                                f"comparable runs: {_present(data)}")
         return run_a, later[-1]
-    newest = max(data.by_run)
+    newest = data.newest()
+    if newest is None:
+        raise CompareError("no runs with correctness or plain bench rows (matching the filters) "
+                           "in the store, other than repro runs")
     earlier = [r for r in _peers(data, newest, data.tables_of(newest)) if r < newest]
     if not earlier:
         raise CompareError(f"the newest run {newest} has no earlier run of the same device kind "
@@ -237,10 +268,10 @@ def pick_baseline(data: StoreRows, contender: str | None, n: int) -> tuple[str, 
     """(contender, table -> its last n earlier peer runs with rows of that table)."""
     if contender is not None:
         _check_run(data, contender)
-    elif not data.by_run:
+    elif data.newest() is None:
         raise CompareError("no runs with correctness or plain bench rows (matching the filters) "
-                           "in the store")
-    contender = contender or max(data.by_run)
+                           "in the store, other than repro runs")
+    contender = contender or data.newest()
     hist = {}
     for table in sorted(data.tables_of(contender)):
         runs = [r for r in _peers(data, contender, {table}) if r < contender
@@ -295,11 +326,23 @@ def _direction(change: str) -> str:
         return "regression"
     if change in IMPROVING:
         return "improvement"
+    if change in NOT_JUDGED:
+        return "not_judged"
     return "ambiguous" if change in UNDECIDED else "unchanged"
 
 
-def _entry(fields: dict, change_field: str, change: str, accepted: str | None) -> dict:
+def _acceptance(change: str, annotation: str | None, th: Thresholds) -> str | None:
+    """What accepts a change: `--new-may-fail` a new failing case; an annotation (its reason)
+    anything but a correctness failure (module docstring)."""
+    if change in NEW_FAILURES:
+        return NEW_MAY_FAIL if th.new_may_fail else None
+    return None if change in FAILURES else annotation
+
+
+def _entry(fields: dict, change_field: str, change: str, annotation: str | None,
+           th: Thresholds) -> dict:
     direction = _direction(change)
+    accepted = _acceptance(change, annotation, th)
     return {**fields, change_field: change, "direction": direction,
             "regression": direction == "regression" and accepted is None,
             "accepted_by": accepted if direction in ("regression", "improvement") else None}
@@ -326,12 +369,23 @@ def _status_change(a: dict, b: dict) -> str | None:
     return None
 
 
+def _new_case_failures(now: dict, known, th: Thresholds) -> tuple[list[dict], Counter]:
+    """Entries of the keys of `now` (key -> worst row) not in `known` that fail, and the
+    counts new_cases (every new key) and new_case_failure."""
+    new = sorted(now.keys() - set(known))
+    failing = [now[k] for k in new if is_failure(now[k])]
+    entries = [_entry({**_case_fields(r), "status_a": None, "status_b": r["status"],
+                       "budget_a": None, "budget_b": r["budget"], "z": None}, "change",
+                      "new_case_failure", None, th) for r in failing]
+    return entries, Counter(new_cases=len(new), new_case_failure=len(failing))
+
+
 def correctness_pair(rows_a: list[dict], rows_b: list[dict], notes: list[dict], run_a: str,
                      run_b: str, th: Thresholds) -> tuple[list[dict], Counter]:
     a = {k: _worst(v) for k, v in _by_key(rows_a, _corr_key).items()}
     b = {k: _worst(v) for k, v in _by_key(rows_b, _corr_key).items()}
-    entries, counts = [], Counter(new_cases=len(b.keys() - a.keys()),
-                                  missing_cases=len(a.keys() - b.keys()))
+    entries, counts = _new_case_failures(b, a, th)
+    counts["missing_cases"] = len(a.keys() - b.keys())
     for k in sorted(a.keys() & b.keys()):
         ra, rb = a[k], b[k]
         change = _status_change(ra, rb) or _budget_change(ra["budget"], rb["budget"], th)
@@ -342,7 +396,7 @@ def correctness_pair(rows_a: list[dict], rows_b: list[dict], notes: list[dict], 
         entries.append(_entry({**_case_fields(rb), "status_a": ra["status"],
                                "status_b": rb["status"], "budget_a": ra["budget"],
                                "budget_b": rb["budget"], "z": None}, "change", change,
-                              _accepting(notes, key, run_a, run_b)))
+                              _accepting(notes, key, run_a, run_b), th))
     return entries, counts
 
 
@@ -358,12 +412,14 @@ def _resets(notes: list[dict], key: history.SeriesKey, runs: list[str]) -> list[
 
 
 def correctness_baseline(history_rows: list[dict], rows_c: list[dict], notes: list[dict],
-                         contender: str, th: Thresholds) -> tuple[list[dict], Counter]:
+                         contender: str, th: Thresholds) -> tuple[list[dict], Counter, list[int]]:
+    """(entries, counts, the history length of each not_judged key)."""
     runs = sorted({r["run_id"] for r in history_rows})
     past = _by_key(history_rows, _corr_key)
     now = {k: _worst(v) for k, v in _by_key(rows_c, _corr_key).items()}
-    entries, counts = [], Counter(new_cases=len(now.keys() - past.keys()),
-                                  missing_cases=len(past.keys() - now.keys()))
+    entries, counts = _new_case_failures(now, past, th)
+    counts["missing_cases"] = len(past.keys() - now.keys())
+    short = []
     for k in sorted(now.keys() & past.keys()):
         per_run = {run: _worst(rs) for run, rs in _by_key(past[k], lambda r: r["run_id"]).items()}
         order = sorted(per_run)
@@ -372,26 +428,29 @@ def correctness_baseline(history_rows: list[dict], rows_c: list[dict], notes: li
         change, z, budget_a = _status_change(latest, rb), None, latest["budget"]
         points = [(run, per_run[run]["budget"]) for run in order
                   if per_run[run]["budget"] is not None]
-        if change is None and points and rb["budget"] is not None:
+        if change is None and rb["budget"] is not None:
             ids = [run for run, _ in points] + [contender]
             judged = history.judge_last(
                 [v for _, v in points] + [rb["budget"]], resets=_resets(notes, key, ids),
                 **history.detect_kwargs("budget", z=th.z, min_change=th.min_change,
                                         min_history=th.min_history))
             z, budget_a = judged.z, judged.baseline
-            if judged.verdict == "regression" and rb["budget"] >= th.budget_floor:
+            if judged.verdict == "short":
+                change = "not_judged"
+                short.append(judged.n_baseline)
+            elif judged.verdict == "regression" and rb["budget"] >= th.budget_floor:
                 change = "budget_jump"
             elif judged.verdict == "improvement" and (judged.baseline or 0) >= th.budget_floor:
                 change = "budget_drop"
         change = change or "unchanged"
         counts[change] += 1
-        if change == "unchanged":
+        if change in ("unchanged", "not_judged"):
             continue
         entries.append(_entry({**_case_fields(rb), "status_a": latest["status"],
                                "status_b": rb["status"], "budget_a": budget_a,
                                "budget_b": rb["budget"], "z": z}, "change", change,
-                              _accepting(notes, key, runs[-1], contender)))
-    return entries, counts
+                              _accepting(notes, key, runs[-1], contender), th))
+    return entries, counts, short
 
 
 # --- speed -------------------------------------------------------------------------------------
@@ -411,10 +470,21 @@ def _samples(bench_table, run_id: str) -> dict[tuple, np.ndarray]:
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 
-def _speed_fields(r: dict, status_a: str, status_b: str) -> dict:
+def _speed_fields(r: dict, status_a: str | None, status_b: str) -> dict:
     return {**_case_fields(r), "mode": r["mode"] or "", "status_a": status_a,
             "status_b": status_b, "median_a_ns": None, "median_b_ns": None, "ratio": None,
-            "ci_lo": None, "ci_hi": None, "z": None}
+            "ci_lo": None, "ci_hi": None, "z": None, "history_runs": None}
+
+
+def _new_speed_failures(now: dict, known, th: Thresholds) -> tuple[list[dict], Counter]:
+    """NEW_FAILED entries of the keys of `now` (key -> rows) not in `known` that no row timed
+    and one failed or raised; the counts new_cases and new_failed."""
+    new = sorted(now.keys() - set(known))
+    failing = [now[k][-1] for k in new if not _timed(now[k])
+               and any(r["status"] in BENCH_FAILING for r in now[k])]
+    entries = [_entry(_speed_fields(r, None, r["status"]), "verdict", "NEW_FAILED", None, th)
+               for r in failing]
+    return entries, Counter(new_cases=len(new), NEW_FAILED=len(failing))
 
 
 def _untimed_change(ok_a: bool, ok_b: bool) -> str | None:
@@ -429,8 +499,8 @@ def speed_pair(rows_a: list[dict], rows_b: list[dict], samples_a: dict, samples_
                notes: list[dict], run_a: str, run_b: str,
                th: Thresholds) -> tuple[list[dict], Counter]:
     a, b = _by_key(rows_a, _speed_key), _by_key(rows_b, _speed_key)
-    entries, counts = [], Counter(new_cases=len(b.keys() - a.keys()),
-                                  missing_cases=len(a.keys() - b.keys()))
+    entries, counts = _new_speed_failures(b, a, th)
+    counts["missing_cases"] = len(a.keys() - b.keys())
     for k in sorted(a.keys() & b.keys()):
         ta, tb = _timed(a[k]), _timed(b[k])
         fields = _speed_fields(b[k][-1], a[k][-1]["status"], b[k][-1]["status"])
@@ -448,7 +518,8 @@ def speed_pair(rows_a: list[dict], rows_b: list[dict], samples_a: dict, samples_
             fields.update(median_a_ns=ma, median_b_ns=mb, ratio=ratio, ci_lo=lo, ci_hi=hi)
         counts[change] += 1
         key = history.row_key("median_ns", b[k][-1])
-        entries.append(_entry(fields, "verdict", change, _accepting(notes, key, run_a, run_b)))
+        entries.append(_entry(fields, "verdict", change, _accepting(notes, key, run_a, run_b),
+                              th))
     return entries, counts
 
 
@@ -456,8 +527,8 @@ def speed_baseline(history_rows: list[dict], rows_c: list[dict], notes: list[dic
                    contender: str, th: Thresholds) -> tuple[list[dict], Counter]:
     runs = sorted({r["run_id"] for r in history_rows})
     past, now = _by_key(history_rows, _speed_key), _by_key(rows_c, _speed_key)
-    entries, counts = [], Counter(new_cases=len(now.keys() - past.keys()),
-                                  missing_cases=len(past.keys() - now.keys()))
+    entries, counts = _new_speed_failures(now, past, th)
+    counts["missing_cases"] = len(past.keys() - now.keys())
     for k in sorted(now.keys() & past.keys()):
         per_run = _by_key(past[k], lambda r: r["run_id"])
         order = sorted(per_run)
@@ -476,38 +547,50 @@ def speed_baseline(history_rows: list[dict], rows_c: list[dict], notes: list[dic
                 **history.detect_kwargs("median_ns", z=th.z, min_change=th.min_change,
                                         min_history=th.min_history))
             change = {"regression": "SLOWER", "improvement": "FASTER", "same": "SAME",
-                      "short": "AMBIGUOUS"}[judged.verdict]
+                      "short": "NOT_JUDGED"}[judged.verdict]
             fields.update(median_a_ns=judged.baseline, median_b_ns=mc, z=judged.z,
-                          ratio=None if judged.change is None else judged.change + 1)
+                          ratio=None if judged.change is None else judged.change + 1,
+                          history_runs=judged.n_baseline)
         counts[change] += 1
         entries.append(_entry(fields, "verdict", change, _accepting(notes, key, runs[-1],
-                                                                   contender)))
+                                                                   contender), th))
     return entries, counts
 
 
 # --- the whole comparison ----------------------------------------------------------------------
 
-CORRECTNESS_COUNTS = ("new_failure", "fixed", "budget_jump", "budget_drop", "still_failing",
-                      "unchanged", "new_cases", "missing_cases")
-SPEED_COUNTS = ("SLOWER", "FASTER", "SAME", "AMBIGUOUS", "FAILED", "RECOVERED", "NOT_TIMED",
-                "new_cases", "missing_cases")
+CORRECTNESS_COUNTS = ("new_case_failure", "new_failure", "fixed", "budget_jump", "budget_drop",
+                      "still_failing", "unchanged", "not_judged", "new_cases", "missing_cases")
+SPEED_COUNTS = ("NEW_FAILED", "SLOWER", "FASTER", "SAME", "AMBIGUOUS", "NOT_JUDGED", "FAILED",
+                "RECOVERED", "NOT_TIMED", "new_cases", "missing_cases")
+
+
+def _change(entry: dict) -> str:
+    return entry.get("change") or entry["verdict"]
 
 
 def _order(entry: dict) -> tuple:
-    rank = {"regression": 0, "improvement": 1, "ambiguous": 2, "unchanged": 3}
-    return (not entry["regression"], rank[entry["direction"]], entry["impl"], entry["label"],
-            entry["dtype"], entry["case_id"], entry.get("mode", ""))
+    """Regressions first, new failing cases first among them; then by direction and case."""
+    rank = {"regression": 0, "improvement": 1, "ambiguous": 2, "not_judged": 3, "unchanged": 4}
+    return (not entry["regression"], _change(entry) not in NEW_FAILURES,
+            rank[entry["direction"]], entry["impl"], entry["label"], entry["dtype"],
+            entry["case_id"], entry.get("mode", ""))
 
 
 def summarize(correctness: list[dict], speed: list[dict], c_counts: Counter,
-              s_counts: Counter) -> dict:
-    """Counts over every compared key (unchanged correctness keys are counted, not listed)."""
+              s_counts: Counter, short: list[int], needed: int | None) -> dict:
+    """Counts over every compared key (unchanged and not judged correctness keys are counted,
+    not listed); `short`: the history length of each not judged key, of `needed`."""
     listed = correctness + speed
     unchanged = c_counts["unchanged"] + sum(e["direction"] == "unchanged" for e in listed)
+    short = short + [e["history_runs"] for e in speed if e["verdict"] == "NOT_JUDGED"]
     return {
         "regressions": sum(e["regression"] for e in listed),
         "improvements": sum(e["direction"] == "improvement" for e in listed),
         "unchanged": unchanged,
+        "not_judged": len(short),
+        "not_judged_history": {"min_runs": min(short), "max_runs": max(short),
+                               "needed": needed} if short else None,
         "ambiguous": sum(e["direction"] == "ambiguous" for e in listed),
         "accepted": sum(e["accepted_by"] is not None and e["direction"] == "regression"
                         for e in listed),
@@ -523,7 +606,7 @@ def compare(store: Store, run_a: str | None = None, run_b: str | None = None, *,
     th = thresholds or Thresholds()
     data = load(store, filters)
     notes = history.annotations(store)
-    correctness, speed, cc, sc = [], [], Counter(), Counter()
+    correctness, speed, cc, sc, short = [], [], Counter(), Counter(), []
     if baseline is None:
         a, b = pick_pair(data, run_a, run_b)
         tables = data.tables_of(a) & data.tables_of(b)
@@ -552,14 +635,14 @@ def compare(store: Store, run_a: str | None = None, run_b: str | None = None, *,
         mine = {t: [r for r in data.rows[t] if r["run_id"] == contender] for t in tables}
         past = {t: [r for r in data.rows[t] if r["run_id"] in set(hist[t])] for t in tables}
         if "correctness" in tables:
-            correctness, cc = correctness_baseline(past["correctness"], mine["correctness"],
-                                                   notes, contender, th)
+            correctness, cc, short = correctness_baseline(
+                past["correctness"], mine["correctness"], notes, contender, th)
         if "bench" in tables:
             speed, sc = speed_baseline(past["bench"], mine["bench"], notes, contender, th)
         baseline_runs, run_a_out = sorted({r for runs in hist.values() for r in runs}), None
     correctness.sort(key=_order)
     speed.sort(key=_order)
-    summary = summarize(correctness, speed, cc, sc)
+    summary = summarize(correctness, speed, cc, sc, short, th.min_history)
     return _finite({
         "mode": "pair" if baseline is None else "baseline",
         "run_a": run_a_out,
@@ -591,21 +674,32 @@ def _finite(obj):
 
 # --- rendering ---------------------------------------------------------------------------------
 
-CHANGE_TEXT = {"new_failure": "new failure", "fixed": "fixed", "budget_jump": "budget jump",
-               "budget_drop": "budget drop", "still_failing": "still failing"}
+CHANGE_TEXT = {"new_case_failure": "new case failing", "new_failure": "new failure",
+               "fixed": "fixed", "budget_jump": "budget jump", "budget_drop": "budget drop",
+               "still_failing": "still failing"}
 
 
 def case_text(e: dict) -> str:
     return e["label"].split(":", 1)[-1] or e["case_id"]
 
 
+def _runs_text(h: dict) -> str:
+    """'1 of 10 runs', or '1-3 of 10 runs' when the series' histories differ."""
+    lo, hi = h["min_runs"], h["max_runs"]
+    return f"{lo if lo == hi else f'{lo}-{hi}'} of {h['needed']} runs"
+
+
 def headline(report: dict) -> str:
     s = report["summary"]
-    extra = [f"{s[k]} {k}" for k in ("ambiguous", "accepted") if s[k]]
-    for table, what in (("correctness", "cases"), ("speed", "timings")):
+    extra = [f"{s['not_judged']} not judged ({_runs_text(s['not_judged_history'])})"
+             ] if s["not_judged"] else []
+    extra += [f"{s[k]} {k}" for k in ("ambiguous", "accepted") if s[k]]
+    for table, what, failing in (("correctness", "cases", "new_case_failure"),
+                                 ("speed", "timings", "new_failed")):
         c = s[table]
         if c["new_cases"] or c["missing_cases"]:
-            extra.append(f"{table}: {c['new_cases']} new, {c['missing_cases']} missing {what}")
+            new = f"{c['new_cases']} new" + (f" ({c[failing]} failing)" if c[failing] else "")
+            extra.append(f"{table}: {new}, {c['missing_cases']} missing {what}")
     return (f"{s['regressions']} regressions, {s['improvements']} improvements, "
             f"{s['unchanged']} unchanged" + "".join(f", {x}" for x in extra))
 
@@ -625,13 +719,21 @@ def _fmt(value, spec: str, none: str = "-") -> str:
     return format(value, spec) if value is not None else none
 
 
-def _status_budget(status: str, budget) -> str:
+def _status_budget(status: str | None, budget) -> str:
+    if status is None:
+        return "- (no row)"
     return f"{status} ({budget:.3g})" if budget is not None else status
+
+
+def _verdict_text(e: dict, needed: int | None) -> str:
+    if e["verdict"] == "NOT_JUDGED":
+        return f"NOT_JUDGED ({e['history_runs']} of {needed} runs)"
+    return e["verdict"]
 
 
 def _speed_change(e: dict) -> str:
     if e["ratio"] is None:
-        return e["status_b"] if e["verdict"] in ("FAILED", "NOT_TIMED") else "-"
+        return e["status_b"] if e["verdict"] in ("FAILED", "NOT_TIMED", "NEW_FAILED") else "-"
     text = f"{100 * (e['ratio'] - 1):+.1f}%"
     if e["ci_lo"] is not None:
         text += f" [{100 * (e['ci_lo'] - 1):+.1f}%, {100 * (e['ci_hi'] - 1):+.1f}%]"
@@ -646,7 +748,7 @@ def render_table(report: dict, console) -> None:
     from rich.table import Table
 
     colour = {"regression": "red", "improvement": "green", "ambiguous": "yellow",
-              "unchanged": "cyan"}
+              "not_judged": "yellow", "unchanged": "cyan"}
     console.print(escape(f"compare {against(report)}"))
     if not report["same_device_kind"]:
         console.print("[yellow]note: the runs are of different device kinds:[/] " + escape(
@@ -678,7 +780,8 @@ def render_table(report: dict, console) -> None:
             t.add_row(e["impl"], escape(case_text(e)), e["dtype"], e["mode"],
                       _fmt(e["median_a_ns"] and e["median_a_ns"] / 1e3, ".2f"),
                       _fmt(e["median_b_ns"] and e["median_b_ns"] / 1e3, ".2f"),
-                      _fmt(e["ratio"], ".3f"), escape(ci), f"[{style}]{e['verdict']}[/]",
+                      _fmt(e["ratio"], ".3f"), escape(ci),
+                      f"[{style}]{_verdict_text(e, report['thresholds']['min_history'])}[/]",
                       *(escape(e["accepted_by"] or ""),) * accepted)
         console.print(t)
     style = "red" if report["regression"] else "green"
@@ -692,7 +795,7 @@ def _budget_change_text(e: dict) -> str:
     return f"budget x{b / a:.3g}" if a and b is not None else ""
 
 
-def _md_rows(entries: list[dict]) -> list[str]:
+def _md_rows(entries: list[dict], needed: int | None) -> list[str]:
     lines = ["| change | impl | case | dtype | mode | A | B | B vs A |",
              "|---|---|---|---|---|---|---|---|"]
     for e in entries:
@@ -701,7 +804,7 @@ def _md_rows(entries: list[dict]) -> list[str]:
                      _status_budget(e["status_a"], e["budget_a"]),
                      _status_budget(e["status_b"], e["budget_b"]), _budget_change_text(e)]
         else:
-            cells = [e["verdict"], e["impl"], case_text(e), e["dtype"], e["mode"],
+            cells = [_verdict_text(e, needed), e["impl"], case_text(e), e["dtype"], e["mode"],
                      _fmt(e["median_a_ns"] and e["median_a_ns"] / 1e3, ".2f") + " µs",
                      _fmt(e["median_b_ns"] and e["median_b_ns"] / 1e3, ".2f") + " µs",
                      _speed_change(e)]
@@ -727,7 +830,7 @@ def render_markdown(report: dict) -> str:
                               and e["direction"] == "regression"]))
     for name, rows in sections:
         if rows:
-            out += [f"#### {name}", "", *_md_rows(rows), ""]
+            out += [f"#### {name}", "", *_md_rows(rows, th["min_history"]), ""]
     out += ["#### Counts", "", f"**{headline(report)}**", ""]
     for table, name in (("correctness", "correctness"), ("bench", "speed")):
         if table in report["tables"]:

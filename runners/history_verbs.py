@@ -4,6 +4,11 @@ compare  run against run (default: the latest two runs of the same device kind),
          the last N runs (`--baseline N`): correctness changes and speed changes per (impl, case);
          exit 1 on a regression, so it can gate CI.
 accept   writes an annotation row: from that run on, the matching series start a new baseline.
+         Accept is for speed and error-budget baselines, never for a correctness failure: it
+         refuses (exit 2) a target whose newest sweep has failing correctness rows, naming
+         them, unless `--metric median_ns` (speed only) is asked. A known failure goes into the
+         known-issues ledger (gpu_impls/known_issues.py) with its tracked issue. Refusing is
+         clearer than accepting the rest quietly: the failures stay red until fixed or ledgered.
 sql      ad-hoc DuckDB queries over the Parquet datasets (views documented in README.md).
 
 Heavy imports (DuckDB) happen inside the verbs: none of this is on the GPU import path.
@@ -27,7 +32,11 @@ def add_parsers(sub, filters) -> None:
                      help="smallest relative change that counts (0.05)")
     cmp.add_argument("--budget-jump", type=float, default=2.0,
                      help="error budget ratio that counts as a correctness regression (2)")
-    acc = sub.add_parser("accept", help="accept a change: reset the baseline of an impl or case")
+    cmp.add_argument("--new-may-fail", action="store_true",
+                     help="cases new in B (in no history run with --baseline) may fail: listed "
+                          "as accepted, not regressions (a mutant's or a new kernel's check)")
+    acc = sub.add_parser("accept", help="accept a speed or error-budget change: reset the "
+                                        "baseline of an impl or case (not a correctness failure)")
     acc.add_argument("target", help="impl id (backend:name) or case id")
     acc.add_argument("--reason", required=True)
     acc.add_argument("--run", default=None, help="first run of the new baseline (default: newest)")
@@ -48,7 +57,8 @@ def cmd_compare(args) -> int:
     from results.store import Store
     from runners.cli import UsageError, _split, console, unknown
 
-    thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump)
+    thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump,
+                            new_may_fail=args.new_may_fail)
     filters = {k: _split(getattr(args, k)) for k in FILTERS}
     try:
         report = compare(Store(args.store), args.run_a, args.run_b, baseline=args.baseline,
@@ -69,12 +79,43 @@ def cmd_compare(args) -> int:
 ACCEPT_TABLES = {"": ("correctness", "bench"), "budget": ("correctness",),
                  "median_ns": ("bench",)}
 CLOSEST = 10
+SHOWN_FAILURES = 10
+
+
+def failing_now(store, target: str) -> tuple[str | None, list[dict]]:
+    """(the newest sweep with correctness rows of `target` (an impl or a case id), its failing
+    rows of the target). Repro runs are no sweep: a rerun without the ledger is not the state."""
+    from runners.correctness import is_failure
+
+    repro = {r["run_id"] for r in store.read("runs").select(["run_id", "verb"]).to_pylist()
+             if r["verb"] == "repro"}
+    rows = [r for r in store.read("correctness").select(
+                ["run_id", "impl", "case_id", "label", "dtype", "expect", "status"]).to_pylist()
+            if target in (r["impl"], r["case_id"]) and r["run_id"] not in repro]
+    newest = max((r["run_id"] for r in rows), default=None)
+    return newest, [r for r in rows if r["run_id"] == newest and is_failure(r)]
+
+
+def refuse_failures(target: str, run_id: str, failing: list[dict]) -> str:
+    """Why `accept` refuses a target with failing correctness rows, and what to do instead."""
+    shown = "; ".join(f"{r['impl']} {r['case_id']} ({(r['label'] or '').split(':', 1)[-1]} "
+                      f"{r['dtype']}): {r['status']}" for r in failing[:SHOWN_FAILURES])
+    more = f"; and {len(failing) - SHOWN_FAILURES} more" if len(failing) > SHOWN_FAILURES else ""
+    return (f"not accepted: {target} has {len(failing)} failing correctness case"
+            f"{'s' if len(failing) != 1 else ''} in its newest sweep {run_id}: {shown}{more}. "
+            "accept resets speed and error-budget baselines; it never accepts a correctness "
+            "failure. Fix it, or record it in the known-issues ledger with its tracked issue "
+            "(gpu_impls/known_issues.py; README 'Correctness semantics', Known issues), which "
+            "records it as xfail. To accept only a speed change: kparity accept "
+            f"{target} --metric median_ns --reason ...")
 
 
 def cmd_accept(args) -> int:
     """One annotations row: from `--run` (default: the newest run with rows of the target, in
     the metric's table) on, the target's series start a new baseline, and the change is
-    accepted (results/history.py, results/compare.py)."""
+    accepted (results/history.py, results/compare.py). Exit 2, writing nothing, when the
+    target fails correctness cases in its newest sweep and the metric includes `budget`
+    (`refuse_failures` says why and what to do)."""
     import difflib
     import shlex
     import socket
@@ -111,6 +152,10 @@ def cmd_accept(args) -> int:
     else:
         raise UsageError(f"{args.target} has no {ACCEPT_TABLES[args.metric][0]} rows for "
                          f"--metric {args.metric}; pass --run RUN")
+    if "correctness" in ACCEPT_TABLES[args.metric]:
+        newest, failing = failing_now(store, args.target)
+        if failing:
+            raise UsageError(refuse_failures(args.target, newest, failing))
     store.ensure_writable()
     command = ["kparity", "accept", args.target, "--reason", args.reason]
     command += ["--run", args.run] if args.run else []

@@ -146,8 +146,8 @@ def test_new_failure_and_budget_jump_exit_1(tmp_path, capsys):
                        (IMPLS[1], CASES[1], "budget_jump", True),
                        (IMPLS[1], CASES[2], "budget_drop", False)]
     assert report["summary"]["correctness"] == {
-        "new_failure": 1, "fixed": 0, "budget_jump": 1, "budget_drop": 1, "still_failing": 0,
-        "unchanged": 3, "new_cases": 0, "missing_cases": 0}
+        "new_case_failure": 0, "new_failure": 1, "fixed": 0, "budget_jump": 1, "budget_drop": 1,
+        "still_failing": 0, "unchanged": 3, "not_judged": 0, "new_cases": 0, "missing_cases": 0}
     assert (report["summary"]["regressions"], report["summary"]["improvements"]) == (2, 1)
     # With a looser jump ratio, the 2.25x budget is no regression (the 3x drop is still a
     # drop); the failure still is.
@@ -374,3 +374,184 @@ def test_accept_rejects_unknown_targets_and_runs(tmp_path, capsys):
     assert main(["--store", str(tmp_path), "accept", IMPLS[0], "--reason", "x",
                  "--metric", "median_ns"]) == 2
     assert store.read("annotations").num_rows == 0
+
+
+# --- verdicts that cannot mislead (issue 25) ---------------------------------------------------
+
+MUTANT = "torch:mutant_rms"
+
+
+def test_new_failing_cases_are_a_regression_listed_first(tmp_path, capsys):
+    """A mutant's check against a clean check: its cases are new to the comparison, and a new
+    case that fails is a failure to report, not just "new"."""
+    store = Store(tmp_path)
+    write_check(store, 0)
+    write_check(store, 1, impls=IMPLS + (MUTANT,), budgets={(IMPLS[1], CASES[0]): 0.9},
+                status={(MUTANT, CASES[0]): "fail", (MUTANT, CASES[2]): "error"})
+    rc, report = compare_json(tmp_path, capsys)
+    assert rc == 1 and report["regression"] is True
+    first = [(e["impl"], e["case_id"], e["change"], e["status_a"], e["regression"])
+             for e in report["correctness"]]
+    assert first == [(MUTANT, CASES[0], "new_case_failure", None, True),
+                     (MUTANT, CASES[2], "new_case_failure", None, True),
+                     (IMPLS[1], CASES[0], "budget_jump", "pass", True)]
+    c = report["summary"]["correctness"]
+    assert (c["new_cases"], c["new_case_failure"], report["summary"]["regressions"]) == (3, 2, 3)
+    rc, out = compare(tmp_path, capsys)
+    text = " ".join(out.split())
+    assert rc == 1 and "new case failing" in text and "correctness: 3 new (2 failing)" in text
+    assert text.index("new case failing") < text.index("budget jump")
+    rc, out = compare(tmp_path, capsys, "--format", "markdown")
+    rows = [ln for ln in out.splitlines() if ln.startswith("| new case failing |")]
+    assert rc == 1 and len(rows) == 2 and f"| {MUTANT} | {CASES[0]} |" in rows[0]
+    assert out.index("#### Regressions") < out.index(rows[0]) < out.index("| budget jump |")
+    # Expected to fail (a mutant): listed as accepted, only the budget jump regresses.
+    rc, report = compare_json(tmp_path, capsys, "--new-may-fail")
+    assert rc == 1 and report["summary"]["regressions"] == 1
+    assert report["thresholds"]["new_may_fail"] is True
+    new = [e for e in report["correctness"] if e["change"] == "new_case_failure"]
+    assert len(new) == 2 and {e["accepted_by"] for e in new} == \
+        {"new cases may fail (--new-may-fail)"} and not any(e["regression"] for e in new)
+    rc, report = compare_json(tmp_path, capsys, "--new-may-fail", "--impl", MUTANT + "," + IMPLS[0])
+    assert rc == 0 and report["summary"]["accepted"] == 2
+
+
+def test_new_failing_cases_against_history_and_in_bench(tmp_path, capsys):
+    store = Store(tmp_path)
+    for i in range(3):
+        write_check(store, i)
+    write_check(store, 3, impls=IMPLS + (MUTANT,), status={(MUTANT, CASES[1]): "fail"})
+    rc, report = compare_json(tmp_path, capsys, "--baseline", "3")
+    assert rc == 1 and [(e["impl"], e["change"]) for e in report["correctness"]] == \
+        [(MUTANT, "new_case_failure")]
+    assert compare_json(tmp_path, capsys, "--baseline", "3", "--new-may-fail")[0] == 0
+    # A bench case new in B that was not timed because the kernel is wrong: NEW_FAILED.
+    write_bench(store, 4, seed=1)
+    write_bench(store, 5, seed=2, impls=IMPLS + (MUTANT,), status={(MUTANT, CASES[0]): "fail"})
+    rc, report = compare_json(tmp_path, capsys)
+    assert rc == 1 and report["tables"] == ["bench"]
+    assert [(e["impl"], e["case_id"], e["verdict"], e["status_a"], e["status_b"])
+            for e in report["speed"] if e["regression"]] == \
+        [(MUTANT, CASES[0], "NEW_FAILED", None, "fail")]
+    assert report["summary"]["speed"]["new_failed"] == 1
+    assert report["summary"]["speed"]["new_cases"] == 3
+    assert compare_json(tmp_path, capsys, "--new-may-fail")[0] == 0
+
+
+def test_an_annotation_never_accepts_a_correctness_failure(tmp_path, capsys):
+    """Annotations written by an older kparity (or with --run at an older run) still match the
+    failing series: compare does not let them accept a failure, only the budget change."""
+    store = Store(tmp_path)
+    write_check(store, 0)
+    write_check(store, 1, status={(IMPLS[0], CASES[0]): "fail"},
+                budgets={(IMPLS[0], CASES[0]): 3.0, (IMPLS[0], CASES[1]): 0.9})
+    store.write("annotations", [{"run_id": run_id(1), "created": T0, "kind": "accept",
+                                 "target": IMPLS[0], "metric": "", "reason": "slower now"}],
+                "accept-x", 0)
+    rc, report = compare_json(tmp_path, capsys)
+    assert rc == 1
+    got = {e["change"]: (e["regression"], e["accepted_by"]) for e in report["correctness"]}
+    assert got == {"new_failure": (True, None), "budget_jump": (False, "slower now")}
+
+
+def failing_store(tmp_path) -> Store:
+    store = Store(tmp_path)
+    write_bench(store, 0, seed=1)
+    write_bench(store, 1, seed=2, slower={(IMPLS[0], CASES[1]): 1.3})
+    write_check(store, 2, status={(IMPLS[0], CASES[0]): "fail", (IMPLS[0], CASES[2]): "crash"})
+    return store
+
+
+def test_accept_refuses_a_target_that_fails_correctness(tmp_path, capsys):
+    store = failing_store(tmp_path)
+    for target in (IMPLS[0], CASES[0]):
+        for metric in ([], ["--metric", "budget"]):
+            capsys.readouterr()
+            rc = main(["--store", str(tmp_path), "accept", target, "--reason", "x", *metric])
+            text = " ".join(capsys.readouterr().out.split())
+            assert rc == 2, (target, metric, text)
+            assert f"not accepted: {target} has" in text and f"newest sweep {run_id(2)}" in text
+            assert f"{IMPLS[0]} {CASES[0]} (c0decode bf16): fail" in text
+            assert "gpu_impls/known_issues.py" in text and "--metric median_ns" in text
+    capsys.readouterr()
+    main(["--store", str(tmp_path), "accept", IMPLS[0], "--reason", "x"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "has 2 failing correctness cases" in text and "crash" in text
+    assert store.read("annotations").num_rows == 0
+    # The other impl passes everything: accepted; and the speed alone of the failing one.
+    assert main(["--store", str(tmp_path), "accept", IMPLS[1], "--reason", "ok"]) == 0
+    assert main(["--store", str(tmp_path), "accept", IMPLS[0], "--reason", "tiling",
+                 "--metric", "median_ns"]) == 0
+    assert store.read("annotations").num_rows == 2
+    assert compare(tmp_path, capsys, run_id(0), run_id(1))[0] == 0  # the speed change accepted
+
+
+def test_too_little_history_is_not_judged_never_unchanged(tmp_path, capsys):
+    store = Store(tmp_path)
+    write_check(store, 0)
+    write_check(store, 1)
+    rc, report = compare_json(tmp_path, capsys, "--baseline", "10")
+    s = report["summary"]
+    assert rc == 0 and (s["unchanged"], s["not_judged"]) == (0, 6)
+    assert s["correctness"]["not_judged"] == 6 and s["correctness"]["unchanged"] == 0
+    assert s["not_judged_history"] == {"min_runs": 1, "max_runs": 1, "needed": 10}
+    rc, out = compare(tmp_path, capsys, "--baseline", "10")
+    text = " ".join(out.split())
+    assert "0 unchanged, 6 not judged (1 of 10 runs)" in text and "6 unchanged" not in text
+    rc, out = compare(tmp_path, capsys, "--baseline", "10", "--format", "markdown")
+    assert "6 not judged (1 of 10 runs)" in out and "6 not judged, 0 new cases" in out
+    # A status change needs no history: a new failure is still judged (and not counted twice).
+    write_check(store, 2, status={(IMPLS[0], CASES[0]): "fail"})
+    rc, report = compare_json(tmp_path, capsys, "--baseline", "10")
+    assert rc == 1 and report["summary"]["not_judged"] == 5
+    assert report["summary"]["not_judged_history"]["max_runs"] == 2
+    # min_history follows N: --baseline 2 needs 2 earlier runs; run 1 has one, run 3 two.
+    rc, report = compare_json(tmp_path, capsys, run_id(1), "--baseline", "2")
+    assert rc == 0 and (report["summary"]["unchanged"], report["summary"]["not_judged"]) == \
+        (0, 6)
+    write_check(store, 3)
+    rc, report = compare_json(tmp_path, capsys, run_id(3), "--baseline", "2", "--impl",
+                              IMPLS[1])
+    assert rc == 0 and (report["summary"]["unchanged"], report["summary"]["not_judged"]) == \
+        (3, 0)
+
+
+def test_speed_with_too_little_history_is_not_judged(tmp_path, capsys):
+    store = Store(tmp_path)
+    for i in range(3):
+        write_bench(store, i, seed=i)
+    rc, report = compare_json(tmp_path, capsys, "--baseline", "10")
+    assert rc == 0 and {e["verdict"] for e in report["speed"]} == {"NOT_JUDGED"}
+    assert {e["history_runs"] for e in report["speed"]} == {2}
+    assert {e["direction"] for e in report["speed"]} == {"not_judged"}
+    s = report["summary"]
+    assert (s["unchanged"], s["ambiguous"], s["not_judged"], s["speed"]["not_judged"]) == \
+        (0, 0, 6, 6)
+    rc, out = compare(tmp_path, capsys, "--baseline", "10")
+    text = " ".join(out.split())
+    assert "NOT_JUDGED (2 of 10 runs)" in text and "6 not judged (2 of 10 runs)" in text
+
+
+def write_repro(store: Store, i: int, impl: str, case: str, status: str = "fail") -> str:
+    """A `kparity repro` run: one (impl, case) rerun."""
+    rid = write_run(store, i, "repro")
+    store.write("correctness", [{**case_fields(rid, impl, case, CPU), "expect": "valid",
+                                 "status": status, "budget": 3.0}], rid, 1)
+    return rid
+
+
+def test_repro_runs_are_never_a_baseline_nor_the_default_contender(tmp_path, capsys):
+    store = Store(tmp_path)
+    write_check(store, 0)
+    write_check(store, 1)
+    write_repro(store, 2, IMPLS[0], CASES[0])
+    rc, report = compare_json(tmp_path, capsys)  # the newest sweep, not the repro
+    assert rc == 0 and (report["run_a"], report["run_b"]) == (run_id(0), run_id(1))
+    write_check(store, 3)
+    rc, report = compare_json(tmp_path, capsys)  # against the check before, not the repro
+    assert rc == 0 and (report["run_a"], report["run_b"]) == (run_id(1), run_id(3))
+    rc, report = compare_json(tmp_path, capsys, "--baseline", "5")
+    assert report["baseline_runs"] == [run_id(0), run_id(1)]
+    # Named, a repro run is compared.
+    rc, report = compare_json(tmp_path, capsys, run_id(1), run_id(2))
+    assert rc == 1 and report["correctness"][0]["change"] == "new_failure"
