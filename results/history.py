@@ -3,8 +3,10 @@ change in a series a regression (used by `kparity compare --baseline` and the HT
 
 Series. `median_ns` comes from plain `bench` rows (arm "": A/B arms are not history) with status
 ok; `budget` (worst error / tolerance, <= 1 passes) from `correctness` rows that carry one
-(mode ""). A series holds one point per run, in run order (run ids sort by time); a run with
-several rows for one key contributes their median (of q1 and q3 too, for timings).
+(mode ""), except those of `kparity repro` runs (`runs.verb`): a rerun of a few cases, without
+the known-issues ledger, is no point of a sweep's history (its rows stay in the store). A
+series holds one point per run, in run order (run ids sort by time); a run with several rows
+for one key contributes their median (of q1 and q3 too, for timings).
 
 Detection (`detect`), on a series' per-run values x_0 .. x_{n-1}; lower is better for both
 metrics (a slower kernel, or a larger error budget, is a regression):
@@ -318,6 +320,12 @@ def _run_started(store: Store) -> dict[str, datetime]:
     return {r["run_id"]: r["started"] for r in runs}
 
 
+def repro_runs(store: Store) -> set[str]:
+    """Run ids of `kparity repro` runs: never part of a history series."""
+    runs = store.read("runs").select(["run_id", "verb"]).to_pylist()
+    return {r["run_id"] for r in runs if r["verb"] == "repro"}
+
+
 def metric_rows(store: Store, metric: str, *, impl: str | None = None,
                 device: str | None = None, runs: set[str] | None = None) -> list[dict]:
     """The rows a metric's history is made of (module docstring), as dicts without raw samples;
@@ -329,9 +337,11 @@ def metric_rows(store: Store, metric: str, *, impl: str | None = None,
     if table_name == "bench":
         cols += ["mode", "arm", "q1_ns", "q3_ns"]
     rows = store.read(table_name).select(cols).to_pylist()
+    repro = repro_runs(store)
     out = []
     for r in rows:
-        if r[column] is None or (runs is not None and r["run_id"] not in runs):
+        if r[column] is None or (runs is not None and r["run_id"] not in runs) \
+                or r["run_id"] in repro:
             continue
         if table_name == "bench" and (r["arm"] not in ("", None) or r["status"] != "ok"):
             continue
@@ -438,15 +448,17 @@ def series_alerts(s: Series, notes: list[dict], **settings) -> list[Alert]:
             for d in (found[i] for i in sorted(found))]
 
 
-def regressions(store: Store, *, metrics: Sequence[str] = ("median_ns", "budget"),
-                baseline: int | None = None, impl: str | None = None,
-                device: str | None = None, **settings) -> list[Alert]:
-    """Alerts (regressions and improvements, accepted ones marked) over every series of each
-    metric; with `baseline`, only the last `baseline` runs that have rows of the metric's table
-    count. `settings` override detect()'s defaults (z, min_change, ...)."""
+def scan(store: Store, *, metrics: Sequence[str] = ("median_ns", "budget"),
+         baseline: int | None = None, impl: str | None = None, device: str | None = None,
+         **settings) -> tuple[list[Alert], int, int]:
+    """(alerts, series judged, series not judged) over every series of each metric (see
+    `regressions`). A series is judged when its newest point has at least min_history points
+    before it (resets aside); a shorter one cannot raise an alert for its newest run, and is
+    counted as not judged instead of passing for "no change"."""
     started = _run_started(store)
     notes = annotations(store)
-    alerts = []
+    need = settings.get("min_history", MIN_HISTORY)
+    alerts, judged, short = [], 0, 0
     for metric in metrics:
         rows = metric_rows(store, metric, impl=impl, device=device)
         if baseline is not None:
@@ -454,4 +466,18 @@ def regressions(store: Store, *, metrics: Sequence[str] = ("median_ns", "budget"
             rows = [r for r in rows if r["run_id"] in keep]
         for s in build_series(metric, rows, started):
             alerts += series_alerts(s, [a for a in notes if matches(a, s.key)], **settings)
-    return alerts
+            if len(s.points) > need:
+                judged += 1
+            else:
+                short += 1
+    return alerts, judged, short
+
+
+def regressions(store: Store, *, metrics: Sequence[str] = ("median_ns", "budget"),
+                baseline: int | None = None, impl: str | None = None,
+                device: str | None = None, **settings) -> list[Alert]:
+    """Alerts (regressions and improvements, accepted ones marked) over every series of each
+    metric; with `baseline`, only the last `baseline` runs that have rows of the metric's table
+    count. `settings` override detect()'s defaults (z, min_change, ...)."""
+    return scan(store, metrics=metrics, baseline=baseline, impl=impl, device=device,
+                **settings)[0]

@@ -5,11 +5,16 @@
         union_by_name, so parts of older schema versions read with the newer columns null;
         unreadable parts are skipped and named, rows of a killed run's journal included)
     latest
-        the newest correctness row of each (impl, case_id, device): what is true now
+        the newest correctness row of each (impl, case_id, device): what is true now. Rows of
+        `kparity repro` runs are left out (a rerun of a few cases without the known-issues
+        ledger is not the state of a sweep), and so is a retired impl: one with a later
+        `check` run, without `--impl`, that ran its op on its backend and device and had no row
+        of it (an impl a plugin registered once, or one since removed), as in the report
     history
         one value per (run, series): run_id, started, device, impl, op, case_id, dtype, label,
         mode, metric, value, where metric is 'median_ns' (plain bench rows that were timed; the
-        median of that run's rows for the series) or 'budget' (correctness rows with a budget)
+        median of that run's rows for the series) or 'budget' (correctness rows with a budget,
+        repro runs left out)
 
 DuckDB is imported here only: it stays off the GPU import path (nothing under gpu_impls/,
 runners/correctness.py or runners/timing.py imports this module).
@@ -22,11 +27,26 @@ from results.store import Store
 
 LATEST = """
 CREATE VIEW latest AS
-SELECT * EXCLUDE (rn) FROM (
-    SELECT c.*, row_number() OVER (PARTITION BY c.impl, c.case_id, c.device
-                                   ORDER BY r.started DESC, c.run_id DESC) AS rn
-    FROM correctness c JOIN runs r USING (run_id)
-) WHERE rn = 1
+WITH swept AS (         -- correctness rows of every run but `kparity repro`
+    SELECT c.*, r.started AS run_started FROM correctness c JOIN runs r USING (run_id)
+    WHERE coalesce(r.verb, '') <> 'repro'
+), newest AS (
+    SELECT * EXCLUDE (rn) FROM (
+        SELECT *, row_number() OVER (PARTITION BY impl, case_id, device
+                                     ORDER BY run_started DESC, run_id DESC) AS rn
+        FROM swept
+    ) WHERE rn = 1
+), impl_last AS (       -- each impl's newest run on each device
+    SELECT impl, device, max(run_started) AS last_started FROM swept GROUP BY impl, device
+), every_impl AS (      -- check runs without --impl: every impl of their ops then registered
+    SELECT DISTINCT s.op, s.backend, s.device, s.run_started
+    FROM swept s JOIN runs r USING (run_id)
+    WHERE r.verb = 'check' AND r.filters IS NOT NULL
+      AND coalesce(json_array_length(r.filters -> '$.impl'), 0) = 0
+)
+SELECT n.* EXCLUDE (run_started) FROM newest n JOIN impl_last l USING (impl, device)
+WHERE NOT EXISTS (SELECT 1 FROM every_impl e WHERE e.op = n.op AND e.backend = n.backend
+                  AND e.device = n.device AND e.run_started > l.last_started)
 """
 
 HISTORY = """
@@ -40,7 +60,7 @@ UNION ALL
 SELECT c.run_id, r.started, c.device, c.impl, c.op, c.case_id, c.dtype, c.label, '' AS mode,
        'budget' AS metric, max(c.budget) AS value
 FROM correctness c JOIN runs r USING (run_id)
-WHERE c.budget IS NOT NULL
+WHERE c.budget IS NOT NULL AND coalesce(r.verb, '') <> 'repro'
 GROUP BY ALL
 """
 

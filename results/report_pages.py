@@ -9,6 +9,7 @@ import statistics
 from collections import Counter, defaultdict
 
 from oracle.dtypes import FLOAT_DTYPES
+from results.history import MIN_HISTORY
 from results.report import ReportData, impl_page_name
 from results.report_html import (NO_ROWS, colour, esc, figure, fmt, hline, layout, link, page,
                                  table, when)
@@ -69,25 +70,40 @@ def _matrix(rows: list[dict]) -> str:
 
 
 def _impl_index(data: ReportData) -> str:
-    rows = []
+    """Current impls: the latest check of each; retired ones (`ReportData.retired`) apart."""
+    retired = data.retired()
+    rows, gone = [], []
     for impl in data.impls():
         corr = data.rows_of(impl, "correctness")
         latest = data.latest_check_run(corr) or ""
         now = [r for r in corr if r["run_id"] == latest]
         timed = sum(r["status"] == "ok" for r in data.rows_of(impl, "bench"))
-        rows.append([link(impl_page_name(impl), impl), esc(_counts_text(now) or "-"),
-                     esc(latest or "-"), (str(timed), "num")])
-    return table(["impl page", "latest check of the impl", "its run", "timed rows"], rows,
-                 raw=True)
+        line = [link(impl_page_name(impl), impl), esc(_counts_text(now) or "-"),
+                esc(latest or "-")]
+        if impl in retired:
+            gone.append(line + [esc(retired[impl])])
+        else:
+            rows.append(line + [(str(timed), "num")])
+    out = table(["impl page", "latest check of the impl", "its run", "timed rows"], rows,
+                raw=True)
+    if gone:
+        out += (f"<h3>retired impls ({len(gone)})</h3><p>not in a later check that ran their "
+                "op on their backend and device for every impl registered then (a plugin "
+                "loaded once, or an impl since removed): history only</p>"
+                + table(["impl page", "its last check", "its run", "left out of check"], gone,
+                        raw=True))
+    return out
 
 
 def _runs_table(data: ReportData) -> str:
     n = Counter(r["run_id"] for t in (data.correctness, data.bench, data.ab) for r in t)
+    n.update(data.repro_rows)
     rows = []
     for run_id in reversed(data.order):
         run = data.runs.get(run_id, {})
-        rows.append([run_id, run.get("verb", "?"), when(data.started(run_id)),
-                     _json_pairs(run.get("devices")), n[run_id]])
+        verb = run.get("verb", "?")
+        rows.append([run_id, verb + (" (not in the history)" if verb == "repro" else ""),
+                     when(data.started(run_id)), _json_pairs(run.get("devices")), n[run_id]])
     return table(["run id", "verb", "started (UTC)", "devices", "rows"], rows, numeric={"rows"})
 
 
@@ -98,7 +114,7 @@ def _status_order(status: str) -> int:
 def index_page(data: ReportData) -> str:
     latest = data.latest_check_run()
     parts = []
-    if latest is None:
+    if latest is None:  # the headline is a full sweep: a repro of a few cases is none
         parts.append(f'<h2>latest check</h2><p class="empty">{NO_ROWS}: run `kparity check`</p>')
     else:
         rows = [r for r in data.correctness if r["run_id"] == latest]
@@ -151,9 +167,12 @@ def regressions_page(data: ReportData) -> str:
     accepted = [a for a in data.alerts if a.accepted_by]
     notes = sorted(data.annotations, key=lambda r: r.get("created") or data.started(r["run_id"]),
                    reverse=True)
+    judged, short = data.judged
     body = [f"<p>Each series (metric, impl, case, mode, device) over the last {data.baseline} "
             f"runs with rows (<code>--baseline</code>): lookback z-score and step detection "
             f"(<code>results/history.py</code>); lower is better for both metrics.</p>",
+            f"<p>{judged} series judged; {short} not judged (fewer than {MIN_HISTORY} runs "
+            f"before their newest): no verdict for their newest run.</p>",
             f"<h2>regressions ({len(regressed)})</h2>",
             table(heads, _alert_rows(data, regressed, False), raw=True, numeric=num),
             f"<h2>accepted changes ({len(accepted)})</h2>",

@@ -1,7 +1,9 @@
 """`kparity report` (a static, self-contained HTML dashboard of the store) and `kparity nightly`
 (check + bench + compare against history + report, for a cron job or a CI schedule).
 
-Plotting imports happen inside the verbs: none of this is on the GPU import path.
+Plotting imports happen inside the verbs: none of this is on the GPU import path. Both verbs
+need plotly (the `history` extra): without it they exit 2 naming the extra, and nightly says so
+before its check runs, not after.
 """
 
 from __future__ import annotations
@@ -23,12 +25,23 @@ def add_parsers(sub, filters) -> None:
     nightly.add_argument("--no-bench", action="store_true", help="correctness only")
 
 
+def need_plotly(verb: str) -> None:
+    """UsageError (exit 2) naming the extra when plotly is not installed."""
+    from runners.cli import UsageError
+
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise UsageError(f"kparity {verb} needs plotly: pip install 'kparity[history]'") from None
+
+
 def cmd_report(args) -> int:
     """Writes the site (`results/report.py` lists the pages) and says where it is."""
     from results.report import write_report
     from results.store import Store
     from runners.cli import UsageError, console
 
+    need_plotly("report")
     if args.baseline < 1:
         raise UsageError(f"--baseline {args.baseline}: needs at least 1 run of history")
     try:
@@ -97,6 +110,7 @@ def cmd_nightly(args) -> int:
     from results.store import Store
     from runners.cli import UsageError, console, main
 
+    need_plotly("nightly")  # its last step is the report: say so before an hour of checks
     if args.baseline < 2:
         raise UsageError(f"--baseline {args.baseline}: compare needs at least 2 runs of history")
     store = Store(args.store)

@@ -3,6 +3,7 @@ on pure noise, and annotations that accept a change and reset the baseline."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -220,3 +221,68 @@ def test_accept_after_the_step_became_visible_covers_the_step(tmp_path):
     accept(store2, "c1", STEP_AT, "budget only", metric="budget")
     accept(store2, "torch:other", STEP_AT, "another impl")
     assert [(a.index, a.accepted_by) for a in regressions(store2)] == [(STEP_AT, None)]
+
+
+# --- repro runs and retired impls (issue 25) ---------------------------------------------------
+
+NORM, MUTANT, GEMV = "torch:rms_norm", "torch:mutant_rms", "torch:dequant_linear"
+
+
+def write_sweep(store: Store, i: int, verb: str, rows: list[tuple], impls=None) -> str:
+    """A run of `verb` with rows (impl, op, case, status, budget) on cpu; `impls`: its
+    `--impl` filter (None: every impl of its ops)."""
+    rid = run_id(i)
+    store.write("runs", [{"run_id": rid, "started": T0 + timedelta(hours=i), "verb": verb,
+                          "command": f"kparity {verb}", "devices": '{"torch": "cpu"}',
+                          "filters": json.dumps({"op": None, "impl": impls})}], rid, 0)
+    store.write("correctness", [
+        {"run_id": rid, "case_id": case, "impl": impl, "op": op, "backend": "torch",
+         "device": "cpu", "dtype": "bf16", "dist": "normal", "dims": "{}",
+         "label": f"preset:{case}", "expect": "valid", "status": status, "budget": budget}
+        for impl, op, case, status, budget in rows], rid, 1)
+    return rid
+
+
+def sweeps_with_a_plugin_impl_and_a_repro(store: Store) -> None:
+    """0: a sweep of rms_norm (with a plugin's impl) and GEMV; 1: a repro of one rms_norm case,
+    failing; 2: a check of --impl torch:rms_norm only; 3: a sweep of rms_norm alone, without
+    the plugin."""
+    write_sweep(store, 0, "check", [(NORM, "rms_norm", "c0", "pass", 0.1),
+                                    (NORM, "rms_norm", "c1", "pass", 0.1),
+                                    (MUTANT, "rms_norm", "c0", "fail", 3.0),
+                                    (MUTANT, "rms_norm", "c1", "pass", 0.4),
+                                    (GEMV, "qgemv", "g0", "pass", 0.2)])
+    write_sweep(store, 1, "repro", [(NORM, "rms_norm", "c0", "fail", 9.0)], impls=[NORM])
+    write_sweep(store, 2, "check", [(NORM, "rms_norm", "c0", "pass", 0.2)], impls=[NORM])
+    write_sweep(store, 3, "check", [(NORM, "rms_norm", "c0", "pass", 0.3)])
+
+
+def test_repro_runs_are_no_point_of_a_series(tmp_path):
+    store = Store(tmp_path)
+    sweeps_with_a_plugin_impl_and_a_repro(store)
+    got = {s.key.case_id: [(p.run_id, p.value) for p in s.points]
+           for s in series(store, "budget", impl=NORM)}
+    assert got == {"c0": [(run_id(0), 0.1), (run_id(2), 0.2), (run_id(3), 0.3)],
+                   "c1": [(run_id(0), 0.1)]}
+
+
+def test_sql_views_leave_out_repro_runs_and_retired_impls(tmp_path):
+    pytest.importorskip("duckdb")
+    from results.query import query
+
+    store = Store(tmp_path)
+    sweeps_with_a_plugin_impl_and_a_repro(store)
+    _, hist = query(store, f"SELECT run_id, value FROM history WHERE impl = '{NORM}' AND "
+                           "case_id = 'c0' ORDER BY run_id")
+    assert hist == [(run_id(0), 0.1), (run_id(2), 0.2), (run_id(3), 0.3)]
+    _, latest = query(store, "SELECT impl, case_id, run_id, status FROM latest ORDER BY ALL")
+    # The plugin's impl: absent from sweep 3, which ran every rms_norm impl registered then.
+    # The GEMV: sweep 3 did not run its op. c1 of torch:rms_norm: its newest row is sweep 0's.
+    assert latest == [(GEMV, "g0", run_id(0), "pass"), (NORM, "c0", run_id(3), "pass"),
+                      (NORM, "c1", run_id(0), "pass")]
+    # Without sweep 3, the check of --impl torch:rms_norm proves nothing about the plugin's.
+    store2 = Store(tmp_path / "before")
+    write_sweep(store2, 0, "check", [(MUTANT, "rms_norm", "c0", "fail", 3.0)])
+    write_sweep(store2, 2, "check", [(NORM, "rms_norm", "c0", "pass", 0.2)], impls=[NORM])
+    _, kept = query(store2, "SELECT impl, run_id FROM latest ORDER BY ALL")
+    assert kept == [(MUTANT, run_id(0)), (NORM, run_id(2))]

@@ -279,3 +279,43 @@ def test_nightly_refuses_a_baseline_under_2(tmp_path, capsys):
     assert main(["--store", str(tmp_path / "store"), "nightly", "--out", str(tmp_path / "site"),
                  "--baseline", "1"]) == 2
     assert "needs at least 2 runs" in capsys.readouterr().out
+
+
+# --- the headline, repro runs, retired impls, a missing extra (issue 25) -----------------------
+
+def test_headline_is_the_latest_sweep_not_a_repro_and_retired_impls_are_apart(tmp_path):
+    from tests.test_history import MUTANT, NORM, run_id, sweeps_with_a_plugin_impl_and_a_repro
+
+    store = Store(tmp_path / "store")
+    sweeps_with_a_plugin_impl_and_a_repro(store)
+    repro = run_id(1)
+    # A repro after the last sweep: still not the headline.
+    from tests.test_history import write_sweep
+    write_sweep(store, 4, "repro", [(NORM, "rms_norm", "c0", "fail", 9.0)], impls=[NORM])
+    assert report(tmp_path / "store", tmp_path / "site") == 0
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "latest check: OK: 1</h2>" in index and f"<td>{run_id(3)}</td>" in index
+    assert "FAILED" not in index
+    assert index.count("repro (not in the history)") == 2 and repro in index
+    current, retired = index.split("retired impls (1)")
+    assert MUTANT not in current and NORM in current
+    assert MUTANT in retired and run_id(3) in retired and NORM not in retired
+    page = (tmp_path / "site" / impl_page_name(NORM)).read_text()
+    assert f"latest check (run {run_id(3)})" in page and "9.0" not in page  # no repro point
+    regressions = (tmp_path / "site" / "regressions.html").read_text()
+    assert f"0 series judged; 5 not judged (fewer than {MIN_HISTORY} runs" in regressions
+
+
+def test_report_and_nightly_without_plotly_exit_2_naming_the_extra(tmp_path, monkeypatch,
+                                                                    capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "plotly", None)  # `import plotly` raises ImportError
+    assert report(tmp_path / "store", tmp_path / "site") == 2
+    assert "kparity report needs plotly: pip install 'kparity[history]'" in \
+        capsys.readouterr().out
+    assert main(["--store", str(tmp_path / "store"), "nightly", "--out", str(tmp_path / "site"),
+                 "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b", "--dtype", "bf16",
+                 "--no-bench"]) == 2
+    assert "kparity nightly needs plotly" in capsys.readouterr().out
+    assert not (tmp_path / "store").exists()  # refused before its check ran
