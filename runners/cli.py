@@ -220,8 +220,15 @@ def refusal(impl, case: Case) -> str:
     return ""
 
 
-def plugin_flags(args) -> str:
-    return "".join(f" --plugin {p}" for p in args.plugin or [])
+def global_flags(args) -> str:
+    """The global options a printed command needs to run again as this one did: the store
+    (where it is not the default) and every plugin."""
+    store = f" --store {args.store}" if getattr(args, "store", None) else ""
+    return store + "".join(f" --plugin {p}" for p in getattr(args, "plugin", None) or [])
+
+
+def repro_line(args, case_id: str, impl_id: str) -> str:
+    return f"kparity{global_flags(args)} repro {case_id} --impl {impl_id}"
 
 
 # --- verbs -------------------------------------------------------------------------------------
@@ -392,10 +399,9 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
                     if failed <= args.show_failures:
                         progress.console.print(
                             f"[red]{row['status'].upper()}[/] {w.impl.id} case {w.case.id} "
-                            f"({w.case.short()}, {w.case.label}): "
-                            f"{escape(row['message'][:300])}\n"
-                            + escape(f"    repro: kparity{plugin_flags(args)} repro "
-                                     f"{w.case.id} --impl {w.impl.id}"),
+                            + escape(f"({w.case.short()}, {w.case.label}): "
+                                     f"{row['message'][:300]}") + "\n"
+                            + escape("    repro: " + repro_line(args, w.case.id, w.impl.id)),
                             soft_wrap=True)  # a repro line must survive copy-paste: never wrap
                 progress.update(task, advance=1, failed=failed)
     except KeyboardInterrupt:  # the writer has closed: every finished row is in a part
@@ -423,8 +429,7 @@ class Interrupted(Exception):
 
 def resume_command(args, run_id: str) -> str:
     """The command that runs what check run `run_id` left (its store and plugins named again)."""
-    store = f" --store {args.store}" if args.store else ""
-    return f"kparity{store}{plugin_flags(args)} check --resume {run_id}"
+    return f"kparity{global_flags(args)} check --resume {run_id}"
 
 
 def interruptible(verb):
@@ -873,4 +878,8 @@ def plugin_warnings_in_yellow():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m runners.cli`: run the imported module's main, so the exceptions other modules
+    # raise (runners.cli.UsageError) are the classes main catches, not __main__'s copies
+    from runners.cli import main as imported_main
+
+    sys.exit(imported_main())

@@ -84,9 +84,10 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _prefix(args) -> str:
-    """`kparity` with the global flags a rerun needs (plugins; the store, where repro reads)."""
-    plugins = "".join(f" --plugin {p}" for p in getattr(args, "plugin", None) or [])
-    return "kparity" + plugins
+    """`kparity` with the global flags a rerun needs (its store and plugins)."""
+    from runners.cli import global_flags
+
+    return "kparity" + global_flags(args)
 
 
 def _short(row: dict) -> str:
@@ -135,8 +136,9 @@ def _write_xml(path: Path, tree: ET.ElementTree) -> None:
 # --- check -------------------------------------------------------------------------------------
 
 def check_repro(args, row: dict) -> str:
-    store = f" --store {args.store}" if getattr(args, "store", None) else ""
-    return f"{_prefix(args)}{store} repro {row['case_id']} --impl {row['impl']}"
+    from runners.cli import repro_line
+
+    return repro_line(args, row["case_id"], row["impl"])
 
 
 def write_check(args, rows: list[dict], run_id: str | None = None) -> None:

@@ -79,8 +79,8 @@ def test_bench_marks_unconverged_rows_and_writes_json_and_junit(tmp_path, capsys
     assert rec["impl"] == "torch:rms_norm" and rec["case_id"] == row["case_id"]
     assert rec["converged"] is False and rec["note"].startswith("not converged (noise")
     assert rec["metrics"]["median_ns"] == pytest.approx(row["median_ns"])
-    assert rec["repro"] == ("kparity bench --impl torch:rms_norm --preset decode-1x4096 "
-                            "--dtype f32 --mode wall")
+    assert rec["repro"] == (f"kparity --store {tmp_path / 'store'} bench --impl torch:rms_norm "
+                            "--preset decode-1x4096 --dtype f32 --mode wall")
 
     suite = ET.parse(out_xml).getroot().find("testsuite")
     (case,) = suite.findall("testcase")
@@ -122,7 +122,7 @@ def test_check_json_and_junit_count_a_mutants_failures(tmp_path, capsys):
     bad = [r for r in doc["rows"] if r["failing"]]
     assert {(r["impl"], r["case_id"]) for r in bad} == {(r["impl"], r["case_id"]) for r in failing}
     assert all(r["metrics"]["budget"] == "inf" for r in bad)
-    assert all(r["repro"].startswith("kparity --plugin tests/mutants.py --store ")
+    assert all(r["repro"].startswith("kparity --store ")
                and f"repro {r['case_id']} --impl {r['impl']}" in r["repro"] for r in bad)
 
     suite = ET.parse(out_xml).getroot().find("testsuite")
@@ -137,7 +137,7 @@ def test_check_json_and_junit_count_a_mutants_failures(tmp_path, capsys):
     for c in failures:
         text = c.find("failure").text
         assert "never written" in c.find("failure").get("message")
-        assert "repro: kparity --plugin tests/mutants.py" in text
+        assert "--plugin tests/mutants.py repro" in text and "repro: kparity --store" in text
         assert f"repro {c.get('name').split()[0]} --impl torch:mutant_skip_lane" in text
 
 

@@ -46,7 +46,7 @@ def test_each_mutant_fails_check(tmp_path, mutant, presets, capsys):
              "--preset", presets, "--show-failures", "1")
     out = capsys.readouterr().out
     assert rc == 1, out
-    assert "repro: kparity --plugin" in out and f"--impl torch:{mutant}" in out
+    assert "repro: kparity --store" in out and "--plugin" in out and f"--impl torch:{mutant}" in out
 
 
 def test_violating_cases_are_rejected_and_count_as_ok(tmp_path):
@@ -114,7 +114,7 @@ def test_repro_line_survives_a_long_plugin_path(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 1
     lines = [ln for ln in out.splitlines() if "repro:" in ln]
-    assert len(lines) == 1 and lines[0].strip().startswith(f"repro: kparity --plugin {plugin}")
+    assert len(lines) == 1 and lines[0].strip().startswith(f"repro: kparity --store {tmp_path / 'store'} --plugin {plugin}")
     assert lines[0].endswith(f"--impl {impl}")
 
 

@@ -41,7 +41,7 @@ def test_out_of_bounds_write_and_unwritten_element_fail_with_their_index(tmp_pat
     rest = [r for k, r in rows.items() if k[1] != "constant_rows" or k[0].endswith("in_place")]
     assert len(rest) == 3 * len(DISTRIBUTIONS) - 2 and all(r["status"] == "pass" and r["flags"] == "" for r in rest)
     out = capsys.readouterr().out
-    assert f"repro: kparity --plugin {FAULTS} repro {oob['case_id']} --impl " \
+    assert f"--plugin {FAULTS} repro {oob['case_id']} --impl " \
            "torch:fault_oob_write" in out
     assert "fail, by kind: 1 oob_write, 1 unwritten" in out or \
         "fail, by kind: 1 unwritten, 1 oob_write" in out

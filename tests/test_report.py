@@ -222,7 +222,7 @@ def test_nightly_exits_1_when_the_check_fails(tmp_path, capsys):
                "--dtype", "bf16", "--no-bench"])
     text = capsys.readouterr().out
     assert rc == 1 and "bench skipped: --no-bench" in text
-    assert f"repro: kparity --plugin {MUTANTS}" in text
+    assert f"repro: kparity --store {tmp_path / 'store'} --plugin {MUTANTS}" in text
     page = (out / impl_page_name("torch:mutant_drop_eps")).read_text()
     assert "kparity repro" in page and f'class="mixed">{len(DISTRIBUTIONS) - 2} pass, 2 fail' in (out / "index.html"
                                                                          ).read_text()
