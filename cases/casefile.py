@@ -7,7 +7,9 @@
 defaults), `dtypes` (per-role dtypes, for ops that declare roles: `{"kv": "e4m3"}`) and `label`
 ("file:<name>") are optional. A stored row's `case_json` (what a failing
 case prints) is a valid entry as is: its `oracle_version` must be the op's current one, since
-the same case under another oracle version is another case. Every field is checked before anything runs;
+the same case under another oracle version is another case. Every field is checked before
+anything runs, and so is the host memory the case needs (`host_bytes`: its arrays and the float64
+oracle's, against what is available here);
 a bad one is named with the file, the case's index and the field, and what would be valid. A
 param's value must be one of the op's declared values (`OpSpec.param_values`, e.g. rounding
 "once" or "normed") or else of its default's kind. `kparity check` also refuses, before it runs
@@ -19,11 +21,12 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 from pathlib import Path
 
 from cases.distributions import DISTRIBUTIONS, PLANTED
 from cases.model import Case
-from oracle.dtypes import FLOAT_DTYPES
+from oracle.dtypes import FLOAT_DTYPES, storage_dtype
 from oracle.spec import registry
 
 FIELDS = ("op", "dims", "dtype", "dist", "seed", "params", "dtypes", "label", "oracle_version")
@@ -101,9 +104,45 @@ def _case(where: str, raw, ops) -> Case:
     if not isinstance(dtypes, dict):
         raise bad("dtypes", "expected an object of role -> dtype")
     try:
-        return Case.make(op, dims, raw["dtype"], dist, seed, params, label, dtypes)
+        case = Case.make(op, dims, raw["dtype"], dist, seed, params, label, dtypes)
     except ValueError as e:  # a role or a dtype the op does not know: Case.make names it
         raise bad("dtypes", str(e)) from None
+    need, have = host_bytes(case), available_host_bytes()
+    if have is not None and need > have:
+        raise bad("dims", f"{case.short()} needs about {need / 2**30:.1f} GiB of host memory "
+                  f"(its inputs and outputs, and the float64 oracle of each), and "
+                  f"{have / 2**30:.1f} GiB is available here: smaller dims, or `kparity bench` "
+                  "(which times large cases without the float64 oracle)")
+    return case
+
+
+# Host bytes per element beyond the stored value: an input is drawn and held in float64 for
+# the oracle; an output's oracle keeps exact and rounded float64 arrays and a float64 bound, and
+# the harness holds the device output's host copy next to a guarded (poisoned) buffer.
+ORACLE_BYTES_PER_INPUT = 8
+ORACLE_BYTES_PER_OUTPUT = 3 * 8
+
+
+def host_bytes(case: Case) -> int:
+    """About how much host memory checking `case` takes: every input and output at its storage
+    dtype plus the float64 arrays the oracle and the comparison hold (an estimate from the
+    shapes, never below what the check allocates for the arrays themselves)."""
+    spec, total = case.spec, 0
+    for t in spec.inputs:
+        n = math.prod(t.shape_of(case))
+        total += n * (storage_dtype(t.dtype(case)).itemsize + ORACLE_BYTES_PER_INPUT)
+    for t in spec.outputs:
+        n = math.prod(t.shape_of(case))
+        total += n * (2 * storage_dtype(t.dtype(case)).itemsize + ORACLE_BYTES_PER_OUTPUT)
+    return total
+
+
+def available_host_bytes() -> int | None:
+    """Memory available to a new allocation here (Linux/macOS sysconf), None if unknown."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def param_error(spec, name: str, value) -> str:

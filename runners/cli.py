@@ -22,7 +22,8 @@ fails to load is exit 2), and every `kparity.plugins` entry point installed (one
 a warning; the rest runs). The store is .kparity/ here unless --store or $KPARITY_STORE.
 
 Exit codes: 0 success, 1 a check failed (or a regression), 2 bad input (an unknown name lists
-the valid ones, closest first), 3 nothing could run (no backend here for what was asked).
+the valid ones, closest first), 3 nothing could run (no backend here for what was asked),
+130 interrupted (Ctrl-C: the rows so far are kept; `check --resume last` runs the rest).
 """
 
 from __future__ import annotations
@@ -758,7 +759,8 @@ def parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check", help="correctness sweep against the oracles")
     _filters(chk)
     chk.add_argument("--valid-only", action="store_true", help="skip the violating cases")
-    chk.add_argument("--show-failures", type=int, default=20, help="failures printed in full")
+    chk.add_argument("--show-failures", type=int, default=20, metavar="N",
+                     help="failures printed in full, with their repro line (20)")
     chk.add_argument("--repeat", type=int, default=1, metavar="N",
                      help="run every case N times: a failure in any repeat fails it, and bits "
                           "that differ between repeats fail impls declaring determinism")
@@ -778,9 +780,13 @@ def parser() -> argparse.ArgumentParser:
                      help="stop at the first failing row (--maxfail 1)")
     add_output_flags(chk, "(impl, case)")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
-    rep.add_argument("case_id")
-    rep.add_argument("--impl", action="append")
-    rep.add_argument("--show-failures", type=int, default=20)
+    rep.add_argument("case_id", help="the 12-hex case id a failure line, the store or "
+                                     "`kparity cases --list` shows")
+    rep.add_argument("--impl", action="append",
+                     help="impl id(s) to run it on (repeatable, comma-separated); default: the "
+                          "impls that ran it in the store, else every impl of its op")
+    rep.add_argument("--show-failures", type=int, default=20, metavar="N",
+                     help="failures printed in full (20)")
     rep.add_argument("--dump", metavar="DIR", default=None,
                      help="also write the case's inputs, each impl's outputs, the oracle (exact, "
                           "rounded) and bounds as .npy, and repro_<case>.py, a script that "

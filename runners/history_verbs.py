@@ -9,7 +9,7 @@ accept   writes an annotation row: from that run on, the matching series start a
          them, unless `--metric median_ns` (speed only) is asked. A known failure goes into the
          known-issues ledger (gpu_impls/known_issues.py) with its tracked issue. Refusing is
          clearer than accepting the rest quietly: the failures stay red until fixed or ledgered.
-sql      ad-hoc DuckDB queries over the Parquet datasets (views documented in README.md).
+sql      ad-hoc DuckDB queries over the Parquet datasets (views: README "History", **sql**).
 
 Heavy imports (DuckDB) happen inside the verbs: none of this is on the GPU import path.
 """
@@ -26,7 +26,9 @@ def add_parsers(sub, filters) -> None:
     cmp.add_argument("--baseline", type=int, default=None, metavar="N",
                      help="compare the contender with the last N runs as history")
     filters(cmp)
-    cmp.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    cmp.add_argument("--format", choices=("table", "json", "markdown"), default="table",
+                     help="table (terminal), json (results/compare.schema.json, for bots) or "
+                          "markdown (a PR comment)")
     cmp.add_argument("--z", type=float, default=5.0, help="lookback z-score threshold (5)")
     cmp.add_argument("--min-change", type=float, default=0.05,
                      help="smallest relative change that counts (0.05)")
@@ -38,13 +40,23 @@ def add_parsers(sub, filters) -> None:
     acc = sub.add_parser("accept", help="accept a speed or error-budget change: reset the "
                                         "baseline of an impl or case (not a correctness failure)")
     acc.add_argument("target", help="impl id (backend:name) or case id")
-    acc.add_argument("--reason", required=True)
+    acc.add_argument("--reason", required=True,
+                     help="why the change is accepted (kept in the annotation, shown by compare "
+                          "and report)")
     acc.add_argument("--run", default=None, help="first run of the new baseline (default: newest)")
     acc.add_argument("--metric", default="", choices=("", "median_ns", "budget"),
                      help="only this metric's series (default: every metric)")
-    sql = sub.add_parser("sql", help="a DuckDB query over the store (views: README 'Queries')")
-    sql.add_argument("query")
-    sql.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    sql = sub.add_parser(
+        "sql", help="a DuckDB query over the store",
+        description="One DuckDB query over the store's Parquet datasets. Views: runs, "
+                    "correctness, bench, ab, ceilings, annotations (one per table), latest (the "
+                    "newest correctness row of each impl, case and device; repro runs and "
+                    "retired impls left out), history (one value per run and series). README "
+                    "'History: kparity compare, accept, sql, report, nightly' documents them.")
+    sql.add_argument("query", help="SQL text, e.g. \"SELECT impl, count(*) FROM latest GROUP BY "
+                                   "impl\"")
+    sql.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                     help="table (terminal), csv or json (one object per row)")
 
 
 def cmd_compare(args) -> int:

@@ -60,6 +60,8 @@ def test_cases_from_a_file_run_against_every_impl_of_their_op(tmp_path):
     ({**GOOD, "params": {"weight_offset": True}}, "params.weight_offset", "expected an integer"),
     ({**GOOD, "shape": [3, 96]}, "shape", "unknown field"),
     ({**GOOD, "oracle_version": 0}, "oracle_version", "rms_norm's oracle is version"),
+    # 2^40 elements: no machine holds its float64 oracle; refused at load, not by the OOM killer
+    ({**GOOD, "dims": {"rows": 2**20, "n": 2**20}}, "dims", "GiB of host memory"),
 ])
 def test_a_bad_field_is_named_with_file_and_case(tmp_path, case, field, words):
     path = _file(tmp_path, [GOOD, case])
@@ -127,3 +129,14 @@ def test_a_dtype_an_impl_is_not_built_for_is_its_refusal_not_its_failure(tmp_pat
     assert (rows["mlx:quantized_matmul"]["expect"], rows["mlx:quantized_matmul"]["status"]) == \
         ("rejected", "rejected")
     assert rows["torch:dequant_linear"]["status"] == "pass"
+
+
+def test_host_bytes_counts_every_array_the_check_holds():
+    """rms_norm f16, rows x n: x and the weight (f16 + a float64 copy each), out (two f16
+    buffers, exact, rounded and bound in float64)."""
+    from cases.casefile import host_bytes
+    from cases.model import Case
+
+    rows, n = 3, 64
+    case = Case.make("rms_norm", {"rows": rows, "n": n}, "f16")
+    assert host_bytes(case) == rows * n * (2 + 8) + n * (2 + 8) + rows * n * (2 * 2 + 3 * 8)

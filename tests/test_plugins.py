@@ -253,8 +253,8 @@ def test_cases_list_shows_dims_and_params(tmp_path, capsys):
 
 def test_help_is_complete(capsys):
     """The top-level help names every verb, both positions of the global options, the plugin
-    entry point group and the exit codes; every option of the parsers this module owns (top
-    level, ops, cases) says what it does."""
+    entry point group and the exit codes; every verb, positional and option says what it
+    does."""
     with pytest.raises(SystemExit) as done:
         main(["--help"])
     assert done.value.code == 0
@@ -265,6 +265,9 @@ def test_help_is_complete(capsys):
         assert f"  {verb} " in out, verb
     top = parser()
     verbs = next(a for a in top._actions if a.dest == "verb").choices
-    for p in (top, verbs["ops"], verbs["cases"]):
-        missing = [a.option_strings for a in p._actions if a.option_strings and not a.help]
+    sub = next(a for a in top._actions if a.dest == "verb")
+    assert all(c.help for c in sub._choices_actions), [c.dest for c in sub._choices_actions]
+    for p in (top, *verbs.values()):
+        missing = [a.option_strings or a.dest for a in p._actions
+                   if a.dest not in ("help", "verb") and not a.help]
         assert not missing, (p.prog, missing)
