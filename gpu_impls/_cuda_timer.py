@@ -139,8 +139,8 @@ class CudaTimer(Timer):
     def _per_call(self, fn, calls: int, samples: int = 7) -> float:
         """Median device seconds per call over `calls` back-to-back eager calls of fn. Eager on
         purpose: captured into a graph, a device-to-device memcpy becomes a memcpy node (seen on
-        an H100: 2.43 TB/s in a graph; see benchmarks/), and at >= 1 GiB launch gaps do not
-        matter."""
+        an H100: 2.43 TB/s in a graph; see benchmarks/HISTORY.md, 9fa9d9a), and at >= 1 GiB
+        launch gaps do not matter."""
         def batch():
             for _ in range(calls):
                 fn()

@@ -97,7 +97,7 @@ class _SetCall:
     own output memory, as an impl writing into the set's preallocated outputs does. Otherwise
     the allocator hands every call the block the previous call just freed: one L2-resident,
     TLB-warm output shared by all k sets, an advantage no in-place impl gets (measured on an
-    H100 at 1024 heads x 128: see benchmarks/README.md)."""
+    H100 at 1024 heads x 128: see benchmarks/HISTORY.md, 44cd475)."""
 
     def __init__(self, run):
         self.run = run

@@ -1,6 +1,6 @@
 """Markdown report of A/B results from one or more stores (directories or .tgz of a store).
 
-    python3 scripts/bench_report.py benchmarks/h100-2026-11-22/store-*.tgz > REPORT.md
+    python3 scripts/bench_report.py benchmarks/data/rmsnorm-h100/store-*.tgz > REPORT.md
 
 Per A/B row: verdict, ratio and interval, and for each arm the run medians' spread
 ((max - min) / median) and B's bandwidth as % of the copy ceiling measured in the same run.

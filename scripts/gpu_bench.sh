@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates benchmarks/ (issue 3) on a CUDA machine, in stages that each fit one device call:
+# Regenerates the measurements of benchmarks/README.md on a CUDA machine, in stages that each
+# fit one device call:
 #   bash scripts/gpu_bench.sh aa        A/A for three impls, harness cold vs triton do_bench
 #   bash scripts/gpu_bench.sh eager     kp_rms_norm against torch eager (F.rms_norm)
 #   bash scripts/gpu_bench.sh compiled  kp_rms_norm against torch.compile(F.rms_norm)

@@ -9,8 +9,8 @@ the median over a block's warps, then the 10th / 50th / 90th percentile over blo
 it: `subtract` (always the subtraction path, KPARITY_DIAG_SUBTRACT) and `load_only` (copies
 without the math): the gaps are what the fast path saves and where the math shows. Last, per
 warp of the block: the SM sub-partition it ran on (%warpid % 4), how many of the block's warps
-shared it, and its step times (benchmarks/h100-2026-11-24-balance: the full sub-partitions'
-warps end last).
+shared it, and its step times (benchmarks/HISTORY.md, h100-2026-11-24-balance: the full
+sub-partitions' warps end last).
 
     PYTHONPATH=. python3 scripts/mma_trace.py     # on a CUDA machine, from the checkout
     KPM_DUMP=$OUT PYTHONPATH=. python3 scripts/mma_trace.py   # also saves each raw trace (.npy)

@@ -57,8 +57,8 @@ def test_kp_qgemv_mma_static_shared_memory_is_1024_bytes(tmp_path):
     """kp_qgemv_mma's dynamic stages follow its static shared memory, `partial` (1024 bytes),
     so they start on a 1024-byte boundary. A 2-word `__shared__` array beside it moved them 16
     bytes and cost 3.3-4.7 us at the bench shapes on an H100
-    (benchmarks/h100-2026-11-24-subnormal): new shared state goes inside `partial` or the
-    dynamic region."""
+    (benchmarks/HISTORY.md, h100-2026-11-24-subnormal): new shared state goes inside `partial`
+    or the dynamic region."""
     import re
 
     for body in _ptx_entries("kp_qgemv_mma.cu", tmp_path):

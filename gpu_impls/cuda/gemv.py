@@ -52,8 +52,8 @@ SCALAR_TPG = 64        # threads per row block, as the seed's tests
 FAST_ROWS = 8          # rows per block of the fast kernel (2 warps x 4)
 FAST_BLOCK_K = 512     # codes per warp step of the fast kernel
 # Rows per block of kp_qgemv: with scales and biases prefetched, 4 was the fastest of 2/4/8 at
-# the four bench shapes on an H100, bf16 (benchmarks/h100-2026-11-23/gemv-prefetch-scales.log;
-# before the prefetch 2 was: gemv-kp-variants.log).
+# the four bench shapes on an H100, bf16 (benchmarks/HISTORY.md, h100-2026-11-23; before the
+# prefetch 2 was).
 KP_ROWS = 4
 KP_ROWS_CHOICES = (2, 4, 8)  # instantiated, for A/B-ing the choice (scripts/kp_variants.py)
 KP_BLOCK = 128         # threads per block of kp_qgemv at most (KPQ_BLOCK in the .cu)
@@ -74,7 +74,7 @@ MMA_MAX_WARPS = 16     # warps per block (KPM_MAX_WARPS): tiles x K parts
 # read of the same bytes in 8 rows x 256 bytes a warp step reached 87-94 % of the copy ceiling
 # with 1792-2048 warps, 75 % with twice as many (two waves) and 68-78 % in kp_qgemv_mma's
 # earlier 32 rows x 64 bytes steps (scripts/access_pattern.py,
-# benchmarks/h100-2026-11-24-steps/access_pattern.log).
+# benchmarks/HISTORY.md, h100-2026-11-24-steps).
 MMA_TARGET_WARPS = 14 * 132
 # The GPUs the speed target names (H100, H200 SXM): 132 SMs of 228 KiB shared memory, 1 KiB of
 # it reserved per block; at most 20 of these warps an SM (<= 96 registers a thread).

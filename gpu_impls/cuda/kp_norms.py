@@ -29,7 +29,7 @@ Every launch is a programmatic dependent launch (`_module.launch(pdl=True)`): th
 its successor's blocks be scheduled at once and waits for its predecessors before its first load
 (`kp_rms_norm.cu`), so the next kernel's launch overlaps this one's run. Measured on an H100 in
 graph_rot, bf16 per-head shapes: 0.76-0.79x the time of the same kernel launched ordinarily
-(benchmarks/h100-2026-11-23-pdl; `cuda:kp_rms_norm*_nopdl` in scripts/kp_variants.py).
+(benchmarks/README.md, RMSNorm; `cuda:kp_rms_norm*_nopdl` in scripts/kp_variants.py).
 """
 
 from __future__ import annotations

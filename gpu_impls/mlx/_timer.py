@@ -43,9 +43,9 @@ class MlxTimer(Timer):
         mx.eval(src)
 
         # One eval costs a sync (~0.2 ms on MLX CUDA, H100: one copy an eval read 889-918 GB/s
-        # against 2967-3004 from CUDA events, benchmarks/h100-2026-11-24-mlx-cuda). On a GPU the
-        # ceiling is therefore the difference of an eval of COPIES copies and one of a single
-        # copy: COPIES - 1 copies, the sync cancelled (should noise make that difference
+        # against 2967-3004 from CUDA events; benchmarks/HISTORY.md, h100-2026-11-24-mlx-cuda).
+        # On a GPU the ceiling is therefore the difference of an eval of COPIES copies and one of
+        # a single copy: COPIES - 1 copies, the sync cancelled (should noise make that difference
         # non-positive, all COPIES copies over the one eval's time, the sync counted in). On
         # the CPU the sync is nothing next to a 128 MiB copy: one copy an eval.
         def best(copies: int) -> float:

@@ -124,7 +124,7 @@ kp_qgemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
     // scheduled now, and wait for the kernels before this one to finish before any load.
     // (Also tried: an L2 prefetch of the block's weight rows before the wait, to overlap them
     // with the previous kernel's tail; on an H100 it made llama3-8b-up 20.3 us instead of 19.0,
-    // and 23.4 us launched without PDL: benchmarks/h100-2026-11-23-pdl.)
+    // and 23.4 us launched without PDL: benchmarks/HISTORY.md, h100-2026-11-23-pdl.)
     pdl_launch_dependents();
     pdl_wait();
 

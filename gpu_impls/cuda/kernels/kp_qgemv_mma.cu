@@ -47,21 +47,21 @@
 // which the warp copies with cp.async as two contiguous 256-byte runs per instruction. A
 // read-only kernel in such 8-16 row x 256-byte steps streams at 87-94 % of the copy ceiling,
 // in the earlier 32 rows x 64 bytes (each lane copying its own fragments) at 68-78 %
-// (scripts/access_pattern.py, benchmarks/h100-2026-11-24-steps). The warp runs a pipeline of
-// STAGES steps (STAGES - 1 in flight): it waits for the oldest with cp.async.wait_group, a
-// __syncwarp makes every lane's copies visible to all (and ends the reads of the stage it
-// refills), and the stage consumed one iteration earlier is refilled. Why not registers: the
-// compiler gives all of a warp's global loads one scoreboard, so a register pipeline waits for
-// every load in flight whenever it needs one of them. Stages are swizzled (vector u of row r at
-// u ^ 4 (r & 1)), so the quarter warps' 16-byte reads are free of bank conflicts. Before the
-// loop, by the whole block: the scales and biases of the block's rows (copy group 0, one
+// (scripts/access_pattern.py; benchmarks/HISTORY.md, h100-2026-11-24-steps). The warp runs a
+// pipeline of STAGES steps (STAGES - 1 in flight): it waits for the oldest with
+// cp.async.wait_group, a __syncwarp makes every lane's copies visible to all (and ends the reads of
+// the stage it refills), and the stage consumed one iteration earlier is refilled. Why not
+// registers: the compiler gives all of a warp's global loads one scoreboard, so a register pipeline
+// waits for every load in flight whenever it needs one of them. Stages are swizzled (vector u of
+// row r at u ^ 4 (r & 1)), so the quarter warps' 16-byte reads are free of bank conflicts. Before
+// the loop, by the whole block: the scales and biases of the block's rows (copy group 0, one
 // contiguous run each, streamed in whole lines; loaded a super-block at a time from scattered
-// rows they cost 2-7 us at the bench shapes on an H100, benchmarks/h100-2026-11-23-cp-async),
-// then x (group 1); then each group's sum of x and x's fragment order.
-// The launch (benchmarks/h100-2026-11-24-prewait): the next kernel is let in at the start, and
-// the scales and biases (11 % of the bytes at g64) are copied before the wait for the kernels
-// before, so in a chain of launches a block that finds an SM free copies them while the kernel
-// before computes its last steps and the memory would idle: 9-10 % less time per call in the
+// rows they cost 2-7 us at the bench shapes on an H100, benchmarks/HISTORY.md,
+// h100-2026-11-23-cp-async), then x (group 1); then each group's sum of x and x's fragment order.
+// The launch (benchmarks/HISTORY.md, h100-2026-11-24-prewait): the next kernel is let in at the
+// start, and the scales and biases (11 % of the bytes at g64) are copied before the wait for the
+// kernels before, so in a chain of launches a block that finds an SM free copies them while the
+// kernel before computes its last steps and the memory would idle: 9-10 % less time per call in the
 // bench's PDL chain at the issue's shapes (H100 bf16: 12.7 us against 14.0 at llama3-8b). The
 // first steps of w copied before the wait as well were up to 32 % slower: x, copied after the
 // wait, then lands behind them.
@@ -72,8 +72,8 @@
 // 4 groups bytes of sums.
 //
 // Where the time goes (H100 bf16 llama3-8b-up; scripts/mma_trace.py, which builds this file with
-// KPARITY_DIAG_TRACE, and ncu; benchmarks/h100-2026-11-24-trace, -subnormal): the first step
-// lands ~4.5 us after the start; then a warp takes ~1.5 us to compute a step on the fast path
+// KPARITY_DIAG_TRACE, and ncu; benchmarks/HISTORY.md, h100-2026-11-24-trace, -subnormal): the first
+// step lands ~4.5 us after the start; then a warp takes ~1.5 us to compute a step on the fast path
 // (~1.7 us subtracting), close to what the memory takes to deliver the next (~2.2 us), so the
 // last step's math and the blocks' uneven ends (~1 us) are what the copies alone do not pay.
 // Over the kernel a scheduler issued ~0.5 instructions a cycle with 3.5 warps (subtraction
@@ -83,7 +83,7 @@
 // on the fast path, as 2 or 4 steps: 0-5 % slower), steps 1 .. STAGES - 2 copied only after x
 // landed, each step's copies from one pointer and a row stride (1-4 % slower), the weight,
 // scale and bias copies issued before the wait for the kernel before (0-12 % slower with
-// PDL, 7-19 % without); and (benchmarks/h100-2026-11-24-mlx-cuda/experiments.log) steps of 2
+// PDL, 7-19 % without); and (benchmarks/HISTORY.md, h100-2026-11-24-mlx-cuda) steps of 2
 // blocks (16 rows x 128 bytes) with 6 stages or with twice the warps (0-11 % slower, the
 // copies alone 2-5 %), a step held in registers so its slot is refilled before the math (the
 // copies alone 1 % faster, with the math 2-6 % slower at 125 registers), one accumulator chain
@@ -95,8 +95,8 @@
 // bytes off the 1024-byte boundary they start on and cost 3.3-4.7 us at the bench shapes
 // (which alignment the copies need was not isolated).
 //
-// Instructions (H100 bf16, benchmarks/h100-2026-11-24-g-template): with G a template argument
-// the place of each block of a step in its super-block, its x vectors (bit j of a per-lane
+// Instructions (H100 bf16, benchmarks/HISTORY.md, h100-2026-11-24-g-template): with G a template
+// argument the place of each block of a step in its super-block, its x vectors (bit j of a per-lane
 // mask: the lane's codes in column g's group or not) and its stage vectors (two per-lane bases,
 // immediate offsets) are fixed before the loop, so the unrolled step does no address or
 // group arithmetic: ~60 SASS instructions a block (8 HMMA, 6 LDS.128, 40 for the codes),
@@ -111,20 +111,20 @@
 // alone 1.3-2.2 us slower), and each row's address as a fixed offset from the warp's first
 // row 2 % slower at llama3-8b-down.
 //
-// The tail (benchmarks/h100-2026-11-24-balance; scripts/mma_trace.py's per-warp table): 14 warps
-// sit 4, 4, 3, 3 on an SM's four sub-partitions, and the warps of the full two compute ~12 %
-// slower and end ~0.7 us after the others; and the memory serves the SMs unevenly (at
+// The tail (benchmarks/HISTORY.md, h100-2026-11-24-balance; scripts/mma_trace.py's per-warp table):
+// 14 warps sit 4, 4, 3, 3 on an SM's four sub-partitions, and the warps of the full two compute
+// ~12 % slower and end ~0.7 us after the others; and the memory serves the SMs unevenly (at
 // llama3-8b-up the median warp's last step lands 9.0-11.4 us in, the same SMs slow from run to
 // run), so the kernel waits for its slowest SMs. Tried and slower: K split unevenly so that
 // every sub-partition has 14 steps (4-7 %: the warps with more steps stream longer), the
 // block's steps interleaved over 8, 12 or 16 equal warps (up to 13 %), steps claimed across
 // the grid with each step's row sums published to the tile's last arriver (1.5-2x: the
 // release of each step's sums waits for the copies in flight).
-// Also not faster (benchmarks/h100-2026-11-24-chains): 2 or 4 accumulator chains (0.6-1.3 %,
-// within the A/B's 2 % delta) and each row's copy address as a base plus a 32-bit byte offset
-// (2 SASS instructions a row instead of 4; 2 % slower at llama3-8b-up); nor a step's copies
+// Also not faster (benchmarks/HISTORY.md, h100-2026-11-24-chains): 2 or 4 accumulator chains
+// (0.6-1.3 %, within the A/B's 2 % delta) and each row's copy address as a base plus a 32-bit byte
+// offset (2 SASS instructions a row instead of 4; 2 % slower at llama3-8b-up); nor a step's copies
 // waited for in 2 or 4 groups, or the bias terms added before the loop
-// (benchmarks/h100-2026-11-24-split, figures in benchmarks/README.md).
+// (benchmarks/HISTORY.md, h100-2026-11-24-split).
 //
 // Reductions (deterministic): the 4 quad threads' row sums by two shuffles, a tile's K parts in
 // shared memory in part order; each group's sum of x in 8 fixed chains.
