@@ -30,5 +30,6 @@ def silu_mul_kernel(A, inputs: dict, case) -> dict:
 
 SEED_TOL = {"silu_mul": {"f32": 1e-4, "f16": 5e-3, "bf16": 5e-2}}
 
+# gate and up come from one gate/up projection: its rewrite of gate stands for the op before
 elementwise_op("silu_mul", "activations", ("gate", "up"), silu_mul, silu_mul_kernel,
-               flops_per_elem=5, doc=__doc__)
+               flops_per_elem=5, doc=__doc__, chain_input="gate")

@@ -174,7 +174,7 @@ register(OpSpec(
     bytes=lambda case: _io_bytes(case),
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"],
     params={"ftz": 0}, doc=dequant_gemv.__doc__, plant=plant_logits, loss=quantization_loss,
-    inf_may_be_nan=True))
+    inf_may_be_nan=True, chain_input="x"))
 
 
 def _io_bytes(case) -> int:
@@ -232,4 +232,4 @@ register(OpSpec(
     bytes=_expert_bytes,
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"],
     params={"expert": 0, "ftz": 0}, doc=dequant_gemv_expert_indexed.__doc__,
-    inf_may_be_nan=True))
+    inf_may_be_nan=True, chain_input="x"))

@@ -123,7 +123,7 @@ def norm_kernel(A, x, w, case):
 
 
 def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc: str,
-            dims=("rows", "n"), params=None, param_values=None) -> OpSpec:
+            dims=("rows", "n"), params=None, param_values=None, chain_input="x") -> OpSpec:
     def elems(case) -> int:
         return int(np.prod([case.dims[d] for d in dims]))
 
@@ -133,7 +133,7 @@ def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc
         bytes=lambda case: get_bytes(name, case),
         flops=lambda case: flops_per_elem * elems(case),
         params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0},
-        param_values=param_values or {}, doc=doc, version=2))
+        param_values=param_values or {}, doc=doc, version=2, chain_input=chain_input))
 
 
 def get_bytes(name: str, case) -> int:
@@ -247,7 +247,8 @@ def add_rms_norm_kernel(A, inputs: dict, case) -> dict:
 _row_op("add_rms_norm", add_rms_norm, add_rms_norm_kernel,
         inputs=(TensorSpec("a", ROWS), TensorSpec("b", ROWS), TensorSpec("w", ROW_N, init="weight")),
         outputs=(TensorSpec("residual_out", ROWS), TensorSpec("normed_out", ROWS)),
-        flops_per_elem=5, doc=add_rms_norm.__doc__)
+        flops_per_elem=5, doc=add_rms_norm.__doc__,
+        chain_input="b")  # a: the residual stream, b: the block output just written
 
 
 # --- gated_mixer_norm (Qwen3.5/3.6 GDN output norm) ----------------------------------------------
@@ -273,7 +274,8 @@ def gated_mixer_norm_kernel(A, inputs: dict, case) -> dict:
 _row_op("gated_mixer_norm", gated_mixer_norm, gated_mixer_norm_kernel,
         inputs=(TensorSpec("y", ROWS, role="f32"), TensorSpec("z", ROWS, init="gate"),
                 TensorSpec("w", ROW_N, init="weight")),
-        outputs=(TensorSpec("out", ROWS),), flops_per_elem=9, doc=gated_mixer_norm.__doc__)
+        outputs=(TensorSpec("out", ROWS),), flops_per_elem=9, doc=gated_mixer_norm.__doc__,
+        chain_input="y")  # the recurrence writes y
 
 
 # --- rms_inv ---------------------------------------------------------------------------------

@@ -258,7 +258,15 @@ class Pipeline:
             flops=lambda case: sum(s.spec.flops(self.stage_case(case, s)) for s in self.stages),
             params={**params, **self.params}, version=self.oracle_version(),
             doc=self.doc or f"pipeline: {' -> '.join(f'{s.name} ({s.op})' for s in self.stages)}",
-            inf_may_be_nan=any(s.spec.inf_may_be_nan for s in self.stages), pipeline=self)
+            inf_may_be_nan=any(s.spec.inf_may_be_nan for s in self.stages), pipeline=self,
+            chain_input=self._chain_input())
+
+    def _chain_input(self) -> str:
+        """The pipeline input that the op before it writes: its first stage's chain input,
+        under its pipeline name ("" where that op declares none)."""
+        first = self.stages[0]
+        name = first.spec.chain_input
+        return self.source(first, name) if name else ""
 
     def oracle_version(self) -> str:
         """The pipeline's version and its stage ops': a stage's new oracle is a new pipeline

@@ -56,4 +56,4 @@ register(OpSpec(
     bytes=lambda case: case.spec.io_bytes(case),  # the weight once for all M rows
     flops=lambda case: 2 * case.dims["m"] * case.dims["out"] * case.dims["in"],
     params={"ftz": 0}, doc=__doc__, batch=BatchDim("m", inputs=("x",), outputs=("out",)),
-    inf_may_be_nan=True))
+    inf_may_be_nan=True, chain_input="x"))

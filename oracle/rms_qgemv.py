@@ -86,4 +86,5 @@ register(OpSpec(
     oracle=rms_norm_qgemv, tolerance=None, kernel=rms_norm_qgemv_kernel, version=2, bytes=_bytes,
     # the GEMV's multiply-add per weight, plus the norm's square-add and two multiplies per x
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"] + 4 * case.dims["in"],
-    params={"eps": 1e-6, "ftz": 0}, doc=rms_norm_qgemv.__doc__, inf_may_be_nan=True))
+    params={"eps": 1e-6, "ftz": 0}, doc=rms_norm_qgemv.__doc__, inf_may_be_nan=True,
+    chain_input="x"))

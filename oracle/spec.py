@@ -168,9 +168,17 @@ class OpSpec:
     # "normed")}; `ftz` (every op's flush-to-zero flag) is (0, 1) unless declared. A case file's
     # params are checked against these, and against the type of the param's default.
     param_values: Mapping[str, tuple] = field(default_factory=dict)
+    # The input that the op before this one in a decode step writes (its activation: x of a
+    # norm or a GEMV, never a weight). The `chain` timing mode (`runners/timing.py`) precedes
+    # each timed call with an ordinary kernel rewriting this input, as that op would; "" (none
+    # declared): `chain` falls back to `graph_rot` and says so.
+    chain_input: str = ""
 
     def __post_init__(self):
         self._check_roles()
+        if self.chain_input and self.chain_input not in {t.name for t in self.inputs}:
+            raise ValueError(f"op {self.name}: chain_input {self.chain_input!r} is not an input; "
+                             "inputs: " + ", ".join(t.name for t in self.inputs))
         if "ftz" in self.params and "ftz" not in self.param_values:
             object.__setattr__(self, "param_values", {**self.param_values, "ftz": (0, 1)})
         for name, values in self.param_values.items():
