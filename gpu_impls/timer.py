@@ -6,7 +6,13 @@ plain loop elsewhere), how long a unit took on the device (`elapsed`), how to ev
 The modes themselves (`runners/timing.py`) are written once against this interface:
 
     mode        timer          one sample
-    graph_rot   cuda_events    a graph of R calls over rotating input sets, replayed; time / R
+    chain       cuda_events    primary: a graph of R calls over rotating input sets, each call
+                               preceded by `predecessor` (an ordinary kernel rewriting that
+                               set's chain input, as the op before it in a decode step would),
+                               replayed, minus the replay of the predecessors alone; / R
+    graph_rot   cuda_events    a graph of R back-to-back calls of the impl itself over rotating
+                               input sets, replayed; time / R (a programmatic dependent launch
+                               overlaps its own previous call here: its best case)
     cold        cuda_events    flush the L2, then one call between events
     eager       cuda_events    one call between events, back to back: API-level (launch gaps)
     wall        host_wall      R calls over rotating input sets on a synchronous CPU backend
@@ -69,6 +75,14 @@ class Timer:
             for call in calls:
                 call()
         return run
+
+    def predecessor(self, array):
+        """`chain` mode: a zero-argument call that queues one ordinary (non-PDL) kernel rewriting
+        `array` (a device input of this timer's backend) with the values it already holds, so
+        the call after it waits for a kernel that wrote its input and computes the same result.
+        Timers without `chain` have none."""
+        raise NotImplementedError(f"{type(self).__name__} has no chain predecessor: mode chain "
+                                  f"is not among its modes ({', '.join(self.modes)})")
 
     def elapsed(self, fn) -> float:
         """Seconds `fn` took; host wall clock (the backends using it are synchronous)."""

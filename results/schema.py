@@ -64,7 +64,7 @@ CORRECTNESS = pa.schema([
 # One row per (impl, case, mode) measurement; an A/B writes one per run of each arm.
 BENCH = pa.schema([
     *CASE_ROW,                         # label: bench:decode-..., bench:hbm-...
-    ("mode", pa.string()),             # graph_rot | cold | eager | wall | wall_eval
+    ("mode", pa.string()),             # chain | graph_rot | cold | eager | wall | wall_eval
     ("timer", pa.string()),            # cuda_events | host_wall
     ("status", pa.string()),           # ok | fail (wrong results: not timed) | rejected | error
     ("message", pa.string()),
@@ -88,6 +88,8 @@ BENCH = pa.schema([
     ("q3_ns", pa.float64()),
     ("rel_iqr", pa.float64()),
     ("rel_std", pa.float64()),
+    ("pred_median_ns", pa.float64()),  # chain: the predecessor's own median per call (the time
+                                       # subtracted); null in every other mode and before it
     ("bytes_model", pa.int64()),       # the op's bytes(case): each input read, output written once
     ("flops_model", pa.int64()),
     ("gbps", pa.float64()),            # bytes_model / median

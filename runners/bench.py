@@ -3,8 +3,9 @@
 Order of events: contract check (before anything touches the device) -> correctness against the
 oracle on the same case (a wrong kernel is never timed; cases too large for a float64 oracle in
 reasonable time are marked `skipped:size`, and are covered at gate shapes by `kparity check`
-and, in an A/B, by A against B) -> k rotating input sets uploaded (fresh allocations every run)
--> `runners.timing.measure` -> the work model.
+and, in an A/B, by A against B) -> k rotating input sets uploaded (fresh allocations every
+run) -> in `chain`, each set's predecessor on the op's chain input (`Timer.predecessor`) ->
+`runners.timing.measure` -> the work model.
 
 Work model (`OpSpec.bytes`, `OpSpec.flops`): GB/s = bytes / median, TFLOP/s = flops / median,
 % of the spec peak (2 x memory clock x bus width / 8, NVML) and % of the copy ceiling measured in
@@ -120,12 +121,26 @@ def work_model(row: dict, median_s: float, ceilings: dict | None) -> None:
     row["cache_resident"] = bool(limit and row["gbps"] > limit)
 
 
+def timed_mode(mode: str, spec) -> tuple[str, str]:
+    """(the mode a case of op `spec` is timed in, why it is not `mode`, or ""): `chain` needs
+    the op's chain input (`OpSpec.chain_input`); an op that declares none is timed in
+    `graph_rot`, and the row's message says so."""
+    if mode == "chain" and not spec.chain_input:
+        return "graph_rot", (f"op {spec.name} declares no chain input (OpSpec.chain_input: the "
+                             "input the op before it writes), so chain cannot time it: timed "
+                             "in graph_rot (back-to-back calls of the impl itself)")
+    return mode, ""
+
+
 def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = None,
               run_id: str = "", host_inputs: dict | None = None, verify: bool = True,
               progress=None) -> dict:
     """One measurement of `impl` on `case` in `mode`; never raises (errors are rows).
-    `new_stop()` makes the measurement's stopping rule (a fresh `runners.stopping.StdRel`)."""
+    `new_stop()` makes the measurement's stopping rule (a fresh `runners.stopping.StdRel`).
+    `chain` rewrites each set's chain input before its call (`timed_mode` for an op without)."""
+    mode, fallback = timed_mode(mode, case.spec)
     row = _base_row(impl, backend, case, mode, run_id)
+    row["message"] = fallback
     t0 = time.perf_counter()
     sets = calls = None
     try:
@@ -141,7 +156,9 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
         k = rotation_sets(row["bytes_model"], timer) if mode not in ("cold", "eager") else 1
         sets = _input_sets(impl, backend, case, host_inputs, k)
         calls = [_SetCall(partial(impl.run, launch, ins, outs, case)) for ins, outs in sets]
-        m = measure(timer, mode, calls, new_stop(), progress=progress)
+        before = ([timer.predecessor(ins[case.spec.chain_input]) for ins, _ in sets]
+                  if mode == "chain" else None)
+        m = measure(timer, mode, calls, new_stop(), progress=progress, before=before)
         row.update({"n_sets": m.n_sets, "calls_per_sample": m.calls_per_sample,
                     "n_warmup": m.n_warmup, "warmup_s": m.warmup_s,
                     "n_samples": len(m.samples_s), "n_dropped": m.n_dropped,
@@ -152,6 +169,12 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
             row["message"] = f"no samples kept: {m.n_dropped} dropped under the throttle floor"
             return row
         s = summarize(m.samples_s)
+        if m.pred_samples_s:
+            row["pred_median_ns"] = summarize(m.pred_samples_s)["median"] * 1e9
+        if s["median"] <= 0:  # chain: the call added nothing measurable to its predecessor
+            row["message"] = (f"{mode}: median per call {s['median'] * 1e9:.3g} ns is not "
+                              "positive (the call's time is within the subtraction's noise)")
+            return row
         row.update({"median_ns": s["median"] * 1e9, "mean_ns": s["mean"] * 1e9,
                     "min_ns": s["min"] * 1e9, "q1_ns": s["q1"] * 1e9, "q3_ns": s["q3"] * 1e9,
                     "rel_iqr": s["rel_iqr"], "rel_std": s["rel_std"]})

@@ -13,8 +13,23 @@ set, all computing the same case) into per-call samples:
 
 Rotating sets: `rotation_sets` picks k input sets so that k * bytes >= 4 x the cache, within the
 timer's memory budget (and its `max_sets`); a rotating sample of R calls runs set i % k on
-call i, R = max(k, min_calls) rounded up to a multiple of k (graph_rot: >= 50 calls;
+call i, R = max(k, min_calls) rounded up to a multiple of k (chain, graph_rot: >= 50 calls;
 wall_eval: >= 64).
+
+`chain` (`measure(..., before=preds)`, one predecessor call per set): two graphs over the same
+rotation, P = [pred_0, pred_1, ...] and C = [pred_0, call_0, pred_1, call_1, ...], R of each.
+In `graph_rot` each call follows the previous call of the same impl, so a programmatic dependent
+launch overlaps its own predecessor, a best case that a non-PDL impl cannot have; in C each
+call follows an ordinary kernel that wrote its input, as in a decode step. A sample is one
+replay of P and, right after it, one replay of C:
+
+    sample = (t(C) - t(P)) / R          (the row's samples and median; t(P) / R is kept too)
+
+Paired differences of adjacent replays rather than the difference of two medians: the two
+replays share the clock and thermal state, so slow drift cancels in each difference, and the
+stopping rule and the row's rel_std judge the differences themselves, so the subtraction's own
+noise (both graphs' jitter) is in the reported noise, not hidden by it. The median of the
+differences is robust to one disturbed replay as the plain median is.
 """
 
 from __future__ import annotations
@@ -30,7 +45,8 @@ WARMUP_S = 0.1
 HOST_SAMPLE_S = 0.01      # `wall` mode: a sample should last at least this long
 THROTTLE_PAUSE_S = 0.05
 ROTATING = ("graph_rot", "wall", "wall_eval", "metal_ts")
-MODES = (*ROTATING, "cold", "eager")  # every mode `measure` knows (a timer offers some of them)
+# every mode `measure` knows (a timer offers some of them)
+MODES = ("chain", *ROTATING, "cold", "eager")
 
 
 @dataclass
@@ -38,6 +54,7 @@ class Measurement:
     mode: str
     timer: str
     samples_s: list[float] = field(default_factory=list)
+    pred_samples_s: list[float] = field(default_factory=list)  # chain: t(P) / R per sample
     n_warmup: int = 0
     warmup_s: float = 0.0
     n_sets: int = 1
@@ -74,15 +91,37 @@ def _calls_per_sample(mode: str, timer, calls: list, est_s: float) -> int:
     return int(math.ceil(r / k) * k)
 
 
-def measure(timer, mode: str, calls: list, stop: StdRel, progress=None) -> Measurement:
-    """Per-call samples of `calls` in `mode`; `progress(samples, noise)` is told as it goes."""
+def _chain(timer, calls: list, before: list, est_s: float):
+    """(R, sample, warm-up calls, warm-up seconds) of `chain` (module docstring): graphs P
+    (the predecessors alone) and C (each call after its set's predecessor) over the same
+    rotation of R calls; a sample is (t(C) - t(P)) / R, with t(P) / R beside it."""
+    r = _calls_per_sample("chain", timer, calls, est_s)
+    sets = [i % len(calls) for i in range(r)]
+    preds = timer.sequence([before[i] for i in sets])
+    chained = timer.sequence([f for i in sets for f in (before[i], calls[i])])
+    n1, s1 = _warm(timer, preds, r)
+    n2, s2 = _warm(timer, chained, r)
+
+    def sample():
+        t_pred = timer.elapsed(preds) / r
+        return timer.elapsed(chained) / r - t_pred, t_pred
+    return r, sample, n2, s1 + s2
+
+
+def measure(timer, mode: str, calls: list, stop: StdRel, progress=None,
+            before: list | None = None) -> Measurement:
+    """Per-call samples of `calls` in `mode`; `progress(samples, noise)` is told as it goes.
+    `before`: for `chain`, the predecessor of each set's call (`Timer.predecessor`), in order."""
     if mode not in timer.modes:
         raise ValueError(f"mode {mode!r} is not available on this timer ({timer.kind}); "
                          f"choose one of {', '.join(timer.modes)}")
+    if mode == "chain" and (before is None or len(before) != len(calls)):
+        raise ValueError(f"mode chain needs one predecessor per input set: {len(calls)} sets, "
+                         f"{'none' if before is None else len(before)} predecessors")
     m = Measurement(mode=mode, timer=timer.kind, n_sets=len(calls))
     with timer.stream():
-        for call in calls:  # compile, allocate, autotune: outside any capture or timing
-            call()
+        for call in [*calls, *(before or [])]:  # compile, allocate, autotune: outside any
+            call()                               # capture or timing
 
     first = calls[0]
     n, secs = _warm(timer, first, 1)
@@ -93,13 +132,17 @@ def measure(timer, mode: str, calls: list, stop: StdRel, progress=None) -> Measu
         n2, secs2 = _warm(timer, unit, r)
         n, secs = n + n2, secs + secs2
         m.calls_per_sample = r
-        sample = lambda: timer.elapsed(unit) / r  # noqa: E731
+        sample = lambda: (timer.elapsed(unit) / r, None)  # noqa: E731
+    elif mode == "chain":
+        r, sample, n2, secs2 = _chain(timer, calls, before, est)
+        n, secs = n + n2, secs + secs2
+        m.calls_per_sample = r
     elif mode == "cold":
         def sample():
             timer.flush()
-            return timer.elapsed(first)
+            return timer.elapsed(first), None
     elif mode == "eager":
-        sample = lambda: timer.elapsed(first)  # noqa: E731
+        sample = lambda: (timer.elapsed(first), None)  # noqa: E731
     else:
         raise ValueError(f"unknown mode {mode!r}")
     m.n_warmup, m.warmup_s = n, secs
@@ -108,7 +151,7 @@ def measure(timer, mode: str, calls: list, stop: StdRel, progress=None) -> Measu
     sm_seen, mem_seen = [], []
     stop.start()
     while True:
-        t = sample()
+        t, pred = sample()
         sm, mem = timer.clocks()
         if floor and sm and sm < floor:
             m.n_dropped += 1
@@ -118,6 +161,8 @@ def measure(timer, mode: str, calls: list, stop: StdRel, progress=None) -> Measu
             time.sleep(THROTTLE_PAUSE_S)
             continue
         m.samples_s.append(t)
+        if pred is not None:
+            m.pred_samples_s.append(pred)
         if sm:
             sm_seen.append(sm)
         if mem:

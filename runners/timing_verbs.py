@@ -19,11 +19,12 @@ from rich.table import Table
 from cases.generate import bench_cases, bench_plan, bench_presets
 from cases.model import make_inputs
 from gpu_impls.contract import ContractError
+from oracle.spec import get_op
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store
 from runners import outputs
 from runners.ab import ab_group
-from runners.bench import bench_one, ceilings_row
+from runners.bench import bench_one, ceilings_row, timed_mode
 from runners.cli import (UsageError, _backend, _impls, _split, check_presets, console,
                          select_impls, unknown)
 from runners.stopping import StdRel, shortfall
@@ -87,6 +88,20 @@ def _modes(args, backend) -> list[str]:
     if args.mode == "all":
         return list(modes)
     return [args.mode] if args.mode in modes else []
+
+
+def _timed_items(items: list) -> tuple[list, dict[str, str]]:
+    """(the (work, mode) items with `chain` turned into `graph_rot` where the op declares no
+    chain input, duplicates dropped; op -> why, for each op that was)."""
+    out, seen, why = [], set(), {}
+    for w, mode in items:
+        timed, reason = timed_mode(mode, w.case.spec)
+        if reason:
+            why[w.case.op] = reason
+        if (id(w), timed) not in seen:
+            seen.add((id(w), timed))
+            out.append((w, timed))
+    return out, why
 
 
 def _start(args, verb: str, backends) -> tuple[Store, str, dict]:
@@ -195,8 +210,9 @@ def cmd_bench(args) -> int:
     presets, default = _presets(args, impls)
     dtypes = _split(args.dtype) or None
     work = bench_plan(impls, dtypes=dtypes, presets=presets)
-    items = [(w, mode) for w in sorted(work, key=lambda w: (w.case.id, w.impl.id))
-             for mode in _modes(args, _backend(w.impl.backend))]
+    ordered = sorted(work, key=lambda w: (w.case.id, w.impl.id))
+    items, fallbacks = _timed_items([(w, mode) for w in ordered
+                                     for mode in _modes(args, _backend(w.impl.backend))])
     idle = [i for i in impls if not any(w.impl is i for w, _ in items)]
     if not impls:
         console.print("[red]nothing to bench: no impl matches the --op, --impl and --backend "
@@ -221,6 +237,8 @@ def cmd_bench(args) -> int:
                       f"({every})")
     console.print(f"benching {len(items)} (impl, case, mode) measurements, each up to "
                   f"--timeout {args.timeout:g} s")
+    for reason in fallbacks.values():
+        console.print(f"[yellow]note:[/] {escape(reason)}", soft_wrap=True)
     store, run_id, ceilings = _start(args, "bench", sorted({w.impl.backend for w, _ in items}))
     stop = _stop_rule(args)
     rows, inputs = [], {}
@@ -372,6 +390,9 @@ def _ab_mode(args, impls) -> str:
     if mode == "all" or any(mode not in t.modes or t.kind != timers[0].kind for t in timers):
         shown = ", ".join(f"{i.id} times with {t.kind} {t.modes}" for i, t in zip(impls, timers))
         raise UsageError(f"mode {mode!r}: {shown}; an A/B compares one mode on one kind of timer")
+    mode, reason = timed_mode(mode, get_op(impls[0].op))
+    if reason:
+        console.print(f"[yellow]note:[/] {escape(reason)}", soft_wrap=True)
     return mode
 
 
@@ -511,8 +532,12 @@ def _ab_exit(rows: list[dict], require: str | None) -> int:
 def add_parsers(sub, filters) -> None:
     def timing_flags(p):
         p.add_argument("--mode", default=None,
-                       help="graph_rot, cold, eager (CUDA), wall (CPU), wall_eval (MLX), "
-                            "metal_ts (Metal); 'all', or the timer's primary (default)")
+                       help="chain (CUDA, primary: each call after an ordinary kernel that "
+                            "rewrites its input, that kernel's own time subtracted), graph_rot "
+                            "(CUDA: back-to-back calls of the impl itself, where a PDL kernel "
+                            "overlaps its own previous call), cold, eager (CUDA), wall (CPU), "
+                            "wall_eval (MLX), metal_ts (Metal); 'all', or the timer's primary "
+                            "(default)")
         p.add_argument("--max-noise", type=float, default=0.005, metavar="FRACTION",
                        help="stop once the relative stdev is under this, in (0, 1] (0.005: "
                             "0.5 %%); a row that stops otherwise is marked not converged")

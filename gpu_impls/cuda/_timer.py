@@ -19,6 +19,21 @@ def _spin_kernel():
         " long long t0 = clock64(); while (clock64() - t0 < cycles) {} }", "kparity_spin")
 
 
+@functools.lru_cache(maxsize=None)
+def _rewrite_kernel():
+    """p[i] ^= key for i < n, one byte a thread: with key 0 (a run-time argument, so the
+    compiler keeps the load and the store) each byte is rewritten with its own value."""
+    import cupy
+
+    return cupy.RawKernel(
+        'extern "C" __global__ void kparity_rewrite(unsigned char* p, long long n,'
+        " unsigned int key) { long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
+        " if (i < n) p[i] ^= (unsigned char)key; }", "kparity_rewrite")
+
+
+REWRITE_BLOCK = 256
+
+
 class CupyTimer(CudaTimer):
     def _new_stream(self):
         import cupy
@@ -53,6 +68,13 @@ class CupyTimer(CudaTimer):
 
     def _spin(self, cycles):
         _spin_kernel()((1,), (1,), (np.int64(cycles),))
+
+    def _nbytes(self, array):
+        return int(array.nbytes)
+
+    def _rewrite(self, array, nbytes):
+        blocks = (nbytes + REWRITE_BLOCK - 1) // REWRITE_BLOCK
+        _rewrite_kernel()((blocks,), (REWRITE_BLOCK,), (array, np.int64(nbytes), np.uint32(0)))
 
     def _alloc_bytes(self, nbytes):
         import cupy

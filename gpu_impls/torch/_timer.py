@@ -48,6 +48,15 @@ class TorchCudaTimer(CudaTimer):
 
         torch.cuda._sleep(cycles)
 
+    def _nbytes(self, array):
+        return array.numel() * array.element_size()
+
+    def _rewrite(self, array, nbytes):
+        import torch
+
+        # torch's elementwise XOR (an ordinary launch) on the leading bytes; 0: same values
+        array.view(-1).view(torch.uint8)[:nbytes].bitwise_xor_(0)
+
     def _alloc_bytes(self, nbytes):
         import torch
 

@@ -1,0 +1,196 @@
+"""The `chain` timing mode on CPU: the mode table, every op's chain input, the subtraction over a
+fake timer that charges known times, and `bench_one`'s use of it (issue 26, part 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from cases.model import Case
+from gpu_impls.timer import Timer
+from oracle.pipeline import Pipeline, Stage
+from oracle.spec import _REGISTRY, get_op, registry
+from runners.stopping import StdRel
+from runners.timing import MODES, measure
+
+PRED_S = 2e-6       # the predecessor kernel
+CALL_S = 5e-6       # the call after an ordinary kernel
+OVERLAP_S = 4e-6    # the call after its own previous call: a PDL kernel's best case
+
+
+class Pred:
+    """A predecessor of set `i` (what `FakeChainTimer.predecessor` hands out)."""
+
+    def __init__(self, i: int, log: list):
+        self.i, self.log = i, log
+
+    def __call__(self):
+        self.log.append(("pred", self.i))
+
+
+class Unit(list):
+    """A 'graph': the calls, run in order when elapsed."""
+
+
+class FakeChainTimer(Timer):
+    """Charges PRED_S per predecessor and, per call, OVERLAP_S right after another call (a PDL
+    impl overlapping its own previous call) or CALL_S after anything else; no clock drops."""
+
+    kind = "fake_cuda"
+    modes = ("chain", "graph_rot", "cold", "eager")
+    min_calls = 50
+    max_sets = 8
+
+    def __init__(self):
+        self.log = []
+        self.units = []
+        self.made = 0
+
+    def cache_bytes(self):
+        return 4096
+
+    def memory_budget(self):
+        return 64 << 20
+
+    def predecessor(self, array):
+        self.made += 1
+        return Pred(self.made - 1, self.log)
+
+    def sequence(self, calls):
+        unit = Unit(calls)
+        self.units.append(unit)
+        return unit
+
+    def elapsed(self, fn):
+        calls = fn if isinstance(fn, Unit) else [fn]
+        total, prev = 0.0, None
+        for c in calls:
+            c()
+            if isinstance(c, Pred):
+                total += PRED_S
+            else:
+                total += OVERLAP_S if prev == "call" else CALL_S
+            prev = "pred" if isinstance(c, Pred) else "call"
+        return total
+
+
+def _stop():
+    return StdRel(min_time_s=0.0, min_samples=5, timeout_s=5.0)
+
+
+class SetCall:
+    def __init__(self, i: int, log: list):
+        self.i, self.log = i, log
+
+    def __call__(self):
+        self.log.append(("call", self.i))
+
+
+def test_chain_is_the_cuda_timers_primary_and_graph_rot_stays():
+    from gpu_impls._cuda_timer import CudaTimer
+    from gpu_impls.cuda._timer import CupyTimer
+    from gpu_impls.torch._timer import TorchCudaTimer
+
+    for timer in (CudaTimer, CupyTimer, TorchCudaTimer):
+        assert timer.modes[0] == "chain"
+        assert "graph_rot" in timer.modes
+    assert "chain" in MODES
+    assert "chain" not in Timer.modes  # the host timer has no graphs
+
+
+def test_every_op_declares_an_activation_as_its_chain_input():
+    ops = {name: s for name, s in registry().items()
+           if not s.oracle.__module__.startswith("tests.")}  # the test suite's own example ops
+    assert len(ops) >= 11
+    for name, spec in ops.items():
+        inputs = {t.name: t for t in spec.inputs}
+        assert spec.chain_input in inputs, f"{name}: chain_input {spec.chain_input!r}"
+        t = inputs[spec.chain_input]
+        assert t.init not in ("weight", "codes", "qscale", "qbias") and t.role != "u32", \
+            f"{name}: chain input {t.name} is a weight"
+
+
+def test_an_unknown_chain_input_is_refused_naming_the_inputs():
+    with pytest.raises(ValueError, match="chain_input 'nope' is not an input; inputs: x, w"):
+        dataclasses.replace(get_op("rms_norm"), chain_input="nope")
+
+
+def test_a_pipelines_chain_input_is_its_first_stages_under_its_pipeline_name():
+    p = Pipeline("chain_p", "test", (Stage("n1", "rms_norm", wires={"x": "h"}),
+                                     Stage("n2", "rms_norm", wires={"x": "n1.out", "w": "w2"})))
+    assert p.spec().chain_input == "h"
+
+
+def test_chain_subtracts_the_predecessors_own_graph():
+    """graph_rot charges the PDL overlap (4 us); chain the call after an ordinary kernel (5 us),
+    the predecessor's 2 us subtracted and kept beside it."""
+    timer = FakeChainTimer()
+    log = timer.log
+    calls = [SetCall(i, log) for i in range(3)]
+    preds = [Pred(i, log) for i in range(3)]
+    m = measure(timer, "chain", calls, _stop(), before=preds)
+    r = m.calls_per_sample
+    assert r % 3 == 0 and r >= 50 and m.mode == "chain"
+    assert m.samples_s and all(s == pytest.approx(CALL_S) for s in m.samples_s)
+    assert len(m.pred_samples_s) == len(m.samples_s)
+    assert all(p == pytest.approx(PRED_S) for p in m.pred_samples_s)
+    alone, chained = timer.units  # the predecessors alone, then each call after its own
+    assert [p.i for p in alone] == [i % 3 for i in range(r)]
+    assert [(type(c).__name__, c.i) for c in chained] == [
+        (kind, i % 3) for i in range(r) for kind in ("Pred", "SetCall")]
+
+    rot = measure(FakeChainTimer(), "graph_rot", calls, _stop())
+    assert all(s == pytest.approx((CALL_S + (r - 1) * OVERLAP_S) / r) for s in rot.samples_s)
+    assert not rot.pred_samples_s
+
+
+def test_chain_without_one_predecessor_per_set_is_refused():
+    calls = [SetCall(i, []) for i in range(2)]
+    with pytest.raises(ValueError, match="one predecessor per input set: 2 sets, none"):
+        measure(FakeChainTimer(), "chain", calls, _stop())
+    with pytest.raises(ValueError, match="2 sets, 1 predecessors"):
+        measure(FakeChainTimer(), "chain", calls, _stop(), before=[Pred(0, [])])
+
+
+def _bench(monkeypatch, mode):
+    from gpu_impls import backend, impls
+    from runners.bench import bench_one
+
+    be = backend("torch")
+    timer = FakeChainTimer()
+    monkeypatch.setattr(be, "timer", lambda: timer)
+    case = Case.make("rms_norm", {"rows": 2, "n": 64}, "f32", label="bench:tiny")
+    return bench_one(impls()["torch:rms_norm"], be, case, mode, _stop, verify=False), timer
+
+
+def test_bench_one_times_chain_on_the_ops_chain_input(monkeypatch):
+    row, timer = _bench(monkeypatch, "chain")
+    assert row["status"] == "ok", row["message"]
+    assert row["mode"] == "chain" and row["message"] == ""
+    assert row["median_ns"] == pytest.approx(CALL_S * 1e9)
+    assert row["pred_median_ns"] == pytest.approx(PRED_S * 1e9)
+    chained = timer.units[1]
+    assert sum(isinstance(c, Pred) for c in chained) == row["calls_per_sample"]
+
+
+def test_an_op_without_a_chain_input_falls_back_to_graph_rot_and_says_so(monkeypatch):
+    monkeypatch.setitem(_REGISTRY, "rms_norm",
+                        dataclasses.replace(get_op("rms_norm"), chain_input=""))
+    row, _ = _bench(monkeypatch, "chain")
+    assert row["status"] == "ok", row["message"]
+    assert row["mode"] == "graph_rot" and row.get("pred_median_ns") is None
+    assert "op rms_norm declares no chain input" in row["message"]
+    assert "timed in graph_rot" in row["message"]
+
+
+def test_bench_items_fold_a_chain_fallback_into_graph_rot_once():
+    from runners.timing_verbs import _timed_items
+
+    bare = dataclasses.replace(get_op("rms_norm"), chain_input="")
+    w = SimpleNamespace(case=SimpleNamespace(spec=bare, op="rms_norm"))
+    v = SimpleNamespace(case=SimpleNamespace(spec=get_op("rms_norm"), op="rms_norm"))
+    items, why = _timed_items([(w, "chain"), (w, "graph_rot"), (w, "cold"), (v, "chain")])
+    assert items == [(w, "graph_rot"), (w, "cold"), (v, "chain")]
+    assert list(why) == ["rms_norm"]
