@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions
+SCHEMA_VERSION = 4  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
+#                     4: bench.pred_median_ns (the chain mode's subtracted predecessor)
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
