@@ -48,6 +48,7 @@ from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
+from runners import oracle_cache
 from runners.comparators import SUMMARIES, describe
 from runners.correctness import (failure_kind, is_failure, judged_row, outcome, quarantined_row,
                                  repeated_row)
@@ -379,8 +380,10 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     maxfail = getattr(args, "maxfail", None)
     first_part = store.next_part("correctness", run_id)
     failed = done = 0
+    cached = Counter()  # the oracle cache's outcome per row (runners/oracle_cache.py)
     try:
         with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
+                oracle_prefetch(args, work) as ahead, \
                 runner_for(args, work) as run_case, Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
@@ -391,7 +394,11 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
                 if maxfail is not None and failed >= maxfail:
                     break
                 progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
+                computed_ahead = ahead.wait(w)  # its oracle entries, if the pool has them
                 row = run_one(w, run_id, run_case, repeat, ledger)
+                outcome_of_cache = row.pop(oracle_cache.CACHE_KEY, None)
+                if outcome_of_cache is not None:
+                    cached[computed_ahead or outcome_of_cache] += 1
                 writer.add(row)
                 rows.append(row)
                 done += 1
@@ -408,12 +415,25 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     except KeyboardInterrupt:  # the writer has closed: every finished row is in a part
         raise Interrupted(args, verb, run_id, store) from None
     summarize(rows, run_id, store, getattr(args, "seed", 0))
+    if cached:
+        console.print(escape(oracle_cache.summary(cached, ahead)), soft_wrap=True)
     if done < len(work):  # --maxfail: the verdict above is of the rows that ran
         console.print(f"[yellow]stopped early[/]: {failed} failing "
                       f"{'row' if failed == 1 else 'rows'} reached --maxfail {maxfail}; "
                       f"{len(work) - done} of {len(work)} (impl, case) pairs not run. "
                       + escape(f"The rest: {resume_command(args, run_id)}"), soft_wrap=True)
     return rows
+
+
+def oracle_prefetch(args, work: list[Work]) -> oracle_cache.Prefetch:
+    """The oracle entries the sweep lacks, computed ahead in a pool of processes while it runs
+    (`runners/oracle_cache.py`); a bad KPARITY_CACHE_* setting is bad input."""
+    from oracle.diskcache import CacheConfigError
+
+    try:
+        return oracle_cache.Prefetch(work, _backend, getattr(args, "plugin", None) or [])
+    except CacheConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 class Interrupted(Exception):
@@ -461,7 +481,11 @@ def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
     if w.expect == "valid" and repeat > 1:
         while len(rows) < repeat and not is_failure(rows[-1]):  # a failed repeat decides
             rows.append(run_case(w, run_id))
+        cached = rows[0].get(oracle_cache.CACHE_KEY)  # the first repeat's lookup speaks for it
+        rows = [{k: v for k, v in r.items() if k != oracle_cache.CACHE_KEY} for r in rows]
         row = repeated_row(w.impl, rows, repeat)
+        if cached is not None:
+            row[oracle_cache.CACHE_KEY] = cached
     else:
         row = rows[0]
     return judged_row(row, entry) if entry is not None else row

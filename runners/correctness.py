@@ -179,8 +179,9 @@ def check_op(work: Work, backend, run_id: str = "", inputs: dict | None = None,
             row["status"] = "fail"
             row["message"] = f"contract accepted a case that breaks `{work.invariant}`"
             return row
-        inputs = make_inputs(case) if inputs is None else inputs
-        exact, ref, bounds = oracle_for(impl, backend, case, inputs)
+        own_inputs = inputs is None
+        inputs = make_inputs(case) if own_inputs else inputs
+        exact, ref, bounds = oracle_for(impl, backend, case, inputs, own_inputs)
         out, defects = launch_impl(impl, backend, case, inputs)
         if keep is not None:
             keep.update(out)
@@ -217,15 +218,17 @@ def check_op(work: Work, backend, run_id: str = "", inputs: dict | None = None,
     return row
 
 
-def oracle_for(impl, backend, case, inputs: dict) -> tuple[dict, dict, dict]:
+def oracle_for(impl, backend, case, inputs: dict, own_inputs: bool = True
+               ) -> tuple[dict, dict, dict]:
     """(exact, rounded reference, bounds) per output, as `impl` on `backend` is judged: under
     the backend's flush-to-zero semantics where it flushes subnormals, with the bounds of the
-    impl's declared numerics."""
-    spec = case.spec
-    if backend.flushes_subnormals and "ftz" in spec.params:
-        case = case.replace(ftz=1)  # the oracle under the backend's FTZ semantics
-    exact, ref = spec.reference(inputs, case)
-    return exact, ref, spec.bounds(inputs, exact, case, impl.numerics.on(impl.backend))
+    impl's declared numerics. From the oracle cache where it holds them
+    (`runners/oracle_cache.py`); `own_inputs`: `inputs` are `make_inputs(case)` (else, e.g. a
+    pipeline stage's, their hash is part of the cache key)."""
+    from runners.oracle_cache import reference_and_bounds
+
+    return reference_and_bounds(case, inputs, impl.numerics.on(impl.backend),
+                                ftz=backend.flushes_subnormals, own_inputs=own_inputs)[:3]
 
 
 def output_digest(array: np.ndarray) -> str:

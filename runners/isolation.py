@@ -88,12 +88,10 @@ def case_timeout(case, first_of_shape: bool) -> float:
 
 @contextmanager
 def runner_for(args, work):
-    from runners.correctness import check
-
     mode = isolation_mode(getattr(args, "isolate", None), work)
     if mode == "none":
         def run(w, run_id):
-            return check(w, _backend(w.impl.backend), run_id)
+            return check_noting_cache(w, _backend(w.impl.backend), run_id)
 
         yield run
         return
@@ -190,6 +188,20 @@ class IsolatedRunner:
             f"{w.case.short()}): a probe on the {w.impl.backend} backend in a fresh worker "
             f"failed: {why}. The rows so far are in the store (run {run_id}); once the device "
             f"works again, `kparity check --resume {run_id}` runs the rest")
+
+
+def check_noting_cache(w, backend, run_id: str) -> dict:
+    """`check`'s row, with the oracle cache's outcome on it under `oracle_cache.CACHE_KEY`
+    (not a store column: the sweep counts it and pops it)."""
+    from runners import oracle_cache
+    from runners.correctness import check
+
+    oracle_cache.take_outcome()
+    row = check(w, backend, run_id)
+    outcome = oracle_cache.take_outcome()
+    if outcome is not None:
+        row[oracle_cache.CACHE_KEY] = outcome
+    return row
 
 
 def _row_without_result(w, run_id: str, status: str, message: str, seconds: float) -> dict:
@@ -312,7 +324,6 @@ def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str)
         return
     from cases.generate import Work
     from cases.model import Case
-    from runners.correctness import check
 
     conn.send(("ready",))
     while True:
@@ -326,7 +337,7 @@ def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str)
         if kind == "check":
             impl_id, case_json, expect, invariant, run_id = payload
             w = Work(impls[impl_id], Case.from_json(case_json), expect, invariant)
-            conn.send(check(w, gpu_impls.backend(w.impl.backend), run_id))
+            conn.send(check_noting_cache(w, gpu_impls.backend(w.impl.backend), run_id))
         elif kind == "probe":
             conn.send(_probe(gpu_impls.backend(payload)))
 

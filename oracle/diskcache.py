@@ -1,0 +1,183 @@
+"""A content-addressed cache on disk: bytes under a hex key, size-capped, shared by processes.
+
+Used for oracle outputs (`runners/oracle_cache.py`) and nvcc verdicts
+(`gpu_impls/cuda/nvcc_check.py`); stdlib only, so every layer can import it.
+
+Where: `$KPARITY_CACHE`, else `$XDG_CACHE_HOME/kparity`, else `~/.cache/kparity`: one place per
+user, shared by `kparity check`, `pytest -m gpu` and CI (none of which has a store in common).
+`KPARITY_CACHE=off` turns it off. `KPARITY_CACHE_MB` caps its size (default 2048 MiB): past the
+cap the least recently used entries go (a hit touches its file's mtime; eviction removes the
+oldest mtimes first, down to 90 % of the cap).
+
+Safe under concurrent processes: an entry is written to a temporary file in its own folder and
+renamed over its name (`os.replace`, atomic), so a reader sees a whole entry or none; two
+writers of one key both succeed (the last rename wins; both wrote the same content). Every file
+starts with a magic and a digest of the rest: a truncated or damaged entry reads as a miss
+(`get` returns None, `corrupt` counts it), never as an exception. Eviction tolerates files that
+another process removed or replaced meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+MAGIC = b"KPCACHE1"
+DIGEST = 16  # bytes of blake2b over the payload
+DEFAULT_MB = 2048
+TEMP_PREFIX = ".tmp-"
+STALE_TEMP_S = 3600.0  # a temporary file this old belongs to a writer that died
+
+
+class CacheConfigError(ValueError):
+    """A cache environment variable that cannot be read: the message names it and the fix."""
+
+
+def cache_root() -> Path | None:
+    """The cache folder (module docstring), or None where `KPARITY_CACHE=off`."""
+    given = os.environ.get("KPARITY_CACHE", "").strip()
+    if given.lower() in ("off", "0", "none", "false"):
+        return None
+    if given:
+        return Path(given).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kparity"
+
+
+def cap_bytes() -> int:
+    given = os.environ.get("KPARITY_CACHE_MB", "").strip()
+    if not given:
+        return DEFAULT_MB << 20
+    try:
+        mb = float(given)
+    except ValueError:
+        mb = -1.0
+    if mb <= 0:
+        raise CacheConfigError(f"KPARITY_CACHE_MB={given!r}: the cache's size cap in MiB, a "
+                               f"positive number (default {DEFAULT_MB}); KPARITY_CACHE=off turns "
+                               "the cache off")
+    return int(mb * (1 << 20))
+
+
+def open_cache(namespace: str) -> "DiskCache | None":
+    """The cache's `namespace` folder under `cache_root()`, or None where the cache is off."""
+    root = cache_root()
+    return None if root is None else DiskCache(root, namespace, cap_bytes())
+
+
+def digest(*parts: bytes | str) -> str:
+    """A hex key for content made of `parts` (each length-prefixed, so no two splits collide)."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+class DiskCache:
+    """Entries of one namespace under `root/namespace/<key[:2]>/<key>`; the size cap and the
+    eviction cover everything under `root` (every namespace shares one budget)."""
+
+    def __init__(self, root: Path, namespace: str, cap: int):
+        self.root, self.dir, self.cap = Path(root), Path(root) / namespace, cap
+        self.hits = self.misses = self.corrupt = self.write_errors = 0
+        self._size: int | None = None  # bytes under root, as last scanned plus what we wrote
+
+    def path(self, key: str) -> Path:
+        return self.dir / key[:2] / key
+
+    def get(self, key: str) -> bytes | None:
+        """The payload stored under `key`, or None (missing, unreadable, truncated, damaged).
+        A hit marks the entry as recently used."""
+        path = self.path(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            self.misses += 1
+            return None
+        head = len(MAGIC) + DIGEST
+        payload = data[head:]
+        if (len(data) < head or data[:len(MAGIC)] != MAGIC
+                or hashlib.blake2b(payload, digest_size=DIGEST).digest() != data[len(MAGIC):head]):
+            self.corrupt += 1
+            self.misses += 1
+            return None
+        try:
+            os.utime(path)  # the LRU clock: eviction removes the oldest mtimes first
+        except OSError:
+            pass  # evicted or replaced meanwhile: what we read is still whole
+        self.hits += 1
+        return payload
+
+    def put(self, key: str, payload: bytes) -> bool:
+        """Store `payload` under `key` atomically (module docstring); False where the folder
+        cannot be written (the caller goes on without the cache)."""
+        path = self.path(key)
+        data = MAGIC + hashlib.blake2b(payload, digest_size=DIGEST).digest() + payload
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                _unlink(Path(tmp))
+                raise
+        except OSError:
+            self.write_errors += 1
+            return False
+        if self._size is None:
+            self._size = self.scan_size()
+        else:
+            self._size += len(data)
+        if self._size > self.cap:
+            self.evict()
+        return True
+
+    def scan_size(self) -> int:
+        return sum(size for _, size, _ in self._files())
+
+    def evict(self) -> None:
+        """Remove the least recently used entries until everything under the root fits in 90 %
+        of the cap (temporary files of writers that died long ago go first)."""
+        files = sorted(self._files(), key=lambda f: f[2])
+        total = sum(size for _, size, _ in files)
+        target = int(self.cap * 0.9)
+        now = time.time()
+        for path, size, mtime in files:
+            if path.name.startswith(TEMP_PREFIX) and now - mtime > STALE_TEMP_S:
+                if _unlink(path):
+                    total -= size
+        for path, size, _ in files:
+            if total <= target:
+                break
+            if not path.name.startswith(TEMP_PREFIX) and _unlink(path):
+                total -= size
+        self._size = total
+
+    def _files(self) -> list[tuple[Path, int, float]]:
+        """(path, size, mtime) of every file under the root; a file gone meanwhile is skipped."""
+        out = []
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                path = Path(folder) / name
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                out.append((path, st.st_size, st.st_mtime))
+        return out
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except OSError:  # another process removed it first
+        return False

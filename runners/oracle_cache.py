@@ -1,0 +1,454 @@
+"""Oracle outputs cached on disk (`oracle/diskcache.py`), and computed ahead in a process pool.
+
+What a check takes from the oracle for one case is a pure function of the case and the oracle's
+code: the exact outputs and the rounded reference (`OpSpec.reference`), and the bounds
+(`OpSpec.bounds`), which also depend on the impl's declared numerics on its backend. So two
+entries per case: `ref` (exact and reference), keyed by the case, and `bounds`, keyed by the
+case and the numerics (every impl that declares the same numerics shares it). The bounds
+dominate the cost (a torch GEMV check: 36 s of bounds, 7 s of reference in a 60 s sweep).
+
+A key is the hash of: the case the inputs were drawn from (`Case.key()`: op, dims, dtype, dist,
+seed, params, `OpSpec.version`), the case the oracle ran on (the same with `ftz=1` on a backend
+that flushes subnormals), the oracle's code (`fingerprint`), and for inputs that are not the
+case's own (a pipeline stage fed by the kernel before it) their hash. Each entry also stores the
+hash of the inputs it was computed from; an entry whose hash differs from the current inputs'
+(an input generator that changed) is never used: it is recomputed and overwritten, and counted
+`stale`. A truncated or damaged entry is a miss (`corrupt`).
+
+The oracle's code (`fingerprint`): `OpSpec.version`, the text of every file under `oracle/`, the
+text of each file that defines one of the op's oracle, kernel model, tolerance, input maker,
+plant or `writes` (with each function's name and line), and the numpy and ml_dtypes versions.
+An oracle that reads code anywhere else must bump `OpSpec.version` when that code changes (or
+run with KPARITY_CACHE=off).
+
+Loaded values are bit-identical to computed ones: same dtypes (ml_dtypes included), shapes and
+memory order, writable arrays, Python and NumPy scalars restored as such; a value that cannot be
+stored that way (an object array, a nested structure) is not cached.
+
+`Prefetch` computes the missing entries of a work list in a pool of processes (one per core
+but one) while the caller runs the work in order, waiting for each item's entry before it runs
+(`kparity check`'s sweep, the GPU gate's fixture in tests/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import inspect
+import json
+import multiprocessing
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from oracle.diskcache import CacheConfigError, DiskCache, cap_bytes, cache_root, digest
+
+NAMESPACE = "oracle"
+FORMAT = 1  # of an entry's payload; a change makes every old key a miss
+# Outcomes of one lookup, worst first: a row's outcome is the worst of its two entries'.
+OUTCOMES = ("stale", "corrupt", "miss", "uncacheable", "hit", "off")
+# A sweep computes ahead in a pool only when at least this many entries are missing: below it,
+# starting the pool's processes costs more than it saves.
+PREFETCH_MIN = 64
+
+# The key a sweep's runner adds to a row for the cache's outcome on it (`take_outcome`); not a
+# store column: `run_work` pops it.
+CACHE_KEY = "_oracle_cache"
+
+_caches: dict[tuple, DiskCache] = {}
+_seen: list[str] = []  # outcomes of this process's lookups since the last `take_outcome`
+_fingerprints: dict[int, tuple[object, str]] = {}
+
+
+def current_cache() -> DiskCache | None:
+    """This process's cache under the current environment (None: KPARITY_CACHE=off)."""
+    root = cache_root()
+    if root is None:
+        return None
+    where = (str(root), cap_bytes())
+    if where not in _caches:
+        _caches[where] = DiskCache(root, NAMESPACE, where[1])
+    return _caches[where]
+
+
+def describe_cache() -> str:
+    root = cache_root()
+    return "off (KPARITY_CACHE=off)" if root is None else str(root)
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+def fingerprint(spec) -> str:
+    """A hash of the code that computes `spec`'s oracle outputs and bounds (module docstring)."""
+    known = _fingerprints.get(id(spec))
+    if known is not None and known[0] is spec:
+        return known[1]
+    import ml_dtypes
+
+    parts = [f"{spec.name} v{spec.version} numpy {np.__version__} ml_dtypes "
+             f"{ml_dtypes.__version__}"]
+    files = set(Path(__file__).resolve().parent.parent.joinpath("oracle").glob("*.py"))
+    functions = [spec.oracle, spec.kernel, spec.tolerance, spec.make_inputs, spec.plant,
+                 *(t.writes for t in spec.outputs)]
+    for fn in functions:
+        where = _defined_at(fn)
+        if where is not None:
+            files.add(Path(where[0]))
+            parts.append(f"{where[1]}:{where[2]}")
+    for path in sorted(files):
+        try:
+            parts.append(path.read_text())
+        except OSError:
+            parts.append(f"{path}: unreadable")
+    if spec.pipeline is not None:
+        parts += [fingerprint(stage.spec) for stage in spec.pipeline.stages]
+    value = digest(*parts)
+    _fingerprints[id(spec)] = (spec, value)
+    return value
+
+
+def _defined_at(fn) -> tuple[str, str, int] | None:
+    """(source file, qualified name, first line) of a function, a bound method, a partial or a
+    callable object; None where there is no Python source (None, a builtin)."""
+    if fn is None:
+        return None
+    fn = getattr(fn, "func", fn)  # functools.partial
+    fn = getattr(fn, "__func__", fn)  # a bound method
+    if not inspect.isfunction(fn):
+        fn = getattr(type(fn), "__call__", None)
+    try:
+        return (inspect.getsourcefile(fn), fn.__qualname__, fn.__code__.co_firstlineno)
+    except (TypeError, AttributeError):
+        return None
+
+
+def inputs_hash(inputs: dict) -> str:
+    """A hash of the inputs' names, dtypes, shapes and bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(inputs):
+        value = np.asarray(inputs[name])
+        h.update(f"{name}|{_dtype_name(value.dtype)}|{value.shape}|".encode())
+        h.update(np.ascontiguousarray(value).view(np.uint8))
+    return h.hexdigest()
+
+
+def numerics_key(numerics) -> str:
+    if dataclasses.is_dataclass(numerics):
+        return json.dumps(dataclasses.asdict(numerics), sort_keys=True, default=str)
+    return repr(numerics)
+
+
+def entry_keys(case, oracle_case, numerics, given_inputs: str | None) -> tuple[str, str]:
+    """(key of the `ref` entry, key of the `bounds` entry)."""
+    base = json.dumps({"format": FORMAT, "inputs_of": case.key(),
+                       "oracle_case": oracle_case.key(), "code": fingerprint(case.spec),
+                       "given_inputs": given_inputs}, sort_keys=True, default=str)
+    return digest("ref", base), digest("bounds", base, numerics_key(numerics))
+
+
+# --- lookups -----------------------------------------------------------------------------------
+
+def reference_and_bounds(case, inputs: dict, numerics, ftz: bool, own_inputs: bool = True,
+                         cache: DiskCache | None | bool = True):
+    """(exact, reference, bounds, outcome) for `case` on `inputs` (its own, drawn by
+    `make_inputs(case)`, unless `own_inputs` is False), the oracle run under flush-to-zero
+    semantics where `ftz` and the op has the param, the bounds for `numerics`. `cache=True`:
+    the current cache (`current_cache`); None or False: none. `outcome` is one of OUTCOMES."""
+    spec = case.spec
+    oracle_case = case.replace(ftz=1) if ftz and "ftz" in spec.params else case
+    if cache is True:
+        cache = current_cache()
+    if not cache:
+        exact, ref = spec.reference(inputs, oracle_case)
+        _seen.append("off")
+        return exact, ref, spec.bounds(inputs, exact, oracle_case, numerics), "off"
+    hashed = inputs_hash(inputs)
+    ref_key, bounds_key = entry_keys(case, oracle_case, numerics,
+                                     None if own_inputs else hashed)
+    got, ref_outcome = _load(cache, ref_key, hashed)
+    if got is None:
+        exact, ref = spec.reference(inputs, oracle_case)
+        ref_outcome = _store(cache, ref_key, hashed, {"exact": exact, "ref": ref}, ref_outcome)
+    else:
+        exact, ref = got["exact"], got["ref"]
+    got, bounds_outcome = _load(cache, bounds_key, hashed)
+    if got is None:
+        bounds = spec.bounds(inputs, exact, oracle_case, numerics)
+        bounds_outcome = _store(cache, bounds_key, hashed, {"bounds": bounds}, bounds_outcome)
+    else:
+        bounds = got["bounds"]
+    outcome = worst(ref_outcome, bounds_outcome)
+    _seen.append(outcome)
+    return exact, ref, bounds, outcome
+
+
+def worst(*outcomes: str) -> str:
+    return min(outcomes, key=OUTCOMES.index)
+
+
+def take_outcome() -> str | None:
+    """The worst outcome of this process's lookups since the last call (None: there were none,
+    e.g. a case its contract refused), and forget them: a runner calls it around one check."""
+    outcome = worst(*_seen) if _seen else None
+    _seen.clear()
+    return outcome
+
+
+def _load(cache: DiskCache, key: str, hashed: str) -> tuple[dict | None, str]:
+    """(the entry's groups, "hit") or (None, why not: "miss", "corrupt", "stale")."""
+    corrupt_before = cache.corrupt
+    payload = cache.get(key)
+    if payload is None:
+        return None, "corrupt" if cache.corrupt > corrupt_before else "miss"
+    unpacked = unpack(payload)
+    if unpacked is None:
+        return None, "corrupt"
+    header, groups = unpacked
+    if header.get("inputs") != hashed:
+        return None, "stale"
+    return groups, "hit"
+
+
+def _store(cache: DiskCache, key: str, hashed: str, groups: dict, outcome: str) -> str:
+    payload = pack({"inputs": hashed}, groups)
+    if payload is None:
+        return "uncacheable"
+    cache.put(key, payload)
+    return outcome
+
+
+# --- the entry format --------------------------------------------------------------------------
+# payload = 8-byte little-endian header length, the header (JSON: the caller's fields and one
+# record per value), then each value's bytes in record order.
+
+def pack(fields: dict, groups: dict[str, dict]) -> bytes | None:
+    """`groups` ({group: {name: value}}) as a payload, or None where a value cannot be restored
+    bit for bit (module docstring)."""
+    records, blobs = [], []
+    for group, values in groups.items():
+        for name, value in values.items():
+            kind = _kind(value)
+            if kind is None:
+                return None
+            array = np.asarray(value)
+            dtype = _dtype_name(array.dtype)
+            if dtype is None:
+                return None
+            order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+            blob = array.tobytes(order=order)
+            records.append({"group": group, "name": name, "kind": kind, "dtype": dtype,
+                            "shape": list(array.shape), "order": order, "nbytes": len(blob)})
+            blobs.append(blob)
+    header = json.dumps({**fields, "values": records}).encode()
+    return b"".join([len(header).to_bytes(8, "little"), header, *blobs])
+
+
+def unpack(payload: bytes) -> tuple[dict, dict[str, dict]] | None:
+    """(header, groups) from `pack`'s payload, or None where it does not parse."""
+    try:
+        size = int.from_bytes(payload[:8], "little")
+        header = json.loads(payload[8:8 + size])
+        offset, groups = 8 + size, {}
+        for r in header["values"]:
+            dtype = _dtype(r["dtype"])
+            count = r["nbytes"] // dtype.itemsize
+            if offset + r["nbytes"] > len(payload):
+                return None
+            flat = np.frombuffer(payload, dtype, count, offset).copy()  # owned, writable
+            array = flat.reshape(r["shape"], order=r["order"])
+            offset += r["nbytes"]
+            groups.setdefault(r["group"], {})[r["name"]] = _restore(array, r["kind"])
+        if offset != len(payload):
+            return None
+        return header, groups
+    except (ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError):
+        return None
+
+
+def _kind(value) -> str | None:
+    if isinstance(value, np.ndarray):
+        return "array"
+    if isinstance(value, np.generic):
+        return "numpy"
+    for kind in (bool, int, float):  # bool before int: True is an int too
+        if type(value) is kind:
+            return kind.__name__
+    return None
+
+
+def _restore(array: np.ndarray, kind: str):
+    if kind == "array":
+        return array
+    if kind == "numpy":
+        return array[()]
+    return {"bool": bool, "int": int, "float": float}[kind](array.item())
+
+
+def _dtype_name(dtype: np.dtype) -> str | None:
+    """A dtype as text: NumPy's own (`dtype.str`) or an ml_dtypes type (`ml:bfloat16`); None for
+    one that cannot round-trip (objects, structured)."""
+    if dtype.type.__module__.startswith("ml_dtypes"):
+        return f"ml:{dtype.name}"
+    if dtype.kind in "OV" or dtype.fields is not None:
+        return None
+    return dtype.str
+
+
+def _dtype(name: str) -> np.dtype:
+    if name.startswith("ml:"):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name[3:]))
+    return np.dtype(name)
+
+
+# --- computing ahead ---------------------------------------------------------------------------
+
+def _task_key(case, numerics, ftz: bool) -> tuple:
+    return case.to_json(), numerics_key(numerics), ftz
+
+
+def warm(case_json: str, numerics, ftz: bool) -> str:
+    """In a pool process: the entries of one case (its own inputs), computed where missing;
+    the lookup's outcome."""
+    from cases.model import Case, make_inputs
+
+    case = _case_with_plugins(case_json)
+    return reference_and_bounds(case, make_inputs(case), numerics, ftz)[3]
+
+
+def _case_with_plugins(case_json: str):
+    """The case; an op this process does not know yet may come from an installed plugin."""
+    from cases.model import Case
+
+    try:
+        return Case.from_json(case_json)
+    except KeyError:
+        import gpu_impls
+
+        gpu_impls.impls()  # loads the `kparity.plugins` entry points
+        for module in _PLUGINS:
+            gpu_impls.load_plugin(module)
+        return Case.from_json(case_json)
+
+
+_PLUGINS: list[str] = []
+
+
+def _init_worker(plugins: list[str], env: dict) -> None:
+    os.environ.update(env)  # the parent's cache settings, whatever the start method copied
+    _PLUGINS[:] = plugins
+
+
+def pool_size() -> int:
+    """Processes for `Prefetch`: one per core this process may use, but one (the sweep's own);
+    KPARITY_CACHE_WORKERS overrides."""
+    given = os.environ.get("KPARITY_CACHE_WORKERS", "").strip()
+    if given:
+        if not given.isdigit():
+            raise CacheConfigError(f"KPARITY_CACHE_WORKERS={given!r}: the number of processes "
+                                   "that compute oracle entries ahead of a sweep, 0 or more")
+        return int(given)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores - 1
+
+
+class Prefetch:
+    """Computes the missing cache entries of `work` (valid cases of unstaged impls) in a pool
+    of processes, in the work's order; `wait(w)` blocks until `w`'s entries are done (or failed:
+    the check then computes them itself and meets the same error). With the cache off, too few
+    entries missing (PREFETCH_MIN) or one core, it starts nothing and `wait` returns at once.
+    A context manager; on exit the pool's queued tasks are cancelled."""
+
+    def __init__(self, work, backend_of, plugins: list[str] | None = None,
+                 workers: int | None = None):
+        """`backend_of(name)`: the backend object (only its `flushes_subnormals` is read)."""
+        self.futures: dict[tuple, concurrent.futures.Future] = {}
+        self.outcomes: Counter = Counter()
+        self.workers = 0
+        self.pool = None
+        cache = current_cache()
+        if cache is None:
+            return
+        tasks = {}
+        for w in work:
+            if w.expect != "valid" or w.impl.stages is not None:
+                continue
+            ftz = bool(backend_of(w.impl.backend).flushes_subnormals)
+            numerics = w.impl.numerics.on(w.impl.backend)
+            key = _task_key(w.case, numerics, ftz)
+            if key not in tasks and not _present(cache, w.case, numerics, ftz):
+                tasks[key] = (w.case.to_json(), numerics, ftz)
+        size = min(workers if workers is not None else pool_size(), len(tasks))
+        if len(tasks) < PREFETCH_MIN or size < 1:
+            return
+        env = {k: v for k, v in os.environ.items() if k.startswith("KPARITY_")}
+        self.pool = concurrent.futures.ProcessPoolExecutor(
+            size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+            initargs=(list(plugins or []), env))
+        self.workers = size
+        self.futures = {key: self.pool.submit(warm, *args) for key, args in tasks.items()}
+        self._backend_of = backend_of
+
+    def wait(self, w) -> str | None:
+        """Block until the pool is done with `w`'s entries; "miss", "stale" or "corrupt" where
+        it computed them (the check then finds them: a hit that this run computed), else
+        None."""
+        if not self.futures or w.expect != "valid" or w.impl.stages is not None:
+            return None
+        ftz = bool(self._backend_of(w.impl.backend).flushes_subnormals)
+        future = self.futures.pop(_task_key(w.case, w.impl.numerics.on(w.impl.backend), ftz),
+                                  None)
+        if future is None:
+            return None
+        try:
+            outcome = future.result()
+        except Exception:  # noqa: BLE001  (the check computes it and reports the error)
+            outcome = "failed"
+        self.outcomes[outcome] += 1
+        return outcome if outcome in ("miss", "stale", "corrupt") else None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+    def __enter__(self) -> "Prefetch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _present(cache: DiskCache, case, numerics, ftz: bool) -> bool:
+    """Whether both entries of the case exist (not read: the check verifies them)."""
+    oracle_case = case.replace(ftz=1) if ftz and "ftz" in case.spec.params else case
+    return all(cache.path(k).exists() for k in entry_keys(case, oracle_case, numerics, None))
+
+
+def summary(outcomes: Counter, prefetch: Prefetch | None = None) -> str:
+    """One line for a sweep's end: where the cache is and what it served."""
+    checked = sum(outcomes.values())
+    if not checked:
+        return ""
+    if outcomes.get("off"):
+        return "oracle cache: off (KPARITY_CACHE=off)"
+    computed = sum(outcomes[k] for k in ("miss", "stale", "corrupt", "uncacheable"))
+    parts = [f"{outcomes['hit']} hits", f"{computed} computed"]
+    if prefetch is not None and prefetch.workers:
+        ahead = sum(n for k, n in prefetch.outcomes.items() if k in ("miss", "stale", "corrupt"))
+        parts[1] += (f" ({ahead} of them ahead in {prefetch.workers} "
+                     f"{'process' if prefetch.workers == 1 else 'processes'})")
+    if outcomes["stale"]:
+        parts.append(f"{outcomes['stale']} stale entries recomputed (their inputs changed)")
+    if outcomes["corrupt"]:
+        parts.append(f"{outcomes['corrupt']} unreadable entries recomputed")
+    if outcomes["uncacheable"]:
+        parts.append(f"{outcomes['uncacheable']} not storable")
+    return f"oracle cache {describe_cache()}: " + ", ".join(parts)
