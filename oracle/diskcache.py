@@ -5,9 +5,11 @@ Used for oracle outputs (`runners/oracle_cache.py`) and nvcc verdicts
 
 Where: `$KPARITY_CACHE`, else `$XDG_CACHE_HOME/kparity`, else `~/.cache/kparity`: one place per
 user, shared by `kparity check`, `pytest -m gpu` and CI (none of which has a store in common).
-`KPARITY_CACHE=off` turns it off. `KPARITY_CACHE_MB` caps its size (default 2048 MiB): past the
+`KPARITY_CACHE=off` turns it off. `KPARITY_CACHE_MB` caps its size (default 4096 MiB): past the
 cap the least recently used entries go (a hit touches its file's mtime; eviction removes the
-oldest mtimes first, down to 90 % of the cap).
+oldest mtimes first, down to 90 % of the cap). The default holds the GPU gate of today's two
+families with room to spare (its oracle entries on CUDA and torch: at most 1.4 GiB); a cap below
+a sweep's working set evicts every entry before its next use, so raise it as families grow.
 
 Safe under concurrent processes: an entry is written to a temporary file in its own folder and
 renamed over its name (`os.replace`, atomic), so a reader sees a whole entry or none; two
@@ -27,7 +29,7 @@ from pathlib import Path
 
 MAGIC = b"KPCACHE1"
 DIGEST = 16  # bytes of blake2b over the payload
-DEFAULT_MB = 2048
+DEFAULT_MB = 4096
 TEMP_PREFIX = ".tmp-"
 STALE_TEMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 
@@ -62,10 +64,19 @@ def cap_bytes() -> int:
     return int(mb * (1 << 20))
 
 
+_open: dict[tuple, "DiskCache"] = {}
+
+
 def open_cache(namespace: str) -> "DiskCache | None":
-    """The cache's `namespace` folder under `cache_root()`, or None where the cache is off."""
+    """The cache's `namespace` folder under `cache_root()` (one object per process and
+    setting: it scans the folder's size once), or None where the cache is off."""
     root = cache_root()
-    return None if root is None else DiskCache(root, namespace, cap_bytes())
+    if root is None:
+        return None
+    where = (str(root), namespace, cap_bytes())
+    if where not in _open:
+        _open[where] = DiskCache(root, namespace, where[2])
+    return _open[where]
 
 
 def digest(*parts: bytes | str) -> str:

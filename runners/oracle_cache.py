@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oracle.diskcache import CacheConfigError, DiskCache, cap_bytes, cache_root, digest
+from oracle.diskcache import CacheConfigError, DiskCache, cache_root, digest, open_cache
 
 NAMESPACE = "oracle"
 FORMAT = 1  # of an entry's payload; a change makes every old key a miss
@@ -58,20 +59,13 @@ PREFETCH_MIN = 64
 # store column: `run_work` pops it.
 CACHE_KEY = "_oracle_cache"
 
-_caches: dict[tuple, DiskCache] = {}
 _seen: list[str] = []  # outcomes of this process's lookups since the last `take_outcome`
 _fingerprints: dict[int, tuple[object, str]] = {}
 
 
 def current_cache() -> DiskCache | None:
     """This process's cache under the current environment (None: KPARITY_CACHE=off)."""
-    root = cache_root()
-    if root is None:
-        return None
-    where = (str(root), cap_bytes())
-    if where not in _caches:
-        _caches[where] = DiskCache(root, NAMESPACE, where[1])
-    return _caches[where]
+    return open_cache(NAMESPACE)
 
 
 def describe_cache() -> str:
@@ -89,25 +83,35 @@ def fingerprint(spec) -> str:
     import ml_dtypes
 
     parts = [f"{spec.name} v{spec.version} numpy {np.__version__} ml_dtypes "
-             f"{ml_dtypes.__version__}"]
-    files = set(Path(__file__).resolve().parent.parent.joinpath("oracle").glob("*.py"))
+             f"{ml_dtypes.__version__}", _oracle_package_digest()]
+    files = set()
     functions = [spec.oracle, spec.kernel, spec.tolerance, spec.make_inputs, spec.plant,
                  *(t.writes for t in spec.outputs)]
     for fn in functions:
         where = _defined_at(fn)
         if where is not None:
-            files.add(Path(where[0]))
+            files.add(where[0])
             parts.append(f"{where[1]}:{where[2]}")
-    for path in sorted(files):
-        try:
-            parts.append(path.read_text())
-        except OSError:
-            parts.append(f"{path}: unreadable")
+    parts += [_file_text(path) for path in sorted(files)]
     if spec.pipeline is not None:
         parts += [fingerprint(stage.spec) for stage in spec.pipeline.stages]
     value = digest(*parts)
     _fingerprints[id(spec)] = (spec, value)
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _oracle_package_digest() -> str:
+    """Every file of `oracle/` (the spec machinery, numerics, dtypes, each family's oracles)."""
+    folder = Path(__file__).resolve().parent.parent / "oracle"
+    return digest(*(_file_text(str(path)) for path in sorted(folder.glob("*.py"))))
+
+
+def _file_text(path: str) -> str:
+    try:
+        return f"{path}\n" + Path(path).read_text()
+    except OSError:
+        return f"{path}: unreadable"
 
 
 def _defined_at(fn) -> tuple[str, str, int] | None:
@@ -158,7 +162,7 @@ def reference_and_bounds(case, inputs: dict, numerics, ftz: bool, own_inputs: bo
     semantics where `ftz` and the op has the param, the bounds for `numerics`. `cache=True`:
     the current cache (`current_cache`); None or False: none. `outcome` is one of OUTCOMES."""
     spec = case.spec
-    oracle_case = case.replace(ftz=1) if ftz and "ftz" in spec.params else case
+    oracle_case = _oracle_case(case, ftz)
     if cache is True:
         cache = current_cache()
     if not cache:
@@ -183,6 +187,12 @@ def reference_and_bounds(case, inputs: dict, numerics, ftz: bool, own_inputs: bo
     outcome = worst(ref_outcome, bounds_outcome)
     _seen.append(outcome)
     return exact, ref, bounds, outcome
+
+
+def _oracle_case(case, ftz: bool):
+    """The case the oracle runs on: under flush-to-zero semantics on a backend that flushes
+    subnormals (where the op has the param)."""
+    return case.replace(ftz=1) if ftz and "ftz" in case.spec.params else case
 
 
 def worst(*outcomes: str) -> str:
@@ -316,30 +326,28 @@ def warm(case_json: str, numerics, ftz: bool) -> str:
     the lookup's outcome."""
     from cases.model import Case, make_inputs
 
-    case = _case_with_plugins(case_json)
+    _load_plugins_for(json.loads(case_json)["op"])
+    case = Case.from_json(case_json)
     return reference_and_bounds(case, make_inputs(case), numerics, ftz)[3]
 
 
-def _case_with_plugins(case_json: str):
-    """The case; an op this process does not know yet may come from an installed plugin."""
-    from cases.model import Case
-
-    try:
-        return Case.from_json(case_json)
-    except KeyError:
-        import gpu_impls
-
-        gpu_impls.impls()  # loads the `kparity.plugins` entry points
-        for module in _PLUGINS:
-            gpu_impls.load_plugin(module)
-        return Case.from_json(case_json)
+_PLUGINS: list[str] = []  # the sweep's --plugin modules, loaded in a pool process on demand
 
 
-_PLUGINS: list[str] = []
+def _load_plugins_for(op: str) -> None:
+    """An op this process does not know yet comes from a plugin: load them (once)."""
+    from oracle.spec import registry
+
+    if op in registry():
+        return
+    import gpu_impls
+
+    gpu_impls.impls()  # the `kparity.plugins` entry points
+    for module in _PLUGINS:
+        gpu_impls.load_plugin(module)
 
 
-def _init_worker(plugins: list[str], env: dict) -> None:
-    os.environ.update(env)  # the parent's cache settings, whatever the start method copied
+def _init_worker(plugins: list[str]) -> None:
     _PLUGINS[:] = plugins
 
 
@@ -388,10 +396,9 @@ class Prefetch:
         size = min(workers if workers is not None else pool_size(), len(tasks))
         if len(tasks) < PREFETCH_MIN or size < 1:
             return
-        env = {k: v for k, v in os.environ.items() if k.startswith("KPARITY_")}
-        self.pool = concurrent.futures.ProcessPoolExecutor(
+        self.pool = concurrent.futures.ProcessPoolExecutor(  # spawn: never a forked CUDA
             size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-            initargs=(list(plugins or []), env))
+            initargs=(list(plugins or []),))
         self.workers = size
         self.futures = {key: self.pool.submit(warm, *args) for key, args in tasks.items()}
         self._backend_of = backend_of
@@ -428,8 +435,8 @@ class Prefetch:
 
 def _present(cache: DiskCache, case, numerics, ftz: bool) -> bool:
     """Whether both entries of the case exist (not read: the check verifies them)."""
-    oracle_case = case.replace(ftz=1) if ftz and "ftz" in case.spec.params else case
-    return all(cache.path(k).exists() for k in entry_keys(case, oracle_case, numerics, None))
+    keys = entry_keys(case, _oracle_case(case, ftz), numerics, None)
+    return all(cache.path(k).exists() for k in keys)
 
 
 def summary(outcomes: Counter, prefetch: Prefetch | None = None) -> str:
