@@ -1,5 +1,8 @@
 """Every .cu source compiles for sm_90 with nvcc, for every dtype and mutant define, before a GPU
-machine ever sees it (skips where nvcc is absent)."""
+machine ever sees it (skips where nvcc is absent). Compiles go through `nvcc_check.compile_unit`,
+whose successes are cached by content (unchanged sources compile once, then take seconds), and
+no verdict here depends on how long nvcc takes: only a per-process hang guard does
+(KPARITY_NVCC_TIMEOUT)."""
 
 from __future__ import annotations
 
@@ -15,45 +18,38 @@ import pytest
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_all_kernels_compile_for_sm90():
     proc = subprocess.run([sys.executable, "-m", "gpu_impls.cuda.nvcc_check", "--arch", "sm_90"],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") >= 6, proc.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_planted_fault_kernels_compile_for_sm90(tmp_path):
-    from pathlib import Path
+def test_planted_fault_kernels_compile_for_sm90():
+    from gpu_impls.cuda.nvcc_check import compile_unit
 
     source = Path(__file__).with_name("faults_cuda.cu")
-    proc = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", str(source), "-o",
-                           str(tmp_path / "faults.ptx")], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    ptx = (tmp_path / "faults.ptx").read_text()
+    compiled = compile_unit(source.read_text(), "sm_90", ptx=True, include_dir=source.parent)
+    assert compiled.ok, compiled.log
+    ptx = compiled.ptx
     for kernel in ("illegal_address", "hang", "store_past_end", "fill_bits", "racy_sum_squares",
                    "scale_rows"):
         assert f".entry {kernel}(" in ptx
 
 
-def _ptx_entries(source: str, tmp_path) -> list[str]:
+def _ptx_entries(source: str) -> list[str]:
     """The PTX of every listed instance of `source` (nvcc --ptx, sm_90), one body per entry."""
-    import re
+    from gpu_impls.cuda.nvcc_check import compile_unit, instantiation_unit, listed_kernels
 
-    from gpu_impls.cuda.nvcc_check import KERNEL_DIR, instantiation_unit, listed_kernels
-
-    unit = tmp_path / "unit.cu"
-    unit.write_text(instantiation_unit(source, listed_kernels()[source]))
-    proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-I", str(KERNEL_DIR), "--ptx",
-                           str(unit), "-o", str(tmp_path / "unit.ptx")],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    entries = re.split(r"\.entry ", (tmp_path / "unit.ptx").read_text())[1:]
+    compiled = compile_unit(instantiation_unit(source, listed_kernels()[source]), "sm_90",
+                            ptx=True)
+    assert compiled.ok, compiled.log
+    entries = re.split(r"\.entry ", compiled.ptx)[1:]
     assert entries
     return entries
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_kp_qgemv_mma_static_shared_memory_is_1024_bytes(tmp_path):
+def test_kp_qgemv_mma_static_shared_memory_is_1024_bytes():
     """kp_qgemv_mma's dynamic stages follow its static shared memory, `partial` (1024 bytes),
     so they start on a 1024-byte boundary. A 2-word `__shared__` array beside it moved them 16
     bytes and cost 3.3-4.7 us at the bench shapes on an H100
@@ -61,7 +57,7 @@ def test_kp_qgemv_mma_static_shared_memory_is_1024_bytes(tmp_path):
     or the dynamic region."""
     import re
 
-    for body in _ptx_entries("kp_qgemv_mma.cu", tmp_path):
+    for body in _ptx_entries("kp_qgemv_mma.cu"):
         name = body.split("(", 1)[0]
         if "F32" in name:
             continue  # f32 instances only trap: the contract refuses f32
@@ -154,12 +150,12 @@ def test_accesses_before_wait_names_each_address_s_parameters():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("source", sorted(PDL_SOURCES))
-def test_pdl_kernels_wait_before_any_global_access(source, tmp_path):
+def test_pdl_kernels_wait_before_any_global_access(source):
     """In the PTX of every instance, `griddepcontrol.wait` comes before every global store and
     every global load or copy, except loads of the parameters PDL_SOURCES allows: a PDL-launched
     kernel may start while its predecessor still writes."""
     allowed = PDL_SOURCES[source]
-    for body in _ptx_entries(source, tmp_path):
+    for body in _ptx_entries(source):
         name = body.split("(", 1)[0]
         for access, params in accesses_before_wait(body):
             assert access.startswith(("ld.", "cp.async")) and params and params <= allowed, (
@@ -215,3 +211,106 @@ def test_every_mutant_define_reaches_some_kernel():
     reached = {d for p in KERNEL_DIR.glob("*.cu") for d in defines_for(p)}
     assert reached == set(MUTANT_DEFINES), sorted(set(MUTANT_DEFINES) - reached)
     assert "KPARITY_MUTANT_DROP_EPS" in defines_for(KERNEL_DIR / "silu_mul.cu")  # via common.cuh
+
+
+# --- the compile cache, with a stand-in nvcc (no CUDA needed) ----------------------------------
+
+FAKE_NVCC = """#!{python}
+# A stand-in nvcc: logs each compile, fails a unit with #error, hangs on one with HANG, writes
+# a one-entry PTX for --ptx.
+import os, pathlib, sys, time
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("fake nvcc, release {version}")
+    sys.exit(0)
+with open(os.environ["FAKE_NVCC_LOG"], "a") as f:
+    f.write(" ".join(args[:-3]) + "\\n")
+source = pathlib.Path(args[-1]).read_text()
+if "HANG" in source:
+    time.sleep(60)
+if "#error" in source:
+    print("unit.cu(1): error: planted", file=sys.stderr)
+    sys.exit(1)
+if "--ptx" in args:
+    pathlib.Path(args[args.index("-o") + 1]).write_text(".entry fake(\\n")
+"""
+
+
+def _install_fake_nvcc(folder: Path, version: str) -> None:
+    nvcc = folder / "nvcc"
+    nvcc.write_text(FAKE_NVCC.format(python=sys.executable, version=version))
+    nvcc.chmod(0o755)
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    """A stand-in nvcc first on PATH, a fresh cache; returns the number of compiles so far."""
+    import os
+
+    (tmp_path / "bin").mkdir()
+    _install_fake_nvcc(tmp_path / "bin", "1.0")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("KPARITY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("KPARITY_NVCC_TIMEOUT", raising=False)
+    log = tmp_path / "compiles.log"
+    log.touch()
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+    return lambda: len(log.read_text().splitlines())
+
+
+def test_a_compile_is_cached_by_the_content_of_the_unit_and_every_header_it_reaches(
+        fake_nvcc, tmp_path):
+    from gpu_impls.cuda.nvcc_check import compile_unit
+
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "a.cuh").write_text('#include "b.cuh"\n')
+    (inc / "b.cuh").write_text("int b;\n")
+    unit = '#include "a.cuh"\n'
+    first = compile_unit(unit, "sm_90", include_dir=inc)
+    assert first.ok and not first.cached and fake_nvcc() == 1
+    assert compile_unit(unit, "sm_90", include_dir=inc).cached and fake_nvcc() == 1
+    (inc / "b.cuh").write_text("int b2;\n")  # a header two includes deep changed
+    assert not compile_unit(unit, "sm_90", include_dir=inc).cached and fake_nvcc() == 2
+    for other in ({"define": "KPARITY_MUTANT_DROP_EPS"}, {"arch": "sm_80"}, {"ptx": True}):
+        compiled = compile_unit(unit, other.pop("arch", "sm_90"), include_dir=inc, **other)
+        assert compiled.ok and not compiled.cached, other
+    assert fake_nvcc() == 5
+    ptx = compile_unit(unit, "sm_90", ptx=True, include_dir=inc)
+    assert ptx.cached and ptx.ptx == ".entry fake(\n"
+    _install_fake_nvcc(tmp_path / "bin", "2.0")  # another nvcc: every verdict again
+    assert not compile_unit(unit, "sm_90", include_dir=inc).cached and fake_nvcc() == 6
+
+
+def test_a_failing_compile_is_not_cached(fake_nvcc):
+    """A failure is rerun every time (nvcc_check's docstring says why), with nvcc's log."""
+    from gpu_impls.cuda.nvcc_check import compile_unit
+
+    for expected_compiles in (1, 2):
+        compiled = compile_unit("#error broken\n", "sm_90")
+        assert not compiled.ok and "error: planted" in compiled.log
+        assert fake_nvcc() == expected_compiles
+
+
+def test_the_only_time_limit_is_a_per_nvcc_hang_guard_named_in_the_failure(fake_nvcc,
+                                                                          monkeypatch):
+    from gpu_impls.cuda.nvcc_check import compile_unit
+
+    monkeypatch.setenv("KPARITY_NVCC_TIMEOUT", "0.5")
+    compiled = compile_unit("// HANG\n", "sm_90")
+    assert not compiled.ok and "KPARITY_NVCC_TIMEOUT" in compiled.log
+    monkeypatch.setenv("KPARITY_NVCC_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="KPARITY_NVCC_TIMEOUT='soon'"):
+        compile_unit("int x;\n", "sm_90")
+
+
+def test_nvcc_check_twice_compiles_nothing_the_second_time(fake_nvcc, capsys):
+    from gpu_impls.cuda.nvcc_check import main
+
+    assert main(["--arch", "sm_90"]) == 0
+    compiles = fake_nvcc()
+    assert compiles >= 14  # every listed source, each of its variants
+    capsys.readouterr()
+    assert main(["--arch", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    assert fake_nvcc() == compiles and out.count(" cached)") == out.count("ok  "), out

@@ -12,22 +12,37 @@ parameters after the trait: `template_args` lists the argument tuples to instant
 `[(4, 256), (3, 1024)]` -> `kernel<F32, 4, 256>`, ...), as `_module.kernel` compiles them. One
 line per file; exit status 1 on any failure (nvcc's error printed), or on a `.cu` file no
 wrapper lists.
+
+Every compile that succeeded is remembered by content in the kparity cache (`oracle/diskcache.py`:
+`$KPARITY_CACHE`, default ~/.cache/kparity; `KPARITY_CACHE=off`: none), keyed by the unit's text,
+the text of every local header it includes (transitively), the define, the arch, the flags and
+`nvcc --version`: a second run with nothing changed compiles nothing. A failed compile is not
+remembered: it is what a developer is fixing (one nvcc to rerun, not the whole matrix), and nvcc
+also fails for reasons outside the key (killed for memory, the hang guard, a full disk), which a
+remembered failure would keep red after the cause is gone. The time an nvcc may take is not part
+of any verdict: the only limit is a hang guard per nvcc process, `KPARITY_NVCC_TIMEOUT` seconds
+(default 3600), named in the failure where it fires.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import json
 import os
 import pkgutil
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from gpu_impls.cuda._module import KERNEL_DIR, TRAIT, name_expression
+from oracle.diskcache import CacheConfigError, digest, open_cache
 
 MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT",
                   "KPARITY_MUTANT_SKIP_LANE", "KPARITY_MUTANT_NIBBLE_ORDER",
@@ -39,6 +54,9 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_DIAG_SUBTRACT",  # tests/test_gpu.py, scripts/kp_variants.py
                   "KPARITY_DIAG_TRACE")  # scripts/mma_trace.py
 NOT_WRAPPERS = {"backend", "nvcc_check"}
+FLAGS = ("-std=c++17",)
+HANG_GUARD_S = 3600.0  # per nvcc process (KPARITY_NVCC_TIMEOUT): a hang, not a slow machine
+CACHE_FORMAT = 1
 
 
 Kernel = tuple[str, tuple[tuple, ...]]  # (name, template-argument tuples after the trait)
@@ -68,31 +86,122 @@ def instantiation_unit(source: str, kernels: list[Kernel]) -> str:
             f"void* kparity_instances[] = {{\n{refs}\n}};\n")
 
 
+def local_includes(text: str, include_dir: Path = KERNEL_DIR) -> dict[str, str]:
+    """{name: text} of every `#include "name"` that `text` reaches in `include_dir`,
+    transitively (a name not found there is nvcc's to resolve: a system header)."""
+    found, todo = {}, re.findall(r'#include\s+"([^"]+)"', text)
+    while todo:
+        name = todo.pop()
+        path = include_dir / name
+        if name in found or not path.is_file():
+            continue
+        found[name] = path.read_text()
+        todo += re.findall(r'#include\s+"([^"]+)"', found[name])
+    return found
+
+
 def defines_for(path: Path) -> tuple[str, ...]:
     """The MUTANT_DEFINES that `path` or the headers it includes from KERNEL_DIR (transitively)
     mention: only these can change what nvcc generates for it."""
-    seen, todo, text = set(), [path], ""
-    while todo:
-        current = todo.pop()
-        if current in seen or not current.exists():
-            continue
-        seen.add(current)
-        source = current.read_text()
-        text += source
-        todo += [KERNEL_DIR / name for name in re.findall(r'#include\s+"([^"]+)"', source)]
+    text = path.read_text() if path.exists() else ""
+    text += "".join(local_includes(text, path.parent).values())
     return tuple(d for d in MUTANT_DEFINES if d in text)
 
 
-def compile_unit(unit: str, arch: str, define: str | None) -> tuple[bool, str]:
-    with tempfile.NamedTemporaryFile("w", suffix=".cu") as f:
-        f.write(unit)
-        f.flush()
-        cmd = ["nvcc", "-std=c++17", f"-arch={arch}", "-I", str(KERNEL_DIR), "-c", "-o",
-               "/dev/null", f.name]
-        if define:
-            cmd.insert(1, f"-D{define}")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+class Compiled(NamedTuple):
+    ok: bool
+    log: str  # nvcc's output (warnings, errors), or why it did not finish
+    ptx: str | None = None  # with ptx=True and ok: the PTX
+    cached: bool = False  # the verdict (and PTX) came from the cache
+
+
+def compile_unit(unit: str, arch: str, define: str | None = None, ptx: bool = False,
+                 include_dir: Path = KERNEL_DIR) -> Compiled:
+    """nvcc on the translation unit `unit` (text; its `#include "..."` resolved in
+    `include_dir`): an object for `arch` (`-c`), or with `ptx` its PTX; `define` adds -D.
+    A success is looked up in and stored to the cache (module docstring)."""
+    options = [*FLAGS, *([f"-D{define}"] if define else []), f"-arch={arch}",
+               "--ptx" if ptx else "-c"]
+    cmd = ["nvcc", *options, "-I", str(include_dir)]
+    cache = open_cache("nvcc")
+    key = None
+    if cache is not None:  # the headers by content: where they live is not part of the key
+        headers = local_includes(unit, include_dir)
+        key = digest(f"nvcc v{CACHE_FORMAT}", nvcc_version(), " ".join(options), unit,
+                     *(f"{name}\n{text}" for name, text in sorted(headers.items())))
+        hit = _cached(cache, key, ptx)
+        if hit is not None:
+            return hit
+    result = _run_nvcc(cmd, unit, ptx)
+    if cache is not None and result.ok:
+        cache.put(key, json.dumps({"ok": True, "log": result.log, "ptx": result.ptx}).encode())
+    return result
+
+
+def _cached(cache, key: str, ptx: bool) -> Compiled | None:
+    payload = cache.get(key)
+    if payload is None:
+        return None
+    try:
+        entry = json.loads(payload)
+        if entry["ok"] is True and (not ptx or isinstance(entry["ptx"], str)):
+            return Compiled(True, entry["log"], entry["ptx"], cached=True)
+    except (ValueError, KeyError, TypeError):
+        pass
+    return None  # unreadable: compile again (and overwrite it)
+
+
+def _run_nvcc(cmd: list[str], unit: str, ptx: bool) -> Compiled:
+    guard = hang_guard_s()
+    with tempfile.TemporaryDirectory(prefix="kparity-nvcc-") as tmp:
+        source, out = Path(tmp) / "unit.cu", Path(tmp) / "unit.ptx"
+        source.write_text(unit)
+        try:
+            proc = subprocess.run([*cmd, "-o", str(out) if ptx else os.devnull, str(source)],
+                                  capture_output=True, text=True, timeout=guard)
+        except subprocess.TimeoutExpired:
+            return Compiled(False, f"nvcc ran past the hang guard, {guard:g} s for this one "
+                                   f"nvcc process (KPARITY_NVCC_TIMEOUT): killed. On a machine "
+                                   f"this busy, raise KPARITY_NVCC_TIMEOUT")
+        except OSError as e:  # no nvcc, not executable
+            return Compiled(False, f"nvcc did not start: {e}")
+        log = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            return Compiled(False, log or f"nvcc exited with status {proc.returncode}")
+        return Compiled(True, log, out.read_text() if ptx else None)
+
+
+def hang_guard_s() -> float:
+    given = os.environ.get("KPARITY_NVCC_TIMEOUT", "").strip()
+    if not given:
+        return HANG_GUARD_S
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise CacheConfigError(f"KPARITY_NVCC_TIMEOUT={given!r}: seconds one nvcc process may "
+                               f"run before it is taken for hung, a positive number (default "
+                               f"{HANG_GUARD_S:g})")
+    return seconds
+
+
+def nvcc_version() -> str:
+    """`nvcc --version` of the nvcc on PATH (part of every cache key)."""
+    path = shutil.which("nvcc")
+    if path is None:
+        return "no nvcc"
+    stat = os.stat(path)
+    return _version_of(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _version_of(path: str, mtime_ns: int, size: int) -> str:
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{path}: {e}"
+    return f"{path}\n{proc.stdout}{proc.stderr}"
 
 
 def check_file(path: Path, kernels: list[Kernel], arch: str,
@@ -102,15 +211,18 @@ def check_file(path: Path, kernels: list[Kernel], arch: str,
     unit = instantiation_unit(path.name, kernels)
     defines = (None, *defines_for(path))
     if pool is None:
-        logs = [compile_unit(unit, arch, d) for d in defines]
+        results = [compile_unit(unit, arch, d) for d in defines]
     else:
-        logs = [f.result() for f in [pool.submit(compile_unit, unit, arch, d) for d in defines]]
-    errors = [f"  [{define or 'no defines'}]\n{log}"
-              for define, (ok, log) in zip(defines, logs) if not ok]
+        results = [f.result() for f in [pool.submit(compile_unit, unit, arch, d)
+                                        for d in defines]]
+    errors = [f"  [{define or 'no defines'}]\n{r.log}"
+              for define, r in zip(defines, results) if not r.ok]
     names = ", ".join(name if args == ((),) else f"{name} ({len(args)} configs)"
                       for name, args in kernels)
+    cached = sum(r.cached for r in results)
     head = (f"{'ok  ' if not errors else 'FAIL'} {path.name}: {names} x "
-            f"{'/'.join(TRAIT.values())} x {len(defines)} variants")
+            f"{'/'.join(TRAIT.values())} x {len(defines)} variants"
+            + (f" ({cached} cached)" if cached else ""))
     return not errors, "\n".join([head, *errors])
 
 
@@ -118,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Compile every CUDA kernel with nvcc.")
     parser.add_argument("--arch", default="sm_90", help="nvcc -arch (bf16 cvt needs sm_80+)")
     args = parser.parse_args(argv)
+    try:
+        hang_guard_s(), open_cache("nvcc")  # a bad setting stops here, not in every compile
+    except CacheConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     listed = listed_kernels()
     sources = sorted(KERNEL_DIR.glob("*.cu"))
