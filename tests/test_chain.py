@@ -101,8 +101,9 @@ def test_chain_is_the_cuda_timers_primary_and_graph_rot_stays():
 
 
 def test_every_op_declares_an_activation_as_its_chain_input():
-    ops = {name: s for name, s in registry().items()
-           if not s.oracle.__module__.startswith("tests.")}  # the test suite's own example ops
+    # the project's own ops (oracle/): test example ops come from tests/ as modules or as
+    # plugin files (kparity_plugin_*), and which of them earlier tests loaded varies
+    ops = {name: s for name, s in registry().items() if s.oracle.__module__.startswith("oracle.")}
     assert len(ops) >= 11
     for name, spec in ops.items():
         inputs = {t.name: t for t in spec.inputs}
