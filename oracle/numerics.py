@@ -18,6 +18,19 @@ have, m = |v| + e:
                                     2^-150 absolute in the subnormal range; an exact 0 costs 0)
     m itself where m < 2^-126       under FTZ (param `ftz`): the result may flush to zero
     k ULPs at m                     a function with a documented error (`FUNCTION_ULPS`)
+    k ULPs of 1 (k 2^-23)           sin and cos, whose range-reduced implementations hold an
+                                    absolute error, not a relative one near their zeros
+
+A function of an interval propagates the operand's error through the function exactly: exp's
+and rsqrt's monotone image; sin and cos by Taylor's bound, |cos(a + d) - cos(a)| <= |sin a| |d|
++ d^2 / 2 (likewise sin with |cos a|), and never more than |d| (both are 1-Lipschitz). A
+function of an exact 0 (sin 0 = 0, cos 0 = 1) is exact in every library.
+
+Tables (`table`): f32 values a kernel computes once from the case's constants (RoPE's inv_freq),
+within an impl-declared number of ULPs of the exact ones (a "function" of the table's name in
+`FUNCTION_ULPS`); an exact 1 (theta^0) is exact. `may_round(T)`: a point where the contract
+admits holding the value in T or in f32 (HF's RoPE in T); the oracle does not round there: the
+bound covers both.
 
 Sums of n terms (`f32_sum`) charge one rounding per addition at the magnitude of the partial
 sum it produces; which partial sums exist depends on the order the impl declares (`Reduction`):
@@ -78,7 +91,15 @@ F64_SLACK = 2.0 ** -40
 # points not sampled).
 # Metal is held to CUDA's table until measured on an Apple GPU. A divide is charged 2 ULP
 # everywhere (CUDA's fast-math divide; IEEE's is 0.5).
-FUNCTION_ULPS = {"rsqrt": 2.0, "exp": 2.0, "div": 2.0}
+#
+# sin and cos are charged in ULPs of 1 (k 2^-23 absolute): CUDA's sinf/cosf are 2 ULP relative
+# (full range, without fast intrinsics), hence within 2 ULPs of 1; CPU torch measured 0.6 ULP
+# relative over |x| <= 2^17; MLX CPU 0.32 holds an absolute error (0.65 ULP of 1 over |x| <= 2^17,
+# 135 ULP relative near its zeros; tests/test_function_ulps.py): 2 everywhere.
+# `inv_freq` is RoPE's table of inverse frequencies (`oracle/rope.py`): by default within 2 ULPs
+# of the exact theta^(-2i/d) (scaled), as f32 constants or a pow and a divide in f32 give (torch
+# measured 1.3); an impl computing it otherwise declares its own (`Impl.numerics`).
+FUNCTION_ULPS = {"rsqrt": 2.0, "exp": 2.0, "div": 2.0, "sin": 2.0, "cos": 2.0, "inv_freq": 2.0}
 BACKEND_ULPS = {"cuda": FUNCTION_ULPS, "torch": FUNCTION_ULPS, "metal": FUNCTION_ULPS,
                 "mlx": {**FUNCTION_ULPS, "exp": 96.0}}
 
@@ -242,6 +263,32 @@ class Val:
         v = np.exp(self.v)
         e = np.exp(self.v + self.e) - v
         return _finite(Val(v, e + self.m.func("exp", v + e), self.m))
+
+    def cos(self) -> "Val":
+        return self._trig(np.cos, np.sin, "cos")
+
+    def sin(self) -> "Val":
+        return self._trig(np.sin, np.cos, "sin")
+
+    def _trig(self, f, other, name: str) -> "Val":
+        """f(a) for f = sin or cos (`other` the other one): the operand's error through Taylor's
+        bound |f(a + d) - f(a)| <= |other(a)| |d| + d^2 / 2, at most |d| (1-Lipschitz); then f's
+        ULPs of 1. A point 0 is exact (sin 0 = 0, cos 0 = 1 everywhere)."""
+        v = f(self.v)
+        e = np.minimum(self.e, np.abs(other(self.v)) * self.e + self.e * self.e / 2)
+        e = e + self.m.func(name, np.maximum(np.abs(v) + e, 1.0))
+        return _finite(Val(v, np.where((self.v == 0) & (self.e == 0), 0.0, e), self.m))
+
+    def may_round(self, dtype: str) -> "Val":
+        """The kernel may hold this value in `dtype` here, or keep it in f32 (the oracle does
+        not round): any value of [RNE_T(v - e), RNE_T(v + e)] or of [v - e, v + e]."""
+        if dtype == "f32":  # an f32 value held in f32 is itself
+            return self
+        with np.errstate(invalid="ignore"):
+            lo = round_to(self.v - self.e, dtype).astype(np.float64)
+            hi = round_to(self.v + self.e, dtype).astype(np.float64)
+            e = np.maximum(self.e, np.maximum(np.abs(hi - self.v), np.abs(self.v - lo)))
+        return _finite(Val(self.v, e, self.m))
 
     def neg(self) -> "Val":
         return Val(-self.v, self.e, self.m)
@@ -414,6 +461,22 @@ class Adverse:
         v = np.exp(self.x)
         return self._r(v, self.m.func("exp", v))
 
+    def cos(self):
+        return self._trig(np.cos, "cos")
+
+    def sin(self):
+        return self._trig(np.sin, "sin")
+
+    def _trig(self, f, name: str):
+        v = f(self.x)
+        err = np.where(self.x == 0, 0.0, self.m.func(name, np.maximum(np.abs(v), 1.0)))
+        return self._r(v, err)
+
+    def may_round(self, dtype: str):
+        """The kernel that holds the value in T (where the contract admits it; in f32 the
+        emulated f32 value is itself, as `Val.may_round` has it)."""
+        return self if dtype == "f32" else self.round_to(dtype)
+
     def neg(self):
         return Adverse(-self.x, self.m, self.ch)
 
@@ -463,6 +526,12 @@ class Bounds:
         """An input as the kernel reads it (exact) or an f32 constant; an interval (a pipeline
         stage's input that an earlier stage's kernel stored, `stored`) as it is."""
         return x if isinstance(x, Val) else Val.exact(x, self.m)
+
+    def table(self, name: str, exact) -> Val:
+        """f32 values the kernel computes from the case's constants, within the impl's `name`
+        ULPs of `exact` (an exact 1, theta^0, is exact)."""
+        v = np.asarray(exact, dtype=np.float64)
+        return Val(v, np.where(v == 1.0, 0.0, self.m.func(name, v)), self.m)
 
     def stored(self, y: Val, dtype: str, center: np.ndarray) -> Val:
         """What a later kernel reads of `y` stored as `dtype` (a pipeline's intermediate), as an
@@ -517,6 +586,12 @@ class Worst:
     def load(self, x) -> Adverse:
         return x if isinstance(x, Adverse) else Adverse(np.asarray(x, dtype=np.float64), self.m,
                                                          self.ch)
+
+    def table(self, name: str, exact) -> Adverse:
+        """The table off by its whole charge, in the direction of this site."""
+        v = np.asarray(exact, dtype=np.float64)
+        err = np.where(v == 1.0, 0.0, self.m.func(name, v))
+        return Adverse(v + self.ch.sign() * err, self.m, self.ch)
 
     def stored(self, y: Adverse, dtype: str, center: np.ndarray) -> Adverse:
         """This kernel's value stored as `dtype`, as the next stage reads it (an f32 value

@@ -130,6 +130,16 @@ def _targeted(op: str, dtype: str):
         dims = {**_dims(op), "bits": 2, "group_size": 128, "in": 1536, "out": 33}
         case = Case.make(op, dims, dtype, "normal", seed=4)
         yield "same-sign terms", case, _same_sign(case, make_inputs(case))
+    if op == "rope":  # the model's other forms: YaRN's factor (f32 and T), T with llama3, gptj
+        dims = {"heads_q": 4, "heads_kv": 2, "head_dim": 64}
+        yarn = {"scaling": "yarn", "factor": 32.0, "original_max_position": 4096,
+                "theta": 150000.0, "truncate": 0}
+        for label, params in (("yarn f32", yarn), ("yarn T", {**yarn, "compute": "T"}),
+                              ("llama3 T gptj partial", {
+                                  "compute": "T", "scaling": "llama3", "factor": 8.0,
+                                  "theta": 500000.0, "pairing": "gptj", "rotary_dim": 32})):
+            case = Case.make(op, dims, dtype, "normal", seed=4, params=params)
+            yield label, case, make_inputs(case)
     if op == "rms_norm" and dtype == "bf16":  # issue 34's failing gate-shaped case, seed 11
         case = Case.make("rms_norm", {"rows": 7, "n": 4096}, "bf16", "normal", seed=11,
                          params={"eps": 1e-6, "rounding": "normed"})
@@ -222,11 +232,16 @@ def _max_budget_shrunk(ops, term: str) -> tuple[float, str]:
     return best, where
 
 
-@pytest.mark.parametrize("family", ["norms", "quant_gemv"])
-@pytest.mark.parametrize("term", TERMS)
+FAMILIES = {"norms": NORMS, "quant_gemv": GEMVS, "rope": ["rope"]}
+# rope sums nothing: its bound has no `sum` term to shrink
+EXEMPT = {("rope", "sum")}
+
+
+@pytest.mark.parametrize("family, term", [(f, t) for f in FAMILIES for t in TERMS
+                                          if (f, t) not in EXEMPT])
 def test_every_bound_term_is_needed(family, term):
     """Shrink one term of the bound by 10 %: a correct or worst admissible kernel then fails
     on some corner. (`sub`: the subnormal charges; `store`: T's rounding at the store.)"""
-    ops = NORMS if family == "norms" else GEMVS
+    ops = FAMILIES[family]
     budget, where = _max_budget_shrunk(ops, term)
     assert budget > 1.0, f"{term} shrunk by 10 %: nothing fails (max budget {budget:.4f} at {where})"
