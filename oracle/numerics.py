@@ -27,8 +27,8 @@ and rsqrt's monotone image; sin and cos by Taylor's bound, |cos(a + d) - cos(a)|
 function of an exact 0 (sin 0 = 0, cos 0 = 1) is exact in every library.
 
 Tables (`table`): f32 values a kernel computes once from the case's constants (RoPE's inv_freq),
-within an impl-declared number of ULPs of the exact ones (a "function" of the table's name in
-`FUNCTION_ULPS`); an exact 1 (theta^0) is exact. `may_round(T)`: a point where the contract
+within an impl-declared number of ULPs (a "function" of the table's name in `FUNCTION_ULPS`) per
+unit of the entries' conditioning, of the exact ones; an exact 1 (theta^0) is exact. `may_round(T)`: a point where the contract
 admits holding the value in T or in f32 (HF's RoPE in T); the oracle does not round there: the
 bound covers both.
 
@@ -96,9 +96,11 @@ F64_SLACK = 2.0 ** -40
 # (full range, without fast intrinsics), hence within 2 ULPs of 1; CPU torch measured 0.6 ULP
 # relative over |x| <= 2^17; MLX CPU 0.32 holds an absolute error (0.65 ULP of 1 over |x| <= 2^17,
 # 135 ULP relative near its zeros; tests/test_function_ulps.py): 2 everywhere.
-# `inv_freq` is RoPE's table of inverse frequencies (`oracle/rope.py`): by default within 2 ULPs
-# of the exact theta^(-2i/d) (scaled), as f32 constants or a pow and a divide in f32 give (torch
-# measured 1.3); an impl computing it otherwise declares its own (`Impl.numerics`).
+# `inv_freq` is RoPE's table of inverse frequencies (`oracle/rope.py`): within 2 (1 + |ln inv|)
+# ULPs of the exact theta^(-2i/R) (scaled) by default: an f32 exponent's rounding carries into
+# exp or pow as |ln inv| u relative. Measured (tests/test_rope.py) at most 0.92 (1 + |ln inv|)
+# for HF's f32 formulas, 1.45 for MLX's exp(-i ln(theta) / (R/2)); f32 constants rounded from
+# float64 are 0.5 ULP (`Impl.numerics` declares it).
 FUNCTION_ULPS = {"rsqrt": 2.0, "exp": 2.0, "div": 2.0, "sin": 2.0, "cos": 2.0, "inv_freq": 2.0}
 BACKEND_ULPS = {"cuda": FUNCTION_ULPS, "torch": FUNCTION_ULPS, "metal": FUNCTION_ULPS,
                 "mlx": {**FUNCTION_ULPS, "exp": 96.0}}
@@ -516,6 +518,11 @@ def adverse_store(y: Adverse, dtype: str) -> np.ndarray:
 
 # --- one kernel model, two arithmetics -------------------------------------------------------
 
+def table_error(m: Model, name: str, v: np.ndarray, cond) -> np.ndarray:
+    """A table entry's charge (`Bounds.table`): `name`'s ULPs at v times `cond`; 0 at v = 1."""
+    return np.where(v == 1.0, 0.0, m.func(name, v) * cond)
+
+
 class Bounds:
     """The arithmetic an op's kernel model runs in to get its tolerance: `Val` intervals."""
 
@@ -527,11 +534,11 @@ class Bounds:
         stage's input that an earlier stage's kernel stored, `stored`) as it is."""
         return x if isinstance(x, Val) else Val.exact(x, self.m)
 
-    def table(self, name: str, exact) -> Val:
+    def table(self, name: str, exact, cond=1.0) -> Val:
         """f32 values the kernel computes from the case's constants, within the impl's `name`
-        ULPs of `exact` (an exact 1, theta^0, is exact)."""
+        ULPs of `exact` per unit of `cond` (the values' conditioning; an exact 1 is exact)."""
         v = np.asarray(exact, dtype=np.float64)
-        return Val(v, np.where(v == 1.0, 0.0, self.m.func(name, v)), self.m)
+        return Val(v, table_error(self.m, name, v, cond), self.m)
 
     def stored(self, y: Val, dtype: str, center: np.ndarray) -> Val:
         """What a later kernel reads of `y` stored as `dtype` (a pipeline's intermediate), as an
@@ -587,11 +594,10 @@ class Worst:
         return x if isinstance(x, Adverse) else Adverse(np.asarray(x, dtype=np.float64), self.m,
                                                          self.ch)
 
-    def table(self, name: str, exact) -> Adverse:
+    def table(self, name: str, exact, cond=1.0) -> Adverse:
         """The table off by its whole charge, in the direction of this site."""
         v = np.asarray(exact, dtype=np.float64)
-        err = np.where(v == 1.0, 0.0, self.m.func(name, v))
-        return Adverse(v + self.ch.sign() * err, self.m, self.ch)
+        return Adverse(v + self.ch.sign() * table_error(self.m, name, v, cond), self.m, self.ch)
 
     def stored(self, y: Adverse, dtype: str, center: np.ndarray) -> Adverse:
         """This kernel's value stored as `dtype`, as the next stage reads it (an f32 value

@@ -28,8 +28,10 @@ eps of a norm); the output is rounded to T once, at the store.
 
 Contract and tolerance (`rope_kernel`, run in `oracle/numerics.py`'s arithmetic):
 
-    inv~  = the kernel's f32 table, within k ULPs of inv        (`inv_freq`, declared per impl:
-            default 2, torch:rope_hf 6, mlx:fast_rope 24; an exact 1, theta^0, exact)
+    inv~  = the kernel's f32 table, within k (1 + |ln inv|)     (`inv_freq`, declared per impl:
+            ULPs of inv                                         default 2, torch:rope_polar's
+                                                                float64 table 0.5; theta^0 = 1
+                                                                exact)
     angle = f32(p · inv~)                                       p exact in f32: p < 2^24
     c, s  = cos, sin of that angle                              2 ULPs of 1 each
     out   = x1 c - x2 s ...                                     two products and a sum, f32
@@ -41,13 +43,16 @@ Contract and tolerance (`rope_kernel`, run in `oracle/numerics.py`'s arithmetic)
 
 The angle's error is the dominant term past a few thousand positions:
 
-    |angle~ - p inv| <= p · k ulp(inv) + ulp(angle) / 2 =: e
+    |angle~ - p inv| <= p · k (1 + |ln inv|) ulp(inv) + ulp(angle) / 2 =: e
+
+(the table's conditioning: exp or pow of an f32 exponent x = ln inv carries the exponent's
+rounding, |x| u relative, into the entry; measured ULPs grow so, tests/test_rope.py)
     |cos(angle~) - cos(p inv)| <= min(e, |sin| e + e^2 / 2) + 2 · 2^-23   (likewise sin)
     |out~ - out| ~<= e (|x1 sin| + |x2 cos|) <= e r                        (r the pair's norm)
 
-At p = 131071 and inv in [1/2, 1) (the first pairs): p · 2 · 2^-24 = 0.0156 and half an ULP of
-an angle near 10^5 is 2^-8, so e = 0.0195 rad: the bound there is ~0.02 r in every dtype, five
-times bf16's half ULP at 1 (2^-9 relative). Below p ~ 2^9 (bf16) or 2^12 (f16) the store's
+At p = 131071 and inv in [1/2, 1) (the first pairs, |ln inv| < 0.7): p · 2 · 1.2 · 2^-24 =
+0.019 and half an ULP of an angle near 10^5 is 2^-8, so e = 0.023 rad: the bound there is
+~0.02 r in every dtype, ten times bf16's half ULP at 1 (2^-9 relative). Below p ~ 2^9 (bf16) or 2^12 (f16) the store's
 rounding dominates; in f32 the angle always does. A kernel whose table is off by more than it
 declares, or whose positions slip by one (an angle off by inv ~ 1 rad), fails at any position;
 pairing (i, i+1) where (i, i + R/2) is declared fails everywhere. tests/test_rope.py measures
@@ -174,7 +179,8 @@ def rope_kernel(A, inputs: dict, case) -> dict:
     """The admissible kernel (module docstring): table, angle, cos/sin, rotation."""
     v = kernel_view(inputs, case)
     pos = _positions(v)
-    inv = A.table("inv_freq", inv_freq(case))
+    table = inv_freq(case)
+    inv = A.table("inv_freq", table, 1.0 + np.abs(np.log(table)))
     angle = (A.load(pos.reshape(-1, 1)) * inv.reshape(1, -1)).reshape(len(pos), 1, -1)
     c, s = angle.cos(), angle.sin()
     m = attention_factor(case)
