@@ -1,5 +1,6 @@
 """Activation cases: `silu_mul` over the models' MLP widths (`cases/configs.py`), block edges,
-and the adversarial distributions (the gate's tails are where exp leaves f32's range)."""
+and the adversarial distributions (the gate's tails are where exp leaves f32's range);
+`clipped_swiglu` at GPT-OSS-20B's expert width, its inputs straddling the clamps."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from itertools import product
 
 from cases.configs import config
 from cases.distributions import DISTRIBUTIONS
+from cases.distributions import values as distribution_values
+from cases.inits import init
 from cases.model import Case
 from cases.registry import bench_cases, gate_cases
 from oracle.dtypes import FLOAT_DTYPES
@@ -34,3 +37,36 @@ def silu_mul_bench() -> list[Case]:
     return [Case.make("silu_mul", {"rows": 512, "n": config(m).intermediate}, dtype,
                       label=f"bench:{m}")
             for m, dtype in product(MLP_MODELS, FLOAT_DTYPES)]
+
+
+@init("clipped", adversarial=True)
+def clipped(shape, dtype, rng, case, drawn, dist):
+    """The case's distribution times limit / 2: ~5 % of normal values beyond +-limit."""
+    return distribution_values(dist, shape, dtype, rng) * case.params["limit"] / 2
+
+
+CLIPPED_MODEL = "gpt-oss-20b"  # the model whose MLP clips (limit 7, alpha 1.702)
+
+
+@gate_cases("clipped_swiglu")
+def clipped_swiglu_cases() -> list[Case]:
+    n = config(CLIPPED_MODEL).intermediate
+    label = f"preset:{CLIPPED_MODEL}"
+    presets = [Case.make("clipped_swiglu", {"rows": rows, "n": n}, dtype, label=label)
+               for rows, dtype in product(DECODE_ROWS, FLOAT_DTYPES)]
+    dists = [Case.make("clipped_swiglu", {"rows": 3, "n": n}, dtype, dist, label=label)
+             for dist, dtype in product(DISTRIBUTIONS[1:], FLOAT_DTYPES)]
+    both = [Case.make("clipped_swiglu", {"rows": 3, "n": n}, dtype, params={"gate_clamp": "both"},
+                      label=f"{label}-clamp-both") for dtype in FLOAT_DTYPES]
+    edges = [Case.make("clipped_swiglu", {"rows": 2, "n": e}, dtype, label="edge")
+             for e, dtype in product((1, 33, 257), FLOAT_DTYPES)]
+    return presets + dists + both + edges
+
+
+@bench_cases("clipped_swiglu")
+def clipped_swiglu_bench() -> list[Case]:
+    """A decode step's 4 routed experts (4 rows) and a prefill chunk of 512 tokens."""
+    n = config(CLIPPED_MODEL).intermediate
+    return [Case.make("clipped_swiglu", {"rows": rows, "n": n}, dtype,
+                      label=f"bench:{CLIPPED_MODEL}-{kind}")
+            for (kind, rows), dtype in product((("decode", 4), ("prefill", 512)), FLOAT_DTYPES)]

@@ -1,4 +1,5 @@
-"""Activations (`reference/ops.md` §2.8): SwiGLU's gate, `silu_mul`.
+"""Activations (`reference/ops.md` §2.8): SwiGLU's gate, `silu_mul`, and GPT-OSS's clipped
+SwiGLU, `clipped_swiglu`.
 
     out = silu(gate) · up,   silu(g) = g · sigmoid(g) = g / (1 + exp(-g))
 
@@ -10,11 +11,25 @@ add, the divide at 2 ULP), then g · sigmoid · up in the worst association (two
 covers g / (1 + exp(-g)) · up, one rounding fewer. Where exp(-g) leaves f32's range (g < -88)
 the kernel's sigmoid underflows: the model charges a subnormal or flushed result its whole
 magnitude. NaN/inf propagate as in IEEE: silu(+inf) = inf, silu(-inf) = -inf · 0 = NaN.
+
+`clipped_swiglu` (GPT-OSS's MLP, HF `GptOssExperts`; metaltile `mt_fused_gate_clipped_swiglu`,
+tol [1e-3, 1e-2, 5e-2]):
+
+    g = min(gate, limit)          (`gate_clamp="both"`: clip(gate, -limit, limit), metaltile's)
+    u = clip(up, -limit, limit)
+    out = (u + 1) · g · sigmoid(alpha · g)          limit 7.0, alpha 1.702, both read as f32
+
+The clamps are exact; the kernel model charges alpha · g (one rounding), the sigmoid as
+silu_mul's, u + 1 (one rounding) and the three-factor product in the worst association. NaN
+propagates through the clamps (torch.clamp, mx.minimum and np.minimum all keep it); ±inf in up
+and +inf in gate clamp to ±limit; -inf in gate is -inf · 0 = NaN under the "max" clamp.
 """
 
 from __future__ import annotations
 
-from oracle.builders import elementwise_op, kernel_view, silu
+import numpy as np
+
+from oracle.builders import elementwise_op, kernel_view, sigmoid, silu
 
 
 def silu_mul(inputs: dict, case) -> dict:
@@ -28,8 +43,38 @@ def silu_mul_kernel(A, inputs: dict, case) -> dict:
     return {"out": A.prod3(gate, one / (one + gate.neg().exp()), up)}
 
 
-SEED_TOL = {"silu_mul": {"f32": 1e-4, "f16": 5e-3, "bf16": 5e-2}}
+def _clamped(inputs: dict, case) -> tuple[np.ndarray, np.ndarray, float]:
+    """(g, u, alpha): the clamped gate and up as the kernel reads them, alpha as f32."""
+    v = kernel_view(inputs, case)
+    p = case.params
+    limit = float(np.float32(p["limit"]))
+    gate = v["gate"]
+    g = np.minimum(gate, limit) if p["gate_clamp"] == "max" else np.clip(gate, -limit, limit)
+    return g, np.clip(v["up"], -limit, limit), float(np.float32(p["alpha"]))
+
+
+def clipped_swiglu(inputs: dict, case) -> dict:
+    g, u, alpha = _clamped(inputs, case)
+    return {"out": (u + 1.0) * g * sigmoid(alpha * g)}
+
+
+def clipped_swiglu_kernel(A, inputs: dict, case) -> dict:
+    g, u, alpha = _clamped(inputs, case)
+    gate, up, one = A.load(g), A.load(u), A.load(1.0)
+    sig = one / (one + (gate * A.load(alpha)).neg().exp())
+    return {"out": A.prod3(gate, sig, up + one)}
+
+
+SEED_TOL = {"silu_mul": {"f32": 1e-4, "f16": 5e-3, "bf16": 5e-2},
+            "clipped_swiglu": {"f32": 1e-3, "f16": 1e-2, "bf16": 5e-2}}
 
 # gate and up come from one gate/up projection: its rewrite of gate stands for the op before
 elementwise_op("silu_mul", "activations", ("gate", "up"), silu_mul, silu_mul_kernel,
                flops_per_elem=5, doc=__doc__, chain_input="gate")
+
+# gate and up straddle the clamps: the case's distribution times limit / 2 (`cases/activations`)
+elementwise_op("clipped_swiglu", "activations", ("gate", "up"), clipped_swiglu,
+               clipped_swiglu_kernel, flops_per_elem=9, doc=__doc__, chain_input="gate",
+               params={"limit": 7.0, "alpha": 1.702, "gate_clamp": "max"},
+               param_values={"gate_clamp": ("max", "both")},
+               inits={"gate": "clipped", "up": "clipped"})

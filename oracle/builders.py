@@ -40,16 +40,20 @@ def silu(z: np.ndarray) -> np.ndarray:
 
 def elementwise_op(name: str, family: str, inputs: tuple[str, ...], oracle, kernel,
                    flops_per_elem: int, doc: str, params: dict | None = None,
-                   version: int = 1, chain_input: str = "") -> OpSpec:
+                   version: int = 1, chain_input: str = "", param_values: dict | None = None,
+                   inits: dict | None = None) -> OpSpec:
     """Register `name`: inputs `inputs` and output `out`, all [rows, n] in T; `oracle(inputs,
     case)` returns {"out": float64 pre-store values}, `kernel(A, inputs, case)` the admissible
     kernel's computation (`oracle/numerics.py`), from which the tolerance is derived;
-    `chain_input`: the input the op before it writes (`OpSpec.chain_input`)."""
+    `chain_input`: the input the op before it writes (`OpSpec.chain_input`); `inits`: an
+    input's init where it is not "data" (`TensorSpec.init`)."""
+    inits = inits or {}
     return register(OpSpec(
         name=name, family=family, dims=("rows", "n"),
-        inputs=tuple(TensorSpec(k, ROWS) for k in inputs), outputs=(TensorSpec("out", ROWS),),
+        inputs=tuple(TensorSpec(k, ROWS, init=inits.get(k, "data")) for k in inputs),
+        outputs=(TensorSpec("out", ROWS),),
         oracle=oracle, tolerance=None, kernel=kernel,
         bytes=lambda case: case.spec.io_bytes(case),
         flops=lambda case: flops_per_elem * case.dims["rows"] * case.dims["n"],
-        params={"ftz": 0, **(params or {})}, doc=doc, version=version,
-        chain_input=chain_input))
+        params={"ftz": 0, **(params or {})}, param_values=param_values or {}, doc=doc,
+        version=version, chain_input=chain_input))
