@@ -352,3 +352,69 @@ LANES_IMPLS = (
          doc="lanes_dequant_gemv with the largest |s x| term's code off by one in every row"),
 )
 register(*(m for m in LANES_IMPLS if m.id not in _existing))
+
+
+# --- rope, clipped_swiglu, kv_cache_update (issue 27) ------------------------------------------
+#
+# | mutant                             | bug                                                    |
+# |------------------------------------|--------------------------------------------------------|
+# | torch:mutant_rope_pairing_adjacent | pairs (i, i+1) where rotate-half's (i, i + R/2) is      |
+# |                                    | declared (torch:rope_polar's interleaved path)          |
+# | torch:mutant_rope_llama3_no_smooth | llama3's smooth band skipped: its wavelengths keep the |
+# |                                    | unscaled inv (only the low band divided by factor)     |
+# | torch:mutant_swiglu_no_clamp       | clipped_swiglu without its clamps                      |
+# | torch:mutant_kv_update_one_off     | every row written one slot later                       |
+
+
+def rope_pairing_adjacent(launch, inputs, outputs, case):
+    from gpu_impls.torch.rope import _rope_polar
+
+    return _rope_polar(launch, inputs, outputs, case.replace(pairing="gptj"))
+
+
+def _llama3_no_smooth(case, torch):
+    """The llama3 table with the medium band left at the unscaled inv (float64, then f32)."""
+    from gpu_impls.torch.rope import _table_f32
+
+    p = case.params
+    plain = _table_f32(case.replace(scaling="none"), torch).double()
+    wavelen = 2 * np.pi / plain
+    return torch.where(wavelen > p["original_max_position"] / p["low_freq_factor"],
+                       plain / p["factor"], plain).float()
+
+
+def rope_llama3_no_smooth(launch, inputs, outputs, case):
+    from gpu_impls.torch.rope import _rope_polar
+
+    return _rope_polar(launch, inputs, outputs, case, table=_llama3_no_smooth)
+
+
+def swiglu_no_clamp(launch, inputs, outputs, case):
+    from gpu_impls.torch.activations import _clipped_swiglu
+
+    return _clipped_swiglu(launch, inputs, outputs, case.replace(limit=float("inf")))
+
+
+def kv_update_one_off(launch, inputs, outputs, case):
+    """torch:kv_cache_update with every slot + 1 (wrapping at the cache's end)."""
+    from gpu_impls.torch.kv_cache import _update
+
+    slots = inputs["slots"]
+    total = outputs["k_cache"].numel() // (outputs["k_cache"].shape[-1]
+                                           * case.dims["heads"])
+    shifted = (slots + 1) % total
+    _update(launch, {**inputs, "slots": shifted.where(slots >= 0, slots)}, outputs, case)
+
+
+ROPE_F32 = (param_is("compute", "f32", "a non-mutant impl", other="T"),)
+ISSUE27_MUTANTS = (
+    Impl("rope", "torch", "mutant_rope_pairing_adjacent", rope_pairing_adjacent,
+         Contract(invariants=ROPE_F32 + (param_is("pairing", "neox", "a non-mutant impl",
+                                                  other="gptj"),))),
+    Impl("rope", "torch", "mutant_rope_llama3_no_smooth", rope_llama3_no_smooth,
+         Contract(invariants=ROPE_F32 + (param_is("scaling", "llama3", "a non-mutant impl",
+                                                  other="none"),))),
+    Impl("clipped_swiglu", "torch", "mutant_swiglu_no_clamp", swiglu_no_clamp),
+    Impl("kv_cache_update", "torch", "mutant_kv_update_one_off", kv_update_one_off),
+)
+register(*(m for m in ISSUE27_MUTANTS if m.id not in _existing))

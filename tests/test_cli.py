@@ -40,7 +40,10 @@ def test_check_writes_rows_readable_with_the_schema(tmp_path):
     *((m, "qwen3-0.6b,edge") for m in ("mutant_drop_eps", "mutant_round_before_weight",
                                        "mutant_weight_before_rounding", "mutant_skip_lane")),
     *((f"mutant_gemv_{bug}", "int4-g64") for bug in ("nibble_order", "group_off_by_one",
-                                                     "drop_bias", "skip_last_group"))])
+                                                     "drop_bias", "skip_last_group")),
+    *((m, "llama-3.1-8b") for m in ("mutant_rope_pairing_adjacent",
+                                    "mutant_rope_llama3_no_smooth", "mutant_kv_update_one_off")),
+    ("mutant_swiglu_no_clamp", "gpt-oss-20b")])
 def test_each_mutant_fails_check(tmp_path, mutant, presets, capsys):
     rc = run(tmp_path, "--plugin", MUTANTS, "check", "--impl", f"torch:{mutant}",
              "--preset", presets, "--show-failures", "1")

@@ -105,11 +105,11 @@ def _table_f32(case, torch):
     return inv.float()
 
 
-def _rope_polar(launch, inputs, outputs, case):
+def _rope_polar(launch, inputs, outputs, case, table=_table_f32):
     import torch
 
     q, k = inputs["q"], inputs["k"]
-    freqs = torch.outer(inputs["positions"].float(), _table_f32(case, torch).to(q.device))
+    freqs = torch.outer(inputs["positions"].float(), table(case, torch).to(q.device))
     cis = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]  # complex64 [tokens, 1, R/2]
     m = attention_factor(case)
     if m != 1.0:
