@@ -52,11 +52,14 @@ rounding, |x| u relative, into the entry; measured ULPs grow so, tests/test_rope
 
 At p = 131071 and inv in [1/2, 1) (the first pairs, |ln inv| < 0.7): p · 2 · 1.2 · 2^-24 =
 0.019 and half an ULP of an angle near 10^5 is 2^-8, so e = 0.023 rad: the bound there is
-~0.02 r in every dtype, ten times bf16's half ULP at 1 (2^-9 relative). Below p ~ 2^9 (bf16) or 2^12 (f16) the store's
-rounding dominates; in f32 the angle always does. A kernel whose table is off by more than it
-declares, or whose positions slip by one (an angle off by inv ~ 1 rad), fails at any position;
-pairing (i, i+1) where (i, i + R/2) is declared fails everywhere. tests/test_rope.py measures
-the bound against torch's actual error at p = 131071.
+~0.02 r in every dtype, ten times bf16's half ULP at 1 (2^-9 relative). With e ~ 3.4 p u
+(u = 2^-24) against T's half ULP, the store's rounding dominates below p ~ 2^13 (bf16) or 2^10
+(f16); in f32 the angle's error does from the first positions on. A kernel whose table is off
+by more than it declares, or whose positions slip by one (an angle off by inv ~ 1 rad), fails
+at any position; pairing (i, i+1) where (i, i + R/2) is declared fails everywhere.
+tests/test_rope.py measures the bound against torch's actual error at p = 131071: the worst
+element of the first pairs uses 0.7-0.85 of it (torch:rope_polar, a table declared 0.5 ULP)
+and 0.35 (torch:rope_hf, the default 2 ULPs for a table off by 0.5-1).
 
 NaN and inf inputs propagate as in IEEE through the formula (a NaN in x1 makes both outputs of
 its pair NaN; inf · sin(0) at position 0 is NaN, as in every impl that multiplies).
