@@ -26,11 +26,11 @@ and rsqrt's monotone image; sin and cos by Taylor's bound, |cos(a + d) - cos(a)|
 + d^2 / 2 (likewise sin with |cos a|), and never more than |d| (both are 1-Lipschitz). A
 function of an exact 0 (sin 0 = 0, cos 0 = 1) is exact in every library.
 
-Tables (`table`): f32 values a kernel computes once from the case's constants (RoPE's inv_freq),
-within an impl-declared number of ULPs (a "function" of the table's name in `FUNCTION_ULPS`) per
-unit of the entries' conditioning, of the exact ones; an exact 1 (theta^0) is exact. `may_round(T)`: a point where the contract
-admits holding the value in T or in f32 (HF's RoPE in T); the oracle does not round there: the
-bound covers both.
+Tables (`table`): f32 values a kernel computes once from the case's constants (RoPE's
+inv_freq), within an impl-declared number of ULPs (a "function" of the table's name in
+`FUNCTION_ULPS`) per unit of the entries' conditioning, of the exact ones; an exact 1
+(theta^0) is exact. `may_round(T)`: a point where the contract admits holding the value in T
+or in f32 (HF's RoPE in T); the oracle does not round there: the bound covers both.
 
 Sums of n terms (`f32_sum`) charge one rounding per addition at the magnitude of the partial
 sum it produces; which partial sums exist depends on the order the impl declares (`Reduction`):

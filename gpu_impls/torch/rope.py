@@ -50,7 +50,8 @@ def hf_inv_freq(case, torch):
         ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low)
                            / ((high + 0.001 if high == low else high) - low), 0, 1)
         extrapolation = 1 - ramp
-        return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+        return ((1.0 / (factor * pos_freqs)) * (1 - extrapolation)
+                + (1.0 / pos_freqs) * extrapolation)
     return inv
 
 
