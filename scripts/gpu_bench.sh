@@ -32,6 +32,9 @@
 #   bash scripts/gpu_bench.sh mma       issue 4 after the kp_qgemv_mma rewrite: read-only access
 #     patterns (scripts/access_pattern.py), its stages / K parts / tiles choices, its load-only time, its subtraction path, the GEMV family at the issue's shapes (bf16), A/B of kp_qgemv_mma against dense bf16
 #     F.linear and against kp_qgemv (the full GPU gate runs as its own call before it)
+#   bash scripts/gpu_bench.sh chain     issue 26: the official tables in the `chain` mode with
+#     `graph_rot` beside them: the GEMV family at issue 4's shapes and the RMSNorm decode and HBM
+#     shapes (bench in both modes), then the A/Bs against dense F.linear and F.rms_norm (chain)
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -110,6 +113,16 @@ targets)
   run --plugin scripts/kp_variants.py bench --no-verify --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma_diag_load_only --min-time 0.2
   run --plugin scripts/kp_variants.py bench --op dequant_gemv --preset llama3-8b,qwen2.5-32b --dtype bf16 --impl cuda:kp_qgemv_mma_late,cuda:kp_qgemv_mma_nopdl --min-time 0.2
   run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
+  ;;
+chain)
+  G="--op dequant_gemv --preset llama3-8b,qwen2.5-32b,lm_head --dtype bf16 --min-time 0.2"
+  R="--op rms_norm --preset decode-1x4096,decode-64x4096,hbm --dtype bf16 --min-time 0.2"
+  for mode in chain graph_rot; do
+    run bench $G --impl cuda:kp_qgemv_mma,cuda:kp_qgemv,cuda:dequant_gemv_int4_fast,torch:linear_dense --mode $mode
+    run bench $R --impl cuda:kp_rms_norm,cuda:mt_rms_norm,torch:rms_norm,torch:rms_norm_compiled --mode $mode
+  done
+  run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
+  run ab torch:rms_norm cuda:kp_rms_norm --preset hbm,decode-1x4096,decode-64x4096 $T
   ;;
 mlx-cuda)
   python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" >> "$LOG" 2>&1
