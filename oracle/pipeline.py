@@ -107,11 +107,10 @@ class Pipeline:
 
     def stage_case(self, case, stage: Stage | str):
         """The case stage `stage` runs: its op, its dims and params drawn from the pipeline
-        case's, the same dtype, distribution and seed."""
-        from cases.model import Case
-
+        case's, the same dtype, distribution and seed. Built by the case's own class
+        (`cases.model.Case`): the oracle layer imports nothing above it."""
         stage = self.stage(stage) if isinstance(stage, str) else stage
-        return Case.make(stage.op, self.stage_dims(stage, case.dims), case.dtype, case.dist,
+        return type(case).make(stage.op, self.stage_dims(stage, case.dims), case.dtype, case.dist,
                          case.seed, self.stage_params(stage, case.params),
                          label=f"{case.label} stage:{stage.name}".strip())
 
