@@ -7,7 +7,9 @@ time; `load_all()` imports them all, so adding an op family is adding a module h
 import importlib
 import pkgutil
 
-_INFRA = {"spec", "dtypes", "quant", "numerics", "builders", "pipeline", "diskcache"}  # helpers: no ops registered
+# helpers: no ops registered
+_INFRA = {"spec", "dtypes", "quant", "numerics", "builders", "pipeline", "diskcache",
+          "comparators", "metrics"}
 _loaded = False
 
 

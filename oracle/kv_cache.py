@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from oracle.comparators import Exact
 from oracle.dtypes import storage_dtype
 from oracle.spec import OpSpec, TensorSpec, register
-from runners.comparators import Exact
 
 
 def sequences(case) -> list[tuple[int, int]]:

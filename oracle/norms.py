@@ -46,7 +46,7 @@ is the contract. A row holding a NaN is NaN throughout. A row holding ±inf (no 
 sum x^2 = inf, so inv = rsqrt(inf) = 0: its finite elements give exactly ±0 and the infinite
 one inf·0 = NaN. With a residual (s = x + r) the same holds for s, and inf - inf = NaN. The
 check requires NaN exactly where the oracle has NaN, the same infinity where it has one, and
-within-bound values elsewhere (`runners/metrics.py`): a kernel that clamps, skips or zeroes
+within-bound values elsewhere (`oracle/metrics.py`): a kernel that clamps, skips or zeroes
 non-finite values fails.
 """
 

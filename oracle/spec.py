@@ -63,11 +63,11 @@ class TensorSpec:
     role: str = "T"
     init: str | Callable = "data"
     # An output that is a vector of logits (out = vocab): its check also records argmax
-    # agreement, the oracle's top-1 / top-2 margin and top-5 overlap (`runners/metrics.py`).
+    # agreement, the oracle's top-1 / top-2 margin and top-5 overlap (`oracle/metrics.py`).
     # Shorthand for `comparator=Logits()`.
     logits: bool = False
     adversarial: bool | None = None
-    # How the check judges this output (`runners/comparators.py`: `Bounded()`, `Logits()`,
+    # How the check judges this output (`oracle/comparators.py`: `Bounded()`, `Logits()`,
     # `Exact()`, `TopKSet(...)`, ...). None: the element-wise bound, `Bounded()`.
     comparator: object | None = None
     aliases: str = ""

@@ -44,16 +44,16 @@ from cases.casefile import CaseFileError, closest
 from cases.generate import Work, bench_cases, gate_cases, plan, valid_cases, violating_cases
 from cases.model import Case
 from gpu_impls import known_issues
+from oracle.comparators import SUMMARIES, describe
 from oracle.dtypes import FLOAT_DTYPES
+from oracle.metrics import budget_text
 from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
 from runners import oracle_cache
-from runners.comparators import SUMMARIES, describe
 from runners.correctness import (failure_kind, is_failure, judged_row, outcome, quarantined_row,
                                  repeated_row)
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
-from runners.metrics import budget_text
 from runners.outputs import add_flags as add_output_flags, write_check
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
@@ -603,7 +603,7 @@ def _plural(n: int, word: str) -> str:
 
 def _print_reported(rows: list[dict]) -> None:
     """What the checks recorded but never gate on, one section per comparator summary
-    (`runners/comparators.py`: logit agreement, top-k near-ties, the level-2 loss...), one line
+    (`oracle/comparators.py`: logit agreement, top-k near-ties, the level-2 loss...), one line
     per impl. Printed only when some output carries such metrics."""
     by_impl = defaultdict(lambda: defaultdict(list))
     for r in rows:

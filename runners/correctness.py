@@ -2,7 +2,7 @@
 
 Order of events: contract check (before anything touches the device) -> inputs -> oracle ->
 outputs allocated, poisoned with NaN and fenced by guard regions -> launch -> copy back ->
-guards and poison checked -> each output judged by its comparator (`runners/comparators.py`).
+guards and poison checked -> each output judged by its comparator (`oracle/comparators.py`).
 The row keeps the worst output's metrics (by budget) and all outputs' metrics as JSON.
 
 Status: `pass` (every output's comparator satisfied: by default within its bound, no NaN/Inf
@@ -27,8 +27,8 @@ from cases.generate import Work
 from cases.model import make_inputs
 from gpu_impls.backend import outside_region
 from gpu_impls.contract import ContractError
+from oracle.comparators import judge_outputs
 from oracle.dtypes import storage_dtype
-from runners.comparators import judge_outputs
 
 FAILING = ("fail", "error", "timeout", "crash", "xpass")  # xpass: a stale ledger entry
 # The row's metric columns, from its worst output (None where its comparator has no such metric).
@@ -268,7 +268,7 @@ def _with_flag(flags: str, flag: str) -> str:
 def failure_kind(row: dict) -> str:
     """What a failing `fail` or `rejected` row failed on, for the summary: a guard or poison
     defect, a valid case rejected, a violating case launched, bits differing between repeats,
-    or the kind its worst failing output's comparator named (`runners/comparators.py`: "over
+    or the kind its worst failing output's comparator named (`oracle/comparators.py`: "over
     bound", "NaN/Inf mismatch", "argmax flip", "exact mismatch", "top-k set mismatch", ...)."""
     flags = set(row["flags"].split(",")) if row["flags"] else set()
     stages = sorted(f.split(":", 1)[1] for f in flags if f.startswith("stage:"))

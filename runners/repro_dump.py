@@ -101,8 +101,8 @@ import numpy as np
 import gpu_impls
 from cases.generate import Work
 from cases.model import Case, make_inputs
+from oracle.comparators import describe
 from oracle.dtypes import storage_dtype
-from runners.comparators import describe
 from runners.correctness import check, check_op, is_failure
 
 HERE = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""Test-only ops for the comparators (`runners/comparators.py`), with torch CPU impls and the
+"""Test-only ops for the comparators (`oracle/comparators.py`), with torch CPU impls and the
 mutants that must fail. Not registered at import: `registered()` adds the ops to the op registry
 for a test and removes them after, so no other test ever sees them.
 
@@ -17,9 +17,9 @@ import numpy as np
 
 from gpu_impls.impl import Impl
 from oracle import spec as op_spec
+from oracle.comparators import Exact, Gathered, TopKSet
 from oracle.dtypes import round_to, spacing
 from oracle.spec import OpSpec, TensorSpec
-from runners.comparators import Exact, Gathered, TopKSet
 
 TIE = 0.375  # in [0.25, 0.5): one ULP of T there moves p by less than half an ULP of T of p
 TIE_EVERY = 4  # rows 0, 4, 8... carry the planted near-tie

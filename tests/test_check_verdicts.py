@@ -11,10 +11,10 @@ import numpy as np
 import gpu_impls
 from cases.generate import Work
 from cases.model import Case
+from oracle.metrics import budget_text, compare
 from results.store import Store
 from runners.cli import summarize
 from runners.correctness import base_row
-from runners.metrics import budget_text, compare
 
 CASE = Case.make("rms_norm", {"rows": 2, "n": 64}, "f32", label="preset:x")
 
@@ -85,7 +85,7 @@ def test_repro_describes_a_staged_impls_stage_outputs():
     from types import SimpleNamespace
 
     from oracle.spec import get_op
-    from runners.comparators import describe
+    from oracle.comparators import describe
 
     stage = SimpleNamespace(name="norm", spec=get_op("rms_norm"))
     pipeline_op = SimpleNamespace(name="norm_scale", outputs=get_op("rms_norm").outputs,

@@ -1,4 +1,4 @@
-"""Comparators (`runners/comparators.py`): each on hand-built arrays, then through the runner on
+"""Comparators (`oracle/comparators.py`): each on hand-built arrays, then through the runner on
 two test-only ops (`tests/comparator_ops.py`) with torch CPU impls and planted mistakes:
 `topk_route` (a top-k set with a planted near-tie) and `argsort_rows` (an exact permutation)."""
 
@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
+from oracle.comparators import (Bounded, Exact, Gathered, Logits, OutputCheck, Permuted,
+                                TopKSet, comparator_for)
+from oracle.metrics import compare
 from oracle.spec import TensorSpec
-from runners.comparators import (Bounded, Exact, Gathered, Logits, OutputCheck, Permuted,
-                                 TopKSet, comparator_for)
-from runners.metrics import compare
 from tests.comparator_ops import (ARGSORT_ROWS, TIE_EVERY, TOPK_ROUTE, argsort_impl, registered,
                                   route_impl, swapping_impl)
 

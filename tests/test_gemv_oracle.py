@@ -146,7 +146,7 @@ def test_exact_peer_check_catches_a_different_summation_order():
 # --- logit gate ----------------------------------------------------------------------------------
 
 def test_logit_metrics_tell_a_near_tie_from_a_flip():
-    from runners.metrics import logit_metrics
+    from oracle.metrics import logit_metrics
 
     exact = np.array([0.0, 1.0, 0.999, -1.0, 0.5, 0.2, 0.1])
     bound = np.full(7, 0.001)

@@ -226,7 +226,7 @@ def test_kp_qgemv_mma_exact_paths(dtype, kind, group, n):
     from cases.model import Case, make_inputs
     from gpu_impls.cuda._module import mutant
     from runners.correctness import run_impl
-    from runners.metrics import compare
+    from oracle.metrics import compare
 
     be = gpu_impls.backend("cuda")
     impl = gpu_impls.impls()["cuda:kp_qgemv_mma"]

@@ -1,4 +1,4 @@
-"""runners.metrics.compare on hand-built arrays: every metric checked against a value worked out
+"""oracle.metrics.compare on hand-built arrays: every metric checked against a value worked out
 by hand, including the NaN/Inf rules that make an unwritten (NaN-poisoned) element fail."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from runners.metrics import compare
+from oracle.metrics import compare
 
 BF16 = ml_dtypes.bfloat16
 

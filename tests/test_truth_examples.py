@@ -26,10 +26,10 @@ from cases.generate import Work
 from cases.model import Case, make_inputs
 from gpu_impls import backend, impls
 from oracle.dtypes import round_to
+from oracle.metrics import compare
 from oracle.norms import inv_kernel, kernel_view
 from oracle.numerics import SEQUENTIAL, Bounds, Model, Numerics, Val, store_bound
 from runners.correctness import check, launch_impl, repro_command
-from runners.metrics import compare
 
 
 def _where(impl_id: str, case: Case) -> str:

@@ -25,7 +25,7 @@ float64 pre-store value, `bound` the op's element-wise tolerance on |out - exact
 NaN in the output where the oracle is finite is a mismatch: with outputs poisoned to NaN before
 the launch, that is how an unwritten element shows.
 
-Logit outputs (the `Logits()` comparator, `runners/comparators.py`) also get `logit_metrics`:
+Logit outputs (the `Logits()` comparator, `oracle/comparators.py`) also get `logit_metrics`:
 argmax agreement, the oracle's top-1 / top-2 margin and top-5 overlap. The impl's argmax j may
 differ from the oracle's i legitimately when exact[i] - exact[j] <= bound[i] + bound[j] (both
 moved within their tolerance): a near-tie, recorded, not failed. Beyond that the flip fails.

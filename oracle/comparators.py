@@ -36,7 +36,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from oracle.dtypes import round_to
-from runners.metrics import budget_text, compare, level2_metrics, logit_metrics
+from oracle.metrics import budget_text, compare, level2_metrics, logit_metrics
 
 
 @dataclass(frozen=True)
