@@ -14,7 +14,7 @@ default B (a 3-case rerun is no sweep to compare with); named by its id, it is c
   the last N earlier runs of its device kind sharing cases of that table with it (N >= 2).
 
 Correctness, per (impl, case_id) (a run's several rows of one key: the worst of them):
-- new_failure: A passing, B failing (`runners.correctness.is_failure`); fixed: the reverse;
+- new_failure: A passing, B failing (`runners.verdicts.is_failure`); fixed: the reverse;
   still_failing: both failing (listed, not a regression: nothing changed).
 - new_case_failure: a key only in B (with --baseline: in no history run), failing in B. A
   failing case with no history is a failure to report, not just "new": listed first and a
@@ -74,7 +74,7 @@ import pyarrow.compute as pc
 from results import history
 from results.store import Store
 from runners.abstats import bootstrap_ratio, verdict as speed_verdict
-from runners.correctness import is_failure
+from runners.verdicts import is_failure
 
 SCHEMA_PATH = Path(__file__).with_name("compare.schema.json")
 BUDGET_FLOOR = 0.05

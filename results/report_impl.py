@@ -20,7 +20,7 @@ import re
 from collections import Counter, defaultdict
 
 from results.report_html import NO_ROWS, colour, esc, figure, fmt, hline, layout, page, table, when
-from runners.correctness import is_failure, outcome, repro_command
+from runners.verdicts import is_failure, outcome, repro_command
 
 
 def case_text(row: dict) -> str:

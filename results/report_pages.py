@@ -14,7 +14,7 @@ from results.report import ReportData, impl_page_name
 from results.report_html import (NO_ROWS, colour, esc, figure, fmt, hline, layout, link, page,
                                  table, when)
 from results.report_impl import case_text
-from runners.correctness import is_failure, outcome
+from runners.verdicts import is_failure, outcome
 
 STATUS_ORDER = ["pass", "fail", "error", "rejected", "rejected ok", "timeout", "crash",
                 "xpass", "xfail", "quarantined", "unsupported"]

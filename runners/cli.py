@@ -51,8 +51,8 @@ from oracle.spec import registry as op_registry
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store, StoreError
 from runners import oracle_cache
-from runners.correctness import (failure_kind, is_failure, judged_row, outcome, quarantined_row,
-                                 repeated_row)
+from runners.correctness import judged_row, quarantined_row, repeated_row
+from runners.verdicts import failure_kind, is_failure, outcome
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
 from runners.outputs import add_flags as add_output_flags, write_check
 

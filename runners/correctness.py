@@ -29,15 +29,11 @@ from gpu_impls.backend import outside_region
 from gpu_impls.contract import ContractError
 from oracle.comparators import judge_outputs
 from oracle.dtypes import storage_dtype
+from runners.verdicts import is_failure
 
-FAILING = ("fail", "error", "timeout", "crash", "xpass")  # xpass: a stale ledger entry
 # The row's metric columns, from its worst output (None where its comparator has no such metric).
 ROW_METRICS = ("max_abs", "max_rel", "nmse", "cosine", "max_ulp", "frac_within",
                "nonfinite_mismatch", "budget")
-
-
-def repro_command(impl_id: str, case_id: str) -> str:
-    return f"kparity repro {case_id} --impl {impl_id}"
 
 
 class OutputDefect(AssertionError):
@@ -265,45 +261,6 @@ def _with_flag(flags: str, flag: str) -> str:
     return f"{flags},{flag}" if flags else flag
 
 
-def failure_kind(row: dict) -> str:
-    """What a failing `fail` or `rejected` row failed on, for the summary: a guard or poison
-    defect, a valid case rejected, a violating case launched, bits differing between repeats,
-    or the kind its worst failing output's comparator named (`oracle/comparators.py`: "over
-    bound", "NaN/Inf mismatch", "argmax flip", "exact mismatch", "top-k set mismatch", ...)."""
-    flags = set(row["flags"].split(",")) if row["flags"] else set()
-    stages = sorted(f.split(":", 1)[1] for f in flags if f.startswith("stage:"))
-    if stages:  # a staged pipeline impl: which stage failed, then how
-        return f"stage {'+'.join(stages)}: " + failure_kind(
-            {**row, "flags": ",".join(f for f in flags if not f.startswith("stage:"))})
-    for flag in ("oob_write", "outside_region", "unwritten"):
-        if flag in flags:
-            return flag
-    if row["status"] == "rejected":
-        return "valid case rejected"
-    if row["expect"] == "rejected":
-        return "violating case launched"
-    if any(f.startswith("nondeterministic:") for f in flags):
-        return "nondeterministic"  # flagged and failed: the impl declares determinism
-    outputs = json.loads(row["outputs_json"] or "{}").values()
-    failed = [m for m in outputs if "fail_kind" in m]
-    if failed:
-        return max(failed, key=lambda m: m["budget"])["fail_kind"]
-    # rows stored before comparators named their failure kinds
-    if row["nonfinite_mismatch"]:
-        return "NaN/Inf mismatch"
-    if any(m.get("argmax_fail") for m in outputs):
-        return "argmax flip"
-    return "over bound"
-
-
-def outcome(row: dict) -> str:
-    """The status as `kparity check` counts it: an expected rejection is `rejected ok` (a
-    violating case refused, as it should be), an unexpected one stays `rejected` (a failure)."""
-    if row["status"] == "rejected" and row["expect"] == "rejected":
-        return "rejected ok"
-    return row["status"]
-
-
 def quarantined_row(work: Work, device: str, run_id: str, entry) -> dict:
     """The row of a case a never-launch ledger entry (`gpu_impls.known_issues`) keeps from
     running: `base_row`, status `quarantined`."""
@@ -323,9 +280,3 @@ def judged_row(row: dict, entry) -> dict:
             "message": f"passes, but the ledger expects a failure: {entry.describe()}; the bug "
                        f"is fixed or the entry is too wide: remove or narrow it in "
                        f"{entry.source}"}
-
-
-def is_failure(row: dict) -> bool:
-    if row["status"] == "rejected":
-        return row["expect"] != "rejected"
-    return row["status"] in FAILING

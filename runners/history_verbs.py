@@ -97,7 +97,7 @@ SHOWN_FAILURES = 10
 def failing_now(store, target: str) -> tuple[str | None, list[dict]]:
     """(the newest sweep with correctness rows of `target` (an impl or a case id), its failing
     rows of the target). Repro runs are no sweep: a rerun without the ledger is not the state."""
-    from runners.correctness import is_failure
+    from runners.verdicts import is_failure
 
     repro = {r["run_id"] for r in store.read("runs").select(["run_id", "verb"]).to_pylist()
              if r["verb"] == "repro"}

@@ -145,7 +145,7 @@ def write_check(args, rows: list[dict], run_id: str | None = None) -> None:
     """--json / --junit-xml of a `check` run (nothing when neither flag was given)."""
     if not (getattr(args, "json", None) or getattr(args, "junit_xml", None)):
         return
-    from runners.correctness import is_failure, outcome
+    from runners.verdicts import is_failure, outcome
 
     run_id = run_id or (rows[0]["run_id"] if rows else getattr(args, "resume", "") or "")
     failing = [r for r in rows if is_failure(r)]

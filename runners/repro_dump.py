@@ -103,7 +103,8 @@ from cases.generate import Work
 from cases.model import Case, make_inputs
 from oracle.comparators import describe
 from oracle.dtypes import storage_dtype
-from runners.correctness import check, check_op, is_failure
+from runners.correctness import check, check_op
+from runners.verdicts import is_failure
 
 HERE = Path(__file__).resolve().parent
 CASE_ID = {case_id!r}  # the dumped files' prefix

@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from results.store import Store  # noqa: E402
-from runners.correctness import outcome  # noqa: E402
+from runners.verdicts import outcome  # noqa: E402
 
 
 def main(root: str) -> int:

@@ -210,7 +210,7 @@ def test_a_swap_at_the_near_tie_is_recorded_not_failed(dtype):
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_a_swap_without_a_near_tie_fails_naming_the_row(dtype):
     from cases.model import make_inputs
-    from runners.correctness import failure_kind
+    from runners.verdicts import failure_kind
 
     case = route_case(dtype)
     inputs = make_inputs(case)
@@ -231,7 +231,7 @@ def test_a_swap_without_a_near_tie_fails_naming_the_row(dtype):
 def test_argsort_passes_and_a_wrong_permutation_fails():
     from cases.model import Case
     from results.schema import CORRECTNESS
-    from runners.correctness import failure_kind
+    from runners.verdicts import failure_kind
 
     case = Case.make("argsort_rows", {"rows": 8, "n": 32}, "bf16")
     assert run(argsort_impl(), case)["status"] == "pass"

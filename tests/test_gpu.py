@@ -12,7 +12,8 @@ import pytest
 
 import gpu_impls
 from cases.generate import plan
-from runners.correctness import check, is_failure, nondeterministic_outputs, repro_command
+from runners.correctness import check, nondeterministic_outputs
+from runners.verdicts import is_failure, repro_command
 
 pytestmark = pytest.mark.gpu
 MUTANTS = Path(__file__).with_name("mutants.py")

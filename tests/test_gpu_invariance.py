@@ -14,7 +14,8 @@ import pytest
 import gpu_impls
 from cases.generate import plan
 from cases.model import Case
-from runners.correctness import batch_variant_rows, check, repro_command
+from runners.correctness import batch_variant_rows, check
+from runners.verdicts import repro_command
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,8 @@ from cases.generate import plan
 from gpu_impls import backend, impls
 from results.store import Store
 from runners.cli import main
-from runners.correctness import check, is_failure
+from runners.correctness import check
+from runners.verdicts import is_failure
 from runners.isolation import _row_without_result
 
 FAULTS = str(Path(__file__).with_name("faults.py"))

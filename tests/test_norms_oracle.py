@@ -22,7 +22,8 @@ from gpu_impls import backend, impls
 from oracle.dtypes import FLOAT_DTYPES, round_to, ulp_distance
 from oracle.norms import SEED_NUMERICS, SEED_TOL
 from oracle.spec import registry
-from runners.correctness import check, repro_command, run_impl
+from runners.correctness import check, run_impl
+from runners.verdicts import repro_command
 
 BF16 = ml_dtypes.bfloat16
 NORM_OPS = sorted(name for name, spec in registry().items() if spec.family == "norms")

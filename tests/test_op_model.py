@@ -21,7 +21,8 @@ from oracle.numerics import Bounds, Choices, Model, Worst, adverse_store, model_
 from oracle.spec import get_op, registry
 from results.store import Store
 from runners.cli import main
-from runners.correctness import check, failure_kind, launch_impl
+from runners.correctness import check, launch_impl
+from runners.verdicts import failure_kind
 
 EXAMPLES = str(Path(__file__).with_name("op_model_examples.py"))
 CPU = ["--isolate", "none"]

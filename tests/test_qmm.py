@@ -15,7 +15,8 @@ from cases.model import Case, make_inputs
 from gpu_impls.contract import ContractError
 from oracle.qmm import SEED_TOL_QMM
 from oracle.spec import get_op
-from runners.correctness import batch_variant_rows, check, is_failure, repro_command
+from runners.correctness import batch_variant_rows, check
+from runners.verdicts import is_failure, repro_command
 
 QMM_IMPLS = sorted(i for i, impl in gpu_impls.impls().items() if impl.op == "qmm")
 

@@ -17,7 +17,8 @@ from gpu_impls.contract import ContractError
 from oracle.dtypes import round_to
 from oracle.quant import pack
 from oracle.rms_qgemv import SEED_REL_TOL
-from runners.correctness import check, is_failure
+from runners.correctness import check
+from runners.verdicts import is_failure
 
 OP = "rms_norm_qgemv"
 MUTANTS = Path(__file__).with_name("mutants.py")

@@ -29,7 +29,8 @@ from oracle.dtypes import round_to
 from oracle.metrics import compare
 from oracle.norms import inv_kernel, kernel_view
 from oracle.numerics import SEQUENTIAL, Bounds, Model, Numerics, Val, store_bound
-from runners.correctness import check, launch_impl, repro_command
+from runners.correctness import check, launch_impl
+from runners.verdicts import repro_command
 
 
 def _where(impl_id: str, case: Case) -> str:
