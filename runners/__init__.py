@@ -1,1 +1,1 @@
-"""kparity runners: correctness, the sweep, and the `kparity` CLI."""
+"""kparity runners: correctness, timing, A/B, process isolation, the oracle cache."""

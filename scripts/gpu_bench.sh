@@ -40,7 +40,7 @@ set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STORE=$OUT/store-$STAGE
-K="python3 -m runners.cli --store $STORE"
+K="python3 -m verbs.cli --store $STORE"
 T="--min-time 0.25"   # per run; the A/B replicates runs, not samples
 LOG=$OUT/$STAGE.log
 run() { echo "\$ kparity ${*}" | sed "s|--store [^ ]* ||" >> "$LOG"; $K "$@" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; }

@@ -2,7 +2,7 @@
 # First look on the GPU machine: the gate, then a short bench in every mode, then cold vs do_bench.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-K="python3 -m runners.cli --store $OUT/store"
+K="python3 -m verbs.cli --store $OUT/store"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,ecc.mode.current --format=csv
 timeout 300 python3 -m pytest -m gpu -q -x -p no:cacheprovider > "$OUT/gate.log" 2>&1; echo "gate rc=$?"
 tail -5 "$OUT/gate.log"

@@ -55,7 +55,7 @@ def run(command: str, store: str) -> str:
     if argv[0] != "kparity":
         raise SystemExit(f"README marker runs {argv[0]!r}: only kparity commands")
     env = {**os.environ, "KPARITY_STORE": store, "COLUMNS": "150"}
-    proc = subprocess.run([sys.executable, "-m", "runners.cli", *argv[1:]], env=env,
+    proc = subprocess.run([sys.executable, "-m", "verbs.cli", *argv[1:]], env=env,
                           capture_output=True, text=True, cwd=README.parent)
     text = proc.stdout + proc.stderr
     for pattern, repl in VOLATILE:

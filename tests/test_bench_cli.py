@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pyarrow.dataset as ds
 import pytest
 
-from runners.cli import main
+from verbs.cli import main
 
 CASE = ["--impl", "torch:rms_norm", "--preset", "decode-1x4096", "--dtype", "f32"]
 QUICK = ["--min-time", "0.005", "--min-samples", "2", "--timeout", "0.2"]
@@ -201,7 +201,7 @@ def test_bench_unknown_mode_lists_the_modes_closest_first(tmp_path, capsys):
 def test_bench_without_filters_on_cpu_benches_the_decode_presets(tmp_path, capsys, monkeypatch,
                                                                   quick):
     """The measurement itself is stubbed: what is tested is the plan and what is said."""
-    import runners.timing_verbs as tv
+    import verbs.timing as tv
     from runners.bench import _base_row
 
     def measured(impl, backend, case, mode, *args, **kwargs):

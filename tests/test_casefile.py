@@ -10,7 +10,7 @@ import pytest
 from cases.casefile import CaseFileError, load_cases
 from cases.model import Case
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 GOOD = {"op": "rms_norm", "dims": {"rows": 3, "n": 96}, "dtype": "bf16", "dist": "outlier_rows",
         "params": {"eps": 1e-5}, "label": "mine"}

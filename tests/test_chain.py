@@ -187,7 +187,7 @@ def test_an_op_without_a_chain_input_falls_back_to_graph_rot_and_says_so(monkeyp
 
 
 def test_bench_items_fold_a_chain_fallback_into_graph_rot_once():
-    from runners.timing_verbs import _timed_items
+    from verbs.timing import _timed_items
 
     bare = dataclasses.replace(get_op("rms_norm"), chain_input="")
     w = SimpleNamespace(case=SimpleNamespace(spec=bare, op="rms_norm"))

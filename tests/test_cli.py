@@ -11,7 +11,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from results.schema import CORRECTNESS, RUNS, SCHEMA_VERSION
-from runners.cli import main
+from verbs.cli import main
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
 

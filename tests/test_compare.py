@@ -15,7 +15,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from results.compare import load_schema
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 CPU = {"torch": "cpu"}

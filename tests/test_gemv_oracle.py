@@ -171,7 +171,7 @@ def test_nan_activation_gives_nan_logits_and_only_the_nan_rule_judges(tmp_path):
     import json
 
     from results.store import Store
-    from runners.cli import main
+    from verbs.cli import main
 
     case = Case.make("dequant_gemv", {"out": 32, "in": 64, "bits": 4, "group_size": 32}, "f32",
                      "nonfinite")

@@ -14,7 +14,7 @@ import pytest
 from gpu_impls import backend
 from gpu_impls.backend import CANARY_BITS, GUARD_BYTES, POISON_BITS
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 FAULTS = str(Path(__file__).with_name("faults.py"))
 CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16", "--isolate", "none"]

@@ -18,7 +18,7 @@ import pytest
 from cases.generate import plan
 from gpu_impls import backend, impls
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 from runners.correctness import check
 from runners.verdicts import is_failure
 from runners.isolation import _row_without_result

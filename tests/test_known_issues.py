@@ -15,7 +15,7 @@ from cases.model import Case
 from gpu_impls import known_issues
 from gpu_impls.known_issues import KnownIssueError, load_file, parse
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 FAULTS = str(Path(__file__).with_name("faults.py"))
 CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16", "--isolate", "none"]

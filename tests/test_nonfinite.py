@@ -10,7 +10,7 @@ import numpy as np
 
 from cases.model import Case, make_inputs
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
 

@@ -20,7 +20,7 @@ from gpu_impls.contract import ContractError
 from oracle.numerics import Bounds, Choices, Model, Worst, adverse_store, model_for
 from oracle.spec import get_op, registry
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 from runners.correctness import check, launch_impl
 from runners.verdicts import failure_kind
 

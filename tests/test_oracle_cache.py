@@ -225,7 +225,7 @@ def test_the_cache_changes_no_verdict(tmp_path, monkeypatch):
 
 
 def test_check_prints_the_cache_line_and_refuses_a_bad_cap(tmp_path, monkeypatch, capsys):
-    from runners.cli import main
+    from verbs.cli import main
 
     monkeypatch.setenv("KPARITY_CACHE", str(tmp_path / "c"))
     argv = ["--store", str(tmp_path / "s"), "check", "--impl", "torch:rms_norm", "--preset",

@@ -18,8 +18,8 @@ import pytest
 
 import gpu_impls
 from cases.generate import gate_cases, valid_cases
-from runners import cli
-from runners.cli import VERBS, main, parser
+from verbs import cli
+from verbs.cli import VERBS, main, parser
 
 # A plugin registering a copy of torch:rms_norm under another name (cheap, correct).
 COPY = textwrap.dedent("""\
@@ -67,7 +67,7 @@ def test_store_and_plugins_before_and_after_the_verb_combine(tmp_path, registry)
 def test_a_store_before_the_verb_is_not_reset_by_the_verb():
     args = parser().parse_args(["--store", "s1", "cases"])
     assert args.store == "s1"
-    from runners.cli import parse_args
+    from verbs.cli import parse_args
 
     assert parse_args(["cases", "--store", "s2"]).store == "s2"
     assert parse_args(["--plugin", "x", "cases"]).plugin == ["x"]

@@ -8,7 +8,7 @@ from cases.distributions import DISTRIBUTIONS
 from pathlib import Path
 
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 FAULTS = str(Path(__file__).with_name("faults.py"))
 CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16", "--isolate", "none"]

@@ -14,7 +14,7 @@ from results.history import MIN_HISTORY
 from results.report import impl_page_name
 from results.report_html import ASSETS, PLOTLY_JS
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
 BENCH_IMPL = "cuda:kp_rms_norm"
@@ -247,8 +247,8 @@ def test_nightly_benches_accelerated_backends_and_fails_on_a_regression(tmp_path
     verbs stubbed out: bench gets the accelerated backend and the other filters, compare gets
     each run of the night, and a regression from compare fails the night."""
     import gpu_impls
-    import runners.history_verbs
-    import runners.timing_verbs
+    import verbs.history
+    import verbs.timing
 
     monkeypatch.setattr(type(gpu_impls.backend("torch")), "accelerator", property(lambda s: True))
     benched, compared = [], []
@@ -263,8 +263,8 @@ def test_nightly_benches_accelerated_backends_and_fails_on_a_regression(tmp_path
     def compare(args):
         compared.append((args.run_a, args.baseline))
         return 1 if args.run_a.endswith("bench1") else 0
-    monkeypatch.setattr(runners.timing_verbs, "cmd_bench", bench)
-    monkeypatch.setattr(runners.history_verbs, "cmd_compare", compare)
+    monkeypatch.setattr(verbs.timing, "cmd_bench", bench)
+    monkeypatch.setattr(verbs.history, "cmd_compare", compare)
     rc = main(["--store", str(tmp_path / "store"), "nightly", "--out", str(tmp_path / "site"),
                "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b", "--dtype", "bf16",
                "--baseline", "7"])

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from results.store import Store
-from runners.cli import main
+from verbs.cli import main
 
 ROOT = Path(__file__).parents[1]
 SELECTION = ["--impl", "torch:rms_norm", "--dtype", "f32,bf16"]
@@ -31,7 +31,7 @@ def _journal_lines(store_dir: Path) -> int:
 def test_sigkill_mid_sweep_then_resume(tmp_path, capsys):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "runners.cli", "--store", str(killed),
+    proc = subprocess.Popen([sys.executable, "-m", "verbs.cli", "--store", str(killed),
                              "check", *SELECTION], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -84,7 +84,7 @@ QWEN = ["check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b"]
 def test_ctrl_c_ends_with_one_line_and_resume_last_runs_the_rest(tmp_path, capsys, monkeypatch):
     """Ctrl-C mid-sweep: exit 130 and one line (rows kept, the run id, the resume command), not a
     traceback; the finished rows are in the store and `--resume last` completes the run."""
-    import runners.cli as cli
+    import verbs.cli as cli
 
     real, ran = cli.run_one, []
 

@@ -18,7 +18,7 @@ from cases.distributions import DISTRIBUTIONS  # noqa: E402
 from results.query import query  # noqa: E402
 from results.schema import CORRECTNESS, SCHEMA_VERSION  # noqa: E402
 from results.store import Store  # noqa: E402
-from runners.cli import main  # noqa: E402
+from verbs.cli import main  # noqa: E402
 
 N = len(DISTRIBUTIONS)  # cases of one preset and dtype
 
@@ -95,7 +95,7 @@ def test_duckdb_and_plotly_are_not_on_the_gpu_import_path():
     """The GPU image has neither: importing the impls, the runners and the CLI parser (which
     registers every verb) must not pull them in."""
     code = ("import sys, gpu_impls, runners.correctness, runners.timing, runners.bench, "
-            "runners.cli; gpu_impls.impls(); runners.cli.parser(); "
+            "verbs.cli; gpu_impls.impls(); verbs.cli.parser(); "
             "print(sorted(m for m in ('duckdb', 'plotly', 'jsonschema') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

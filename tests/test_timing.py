@@ -14,7 +14,7 @@ from gpu_impls.timer import Timer
 from results.schema import AB, BENCH, CEILINGS
 from runners.abstats import aa_noise, bootstrap_ratio, compare_runs, summarize, verdict
 from runners.bench import work_model
-from runners.cli import main
+from verbs.cli import main
 from runners.stopping import StdRel
 from runners.timing import measure, rotation_sets
 

@@ -27,7 +27,7 @@ def add_parsers(sub, filters) -> None:
 
 def need_plotly(verb: str) -> None:
     """UsageError (exit 2) naming the extra when plotly is not installed."""
-    from runners.cli import UsageError
+    from verbs.cli import UsageError
 
     try:
         import plotly  # noqa: F401
@@ -39,7 +39,7 @@ def cmd_report(args) -> int:
     """Writes the site (`results/report.py` lists the pages) and says where it is."""
     from results.report import write_report
     from results.store import Store
-    from runners.cli import UsageError, console
+    from verbs.cli import UsageError, console
 
     need_plotly("report")
     if args.baseline < 1:
@@ -68,7 +68,7 @@ def _filter_options(args, skip: tuple[str, ...] = ()) -> list[str]:
 def _accelerated_backends(args) -> tuple[list[str], list[str]]:
     """The selected impls' backends that run on an accelerator here, and why each other one
     does not."""
-    from runners.cli import _backend, select_impls
+    from verbs.cli import _backend, select_impls
 
     fast, slow = [], []
     for name in sorted({i.backend for i in select_impls(args, need_available=False)}):
@@ -108,7 +108,7 @@ def cmd_nightly(args) -> int:
         17 3 * * * cd /path/to/kparity && . .venv/bin/activate && kparity nightly --out /var/www/kparity >> .kparity/nightly.log 2>&1
     """
     from results.store import Store
-    from runners.cli import UsageError, console, main
+    from verbs.cli import UsageError, console, main
 
     need_plotly("nightly")  # its last step is the report: say so before an hour of checks
     if args.baseline < 2:

@@ -22,10 +22,10 @@ from gpu_impls.contract import ContractError
 from oracle.spec import get_op
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store
-from runners import outputs
+from verbs import outputs
 from runners.ab import ab_group
 from runners.bench import bench_one, ceilings_row, timed_mode
-from runners.cli import (UsageError, _backend, _impls, _split, check_presets, console,
+from verbs.cli import (UsageError, _backend, _impls, _split, check_presets, console,
                          select_impls, unknown)
 from runners.stopping import StdRel, shortfall
 from runners.timing import MODES

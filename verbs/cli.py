@@ -54,7 +54,7 @@ from runners import oracle_cache
 from runners.correctness import judged_row, quarantined_row, repeated_row
 from runners.verdicts import failure_kind, is_failure, outcome
 from runners.isolation import MODES as ISOLATION_MODES, DeviceUnusable, runner_for
-from runners.outputs import add_flags as add_output_flags, write_check
+from verbs.outputs import add_flags as add_output_flags, write_check
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -349,7 +349,7 @@ def cmd_cases(args) -> int:
     for impl in impls:
         table.add_row(impl.id, str(counts[(impl.id, "valid")]), str(counts[(impl.id, "rejected")]))
     console.print(table)
-    from runners.timing_verbs import print_bench_presets  # the timing verbs' own section
+    from verbs.timing import print_bench_presets  # the timing verbs' own section
     print_bench_presets(impls, _split(args.dtype) or None)
     return 0
 
@@ -823,9 +823,9 @@ def parser() -> argparse.ArgumentParser:
                  "case on GPU backends, none on CPU")
         verb_parser.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
                                  help="per-case limit in a worker (default: from the case)")
-    from runners import history_verbs, report_verbs, timing_verbs
+    from verbs import history, report, timing
 
-    for module in (timing_verbs, history_verbs, report_verbs):
+    for module in (timing, history, report):
         module.add_parsers(sub, _filters)
     for verb_parser in sub.choices.values():
         _global_options(verb_parser, after_verb=True)
@@ -840,19 +840,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _verb(module: str, name: str):
-    """The verb `name` of runners/<module>.py, imported only when it runs."""
+    """The verb `name` of verbs/<module>.py, imported only when it runs."""
     def run(args):
         import importlib
 
-        return getattr(importlib.import_module(f"runners.{module}"), f"cmd_{name}")(args)
+        return getattr(importlib.import_module(f"verbs.{module}"), f"cmd_{name}")(args)
     return run
 
 
 VERBS = {"ops": cmd_ops, "cases": cmd_cases, "check": cmd_check, "repro": cmd_repro,
-         "bench": _verb("timing_verbs", "bench"), "ab": _verb("timing_verbs", "ab"),
-         "compare": _verb("history_verbs", "compare"), "accept": _verb("history_verbs", "accept"),
-         "sql": _verb("history_verbs", "sql"), "report": _verb("report_verbs", "report"),
-         "nightly": _verb("report_verbs", "nightly")}
+         "bench": _verb("timing", "bench"), "ab": _verb("timing", "ab"),
+         "compare": _verb("history", "compare"), "accept": _verb("history", "accept"),
+         "sql": _verb("history", "sql"), "report": _verb("report", "report"),
+         "nightly": _verb("report", "nightly")}
 
 
 def main(argv=None) -> int:
@@ -908,8 +908,8 @@ def plugin_warnings_in_yellow():
 
 
 if __name__ == "__main__":
-    # `python -m runners.cli`: run the imported module's main, so the exceptions other modules
-    # raise (runners.cli.UsageError) are the classes main catches, not __main__'s copies
-    from runners.cli import main as imported_main
+    # `python -m verbs.cli`: run the imported module's main, so the exceptions other modules
+    # raise (verbs.cli.UsageError) are the classes main catches, not __main__'s copies
+    from verbs.cli import main as imported_main
 
     sys.exit(imported_main())

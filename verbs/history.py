@@ -67,7 +67,7 @@ def cmd_compare(args) -> int:
     from results.compare import (FILTERS, CompareError, Thresholds, compare, render_markdown,
                                  render_table)
     from results.store import Store
-    from runners.cli import UsageError, _split, console, unknown
+    from verbs.cli import UsageError, _split, console, unknown
 
     thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump,
                             new_may_fail=args.new_may_fail)
@@ -137,7 +137,7 @@ def cmd_accept(args) -> int:
 
     from results.runinfo import new_run_id
     from results.store import Store
-    from runners.cli import UsageError, console, unknown
+    from verbs.cli import UsageError, console, unknown
 
     store = Store(args.store)
     runs_of: dict[str, set[str]] = {}  # target -> runs with rows of it (in the metric's tables)
@@ -191,7 +191,7 @@ def cmd_sql(args) -> int:
 
     from results.query import query
     from results.store import Store
-    from runners.cli import UsageError, console
+    from verbs.cli import UsageError, console
 
     try:
         import duckdb

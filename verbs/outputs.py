@@ -85,7 +85,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _prefix(args) -> str:
     """`kparity` with the global flags a rerun needs (its store and plugins)."""
-    from runners.cli import global_flags
+    from verbs.cli import global_flags
 
     return "kparity" + global_flags(args)
 
@@ -136,7 +136,7 @@ def _write_xml(path: Path, tree: ET.ElementTree) -> None:
 # --- check -------------------------------------------------------------------------------------
 
 def check_repro(args, row: dict) -> str:
-    from runners.cli import repro_line
+    from verbs.cli import repro_line
 
     return repro_line(args, row["case_id"], row["impl"])
 
