@@ -246,7 +246,7 @@ def test_argsort_passes_and_a_wrong_permutation_fails():
 
 
 def test_check_summary_reports_the_topk_near_ties(capsys):
-    from verbs.cli import _print_reported
+    from verbs.check import _print_reported
 
     planted = lambda case: range(0, case.dims["tokens"], TIE_EVERY)  # noqa: E731
     _print_reported([run(swapping_impl("twin_first", planted), route_case("f32"))])

@@ -263,8 +263,8 @@ def test_nightly_benches_accelerated_backends_and_fails_on_a_regression(tmp_path
     def compare(args):
         compared.append((args.run_a, args.baseline))
         return 1 if args.run_a.endswith("bench1") else 0
-    monkeypatch.setattr(verbs.timing, "cmd_bench", bench)
-    monkeypatch.setattr(verbs.history, "cmd_compare", compare)
+    monkeypatch.setitem(verbs.timing.VERBS, "bench", bench)
+    monkeypatch.setitem(verbs.history.VERBS, "compare", compare)
     rc = main(["--store", str(tmp_path / "store"), "nightly", "--out", str(tmp_path / "site"),
                "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b", "--dtype", "bf16",
                "--baseline", "7"])

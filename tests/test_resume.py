@@ -84,9 +84,9 @@ QWEN = ["check", "--impl", "torch:rms_norm", "--preset", "qwen3-0.6b"]
 def test_ctrl_c_ends_with_one_line_and_resume_last_runs_the_rest(tmp_path, capsys, monkeypatch):
     """Ctrl-C mid-sweep: exit 130 and one line (rows kept, the run id, the resume command), not a
     traceback; the finished rows are in the store and `--resume last` completes the run."""
-    import verbs.cli as cli
+    import verbs.check as check
 
-    real, ran = cli.run_one, []
+    real, ran = check.run_one, []
 
     def interrupted_after_5(*args, **kwargs):
         if len(ran) == 5:
@@ -94,7 +94,7 @@ def test_ctrl_c_ends_with_one_line_and_resume_last_runs_the_rest(tmp_path, capsy
         ran.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "run_one", interrupted_after_5)
+    monkeypatch.setattr(check, "run_one", interrupted_after_5)
     store = tmp_path / "store"
     try:
         rc = main(["--store", str(store), *QWEN])
@@ -108,7 +108,7 @@ def test_ctrl_c_ends_with_one_line_and_resume_last_runs_the_rest(tmp_path, capsy
         f"interrupted: 5 rows of run {run_id} kept in {store}/; the rest: kparity --store "
         f"{store} check --resume {run_id}")
 
-    monkeypatch.setattr(cli, "run_one", real)
+    monkeypatch.setattr(check, "run_one", real)
     assert main(["--store", str(store), "check", "--resume", "last"]) == 0
     after = Store(store).read("correctness").to_pylist()
     assert len(_keys(after)) == len(after) == 3 * len(DISTRIBUTIONS)

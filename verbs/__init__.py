@@ -1,1 +1,9 @@
-"""kparity verbs: the `kparity` CLI (verbs/cli.py) and one module per group of verbs."""
+"""kparity verbs: the `kparity` CLI (`verbs/cli.py`) and one module per group of verbs.
+
+The CLI discovers the verb modules: every module here that defines `add_parsers(sub)` (adds its
+verbs' subparsers) and `VERBS` ({verb name: function(args) -> exit code}); `ORDER` places its
+verbs in `kparity --help`. Adding a verb group is adding a module. Every module is imported to
+build the parser, so heavy imports (DuckDB, plotly) stay inside the verb functions.
+`common.py` is what they share; it imports no other verbs module. Nothing below this package
+(oracle, cases, gpu_impls, runners, results) imports it: tests/test_layers.py.
+"""

@@ -16,8 +16,12 @@ Heavy imports (DuckDB) happen inside the verbs: none of this is on the GPU impor
 
 from __future__ import annotations
 
+from verbs.common import UsageError, _filters, _split, console, unknown
 
-def add_parsers(sub, filters) -> None:
+ORDER = 3  # after the timing verbs in `kparity --help`
+
+
+def add_parsers(sub) -> None:
     cmp = sub.add_parser("compare", help="run vs run, or vs the last N runs: regressions, exit 1")
     cmp.add_argument("run_a", nargs="?",
                      help="run A (default: the newest run before B of its device kind with rows "
@@ -25,7 +29,7 @@ def add_parsers(sub, filters) -> None:
     cmp.add_argument("run_b", nargs="?", help="run B, the contender (default: the newest)")
     cmp.add_argument("--baseline", type=int, default=None, metavar="N",
                      help="compare the contender with the last N runs as history")
-    filters(cmp)
+    _filters(cmp)
     cmp.add_argument("--format", choices=("table", "json", "markdown"), default="table",
                      help="table (terminal), json (results/compare.schema.json, for bots) or "
                           "markdown (a PR comment)")
@@ -67,7 +71,6 @@ def cmd_compare(args) -> int:
     from results.compare import (FILTERS, CompareError, Thresholds, compare, render_markdown,
                                  render_table)
     from results.store import Store
-    from verbs.cli import UsageError, _split, console, unknown
 
     thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump,
                             new_may_fail=args.new_may_fail)
@@ -137,7 +140,6 @@ def cmd_accept(args) -> int:
 
     from results.runinfo import new_run_id
     from results.store import Store
-    from verbs.cli import UsageError, console, unknown
 
     store = Store(args.store)
     runs_of: dict[str, set[str]] = {}  # target -> runs with rows of it (in the metric's tables)
@@ -191,7 +193,6 @@ def cmd_sql(args) -> int:
 
     from results.query import query
     from results.store import Store
-    from verbs.cli import UsageError, console
 
     try:
         import duckdb
@@ -219,3 +220,5 @@ def cmd_sql(args) -> int:
         console.print(table)
     return 0
 
+
+VERBS = {"compare": cmd_compare, "accept": cmd_accept, "sql": cmd_sql}

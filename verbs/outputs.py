@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from cases.model import Case
+from verbs.common import global_flags, repro_line
 
 CHECK_METRICS = ("budget", "max_abs", "max_rel", "nmse", "cosine", "max_ulp", "frac_within",
                  "nonfinite_mismatch", "worst_output")
@@ -85,8 +86,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _prefix(args) -> str:
     """`kparity` with the global flags a rerun needs (its store and plugins)."""
-    from verbs.cli import global_flags
-
     return "kparity" + global_flags(args)
 
 
@@ -136,8 +135,6 @@ def _write_xml(path: Path, tree: ET.ElementTree) -> None:
 # --- check -------------------------------------------------------------------------------------
 
 def check_repro(args, row: dict) -> str:
-    from verbs.cli import repro_line
-
     return repro_line(args, row["case_id"], row["impl"])
 
 

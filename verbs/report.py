@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from verbs.common import UsageError, _backend, _filters, console, select_impls
+
+ORDER = 4  # last in `kparity --help`
 FILTERS = ("op", "impl", "backend", "dtype", "preset")
 
 
-def add_parsers(sub, filters) -> None:
+def add_parsers(sub) -> None:
     rep = sub.add_parser("report", help="static HTML dashboard of the store")
     rep.add_argument("--out", required=True, help="output folder (created)")
     rep.add_argument("--baseline", type=int, default=20,
                      help="runs of history for the regression page (20)")
     nightly = sub.add_parser("nightly", help="check + bench + compare + report")
-    filters(nightly)
+    _filters(nightly)
     nightly.add_argument("--out", required=True, help="report folder")
     nightly.add_argument("--baseline", type=int, default=10, help="runs of history (10)")
     nightly.add_argument("--no-bench", action="store_true", help="correctness only")
@@ -27,8 +30,6 @@ def add_parsers(sub, filters) -> None:
 
 def need_plotly(verb: str) -> None:
     """UsageError (exit 2) naming the extra when plotly is not installed."""
-    from verbs.cli import UsageError
-
     try:
         import plotly  # noqa: F401
     except ImportError:
@@ -39,7 +40,6 @@ def cmd_report(args) -> int:
     """Writes the site (`results/report.py` lists the pages) and says where it is."""
     from results.report import write_report
     from results.store import Store
-    from verbs.cli import UsageError, console
 
     need_plotly("report")
     if args.baseline < 1:
@@ -68,8 +68,6 @@ def _filter_options(args, skip: tuple[str, ...] = ()) -> list[str]:
 def _accelerated_backends(args) -> tuple[list[str], list[str]]:
     """The selected impls' backends that run on an accelerator here, and why each other one
     does not."""
-    from verbs.cli import _backend, select_impls
-
     fast, slow = [], []
     for name in sorted({i.backend for i in select_impls(args, need_available=False)}):
         be = _backend(name)
@@ -108,7 +106,7 @@ def cmd_nightly(args) -> int:
         17 3 * * * cd /path/to/kparity && . .venv/bin/activate && kparity nightly --out /var/www/kparity >> .kparity/nightly.log 2>&1
     """
     from results.store import Store
-    from verbs.cli import UsageError, console, main
+    from verbs.cli import main  # a composite verb: each step runs through the CLI, in-process
 
     need_plotly("nightly")  # its last step is the report: say so before an hour of checks
     if args.baseline < 2:
@@ -158,3 +156,6 @@ def cmd_nightly(args) -> int:
     console.print(f"nightly {verdict}: check {'failed' if check_rc else 'passed'}; "
                   f"report in {args.out}/")
     return 1 if failed else report_rc
+
+
+VERBS = {"report": cmd_report, "nightly": cmd_nightly}

@@ -22,14 +22,15 @@ from gpu_impls.contract import ContractError
 from oracle.spec import get_op
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store
-from verbs import outputs
 from runners.ab import ab_group
 from runners.bench import bench_one, ceilings_row, timed_mode
-from verbs.cli import (UsageError, _backend, _impls, _split, check_presets, console,
-                         select_impls, unknown)
 from runners.stopping import StdRel, shortfall
 from runners.timing import MODES
+from verbs import outputs
+from verbs.common import (UsageError, _backend, _filters, _impls, _split, check_presets, console,
+                          select_impls, unknown)
 
+ORDER = 2  # after check and repro in `kparity --help`
 
 MIN_RUNS = 5
 # Bench with nothing narrowing it on a CPU: these presets (`--preset all`: every bench case).
@@ -529,7 +530,7 @@ def _ab_exit(rows: list[dict], require: str | None) -> int:
     return 0
 
 
-def add_parsers(sub, filters) -> None:
+def add_parsers(sub) -> None:
     def timing_flags(p):
         p.add_argument("--mode", default=None,
                        help="chain (CUDA, primary: each call after an ordinary kernel that "
@@ -554,7 +555,7 @@ def add_parsers(sub, filters) -> None:
                                        "lists the bench presets). With no --preset, --op or "
                                        "--impl on a CPU: the decode presets (--preset all: "
                                        "every bench case).")
-    filters(bench)
+    _filters(bench)
     timing_flags(bench)
     bench.add_argument("--no-verify", action="store_true",
                        help="skip the oracle check before timing")
@@ -570,3 +571,6 @@ def add_parsers(sub, filters) -> None:
     ab.add_argument("--runs", type=int, default=5, help="interleaved runs per arm (>= 5)")
     ab.add_argument("--require", choices=("faster", "not-slower", "same"),
                     help="exit 1 unless every impl's verdict against A on every case is this")
+
+
+VERBS = {"bench": cmd_bench, "ab": cmd_ab}

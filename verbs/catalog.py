@@ -1,0 +1,156 @@
+"""`kparity ops` (ops, impls and where each came from, backends here; --matrix: what runs here
+and why not) and `kparity cases` (the (impl, case) pairs a check would run)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from rich.markup import escape
+from rich.table import Table
+
+from cases.generate import gate_cases
+from oracle.dtypes import FLOAT_DTYPES
+from oracle.spec import registry as op_registry
+from verbs.common import _backend, _filters, _impls, _seed, _split, console, select_impls, work_list
+
+ORDER = 0  # `kparity --help` lists the verb groups by ORDER: what is here comes first
+
+
+def add_parsers(sub) -> None:
+    ops = sub.add_parser("ops", help="ops, impls (and where each came from), backends here")
+    ops.add_argument("--matrix", action="store_true",
+                     help="support matrix, op x impl x dtype: runs here (how many of the op's "
+                          "cases of that dtype the impl's contract admits), refused by "
+                          "contract (and the invariant), or backend missing (and why)")
+    cases = sub.add_parser("cases", help="what would run: (impl, case) pairs, per impl")
+    _filters(cases)
+    cases.add_argument("--invalid", action="store_true",
+                       help="include the violating cases (one per contract invariant)")
+    cases.add_argument("--list", action="store_true",
+                       help="print each case: id, impl, op[dims] dtype distribution, its "
+                            "params, label")
+    cases.add_argument("--limit", type=int, default=200, metavar="N",
+                       help="print at most N cases with --list (200)")
+    _seed(cases)
+
+
+def cmd_ops(args) -> int:
+    import gpu_impls
+
+    impls = _impls()
+    if args.matrix:
+        return support_matrix(impls)
+    table = Table(title="ops and impls (impls from plugins: see below)")
+    for col in ("op", "family", "dims", "impls"):
+        table.add_column(col)
+    for name, spec in sorted(op_registry().items()):
+        ids = sorted(i.id for i in impls.values() if i.op == name)
+        table.add_row(name, spec.family, ", ".join(spec.dims), ", ".join(ids))
+    console.print(table)
+    by_origin = defaultdict(list)
+    for impl_id in sorted(impls):
+        by_origin[gpu_impls.origin(impl_id)].append(impl_id)
+    builtin = by_origin.pop("builtin", [])
+    if by_origin:
+        plugins = Table(title="impls from plugins")
+        plugins.add_column("from")
+        plugins.add_column("impls")
+        for where, ids in sorted(by_origin.items()):
+            plugins.add_row(escape(where), ", ".join(ids))
+        console.print(plugins)
+    console.print(f"{len(builtin)} builtin impls (gpu_impls/<backend>/), "
+                  f"{len(impls) - len(builtin)} from plugins (--plugin, or a `kparity.plugins` "
+                  "entry point)")
+    console.print(backends_table())
+    return 0
+
+
+def backends_table() -> Table:
+    import gpu_impls
+
+    table = Table(title="backends here")
+    table.add_column("backend")
+    table.add_column("available")
+    table.add_column("device / why not")
+    for b in gpu_impls.BACKENDS:
+        ok, why = _backend(b).available()
+        table.add_row(b, "yes" if ok else "no", escape(why))
+    return table
+
+
+def support_matrix(impls: dict) -> int:
+    """`ops --matrix`, like llama.cpp's `test-backend-ops support`: per impl and dtype, whether
+    it runs here (n of the op's gate cases of that dtype its contract admits), is refused by its
+    contract for every such case (the invariant most of them break), or its backend is missing
+    here (why). Contracts are pure Python: no framework is imported beyond the availability
+    checks `ops` makes anyway."""
+    from gpu_impls.contract import ContractError
+
+    table = Table(title="support matrix: cases of each dtype the impl runs here, of the op's "
+                        "gate cases")
+    for col in ("op", "impl", *FLOAT_DTYPES, "why not"):
+        table.add_column(col, no_wrap=col in ("op", "impl"))
+    cases_of = {}
+    for impl in sorted(impls.values(), key=lambda i: (i.op, i.id)):
+        if impl.op not in cases_of:
+            cases_of[impl.op] = gate_cases(impl.op)
+        backend = _backend(impl.backend)
+        ok, missing = impl.available(backend)
+        if not backend.available()[0]:  # the backend's own why is in the table below, once
+            missing = f"no {impl.backend} backend here (why: below)"
+        cells, whys = [], defaultdict(list)
+        for dtype in FLOAT_DTYPES:
+            cases = [c for c in cases_of[impl.op] if c.dtype == dtype]
+            refused = Counter()
+            for case in cases:
+                try:
+                    impl.contract.check(impl.id, case)
+                except ContractError as e:
+                    refused[e.invariant] += 1
+            admitted = len(cases) - sum(refused.values())
+            if not cases:
+                cells.append("[dim]no cases[/]")
+            elif not admitted:
+                cells.append("[yellow]refused[/]")
+                whys[f"refused by contract: `{refused.most_common(1)[0][0]}`"].append(dtype)
+            elif not ok:
+                cells.append("[red]missing[/]")
+                whys[missing].append(dtype)
+            else:
+                cells.append(f"[green]runs[/] {admitted}/{len(cases)}")
+        why = "; ".join(w if len(whys) == 1 and len(ds) == len(FLOAT_DTYPES)
+                        else f"{', '.join(ds)}: {w}" for w, ds in whys.items())
+        table.add_row(impl.op, impl.id, *cells, escape(why))
+    console.print(table)
+    console.print(backends_table())
+    return 0
+
+
+def cmd_cases(args) -> int:
+    impls = select_impls(args, need_available=False)
+    work = work_list(args, impls)
+    if not args.invalid:
+        work = [w for w in work if w.expect == "valid"]
+    counts = Counter()
+    shown = 0
+    for w in work:
+        counts[(w.impl.id, w.expect)] += 1
+        if args.list and shown < args.limit:
+            shown += 1
+            extra = f"  breaks `{w.invariant}`" if w.expect == "rejected" else ""
+            params = " ".join(f"{k}={v}" for k, v in w.case.param_items)  # the case's own
+            console.print(escape(f"{w.case.id}  {w.impl.id:32s} {w.case.short()}"
+                                 f"{'  ' + params if params else ''}  {w.case.label}{extra}"),
+                          soft_wrap=True)
+    table = Table(title=f"{len(work)} (impl, case) pairs would run")
+    for col in ("impl", "valid cases", "violating cases"):
+        table.add_column(col)
+    for impl in impls:
+        table.add_row(impl.id, str(counts[(impl.id, "valid")]), str(counts[(impl.id, "rejected")]))
+    console.print(table)
+    from verbs.timing import print_bench_presets  # the timing verbs' own section
+    print_bench_presets(impls, _split(args.dtype) or None)
+    return 0
+
+
+VERBS = {"ops": cmd_ops, "cases": cmd_cases}

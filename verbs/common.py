@@ -1,0 +1,218 @@
+"""What the verb modules share: the console, bad input (UsageError, `unknown`), the impl and
+case selection every verb filters with (--op/--impl/--backend/--dtype/--preset, --seed, a
+--cases file), and the printed repro and resume lines.
+
+It imports only the layers below the verbs (oracle, cases, gpu_impls, runners, results), never
+another verbs module: each verb module imports it, and the CLI (`verbs/cli.py`) discovers them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+from rich.console import Console
+from rich.markup import escape
+
+from cases.casefile import closest
+from cases.generate import Work, bench_cases, gate_cases, plan
+from cases.model import Case
+from oracle.dtypes import FLOAT_DTYPES
+from oracle.spec import registry as op_registry
+
+# Wide enough for impl ids when output is not a terminal (CI logs, pipes).
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+
+
+class UsageError(Exception):
+    """Bad input: printed as one message, exit code 2."""
+
+
+def unknown(kind: str, given: str, valid) -> UsageError:
+    return UsageError(f"unknown {kind} {given!r}. Valid {kind}s (closest first): "
+                      + closest(given, valid))
+
+
+def _split(values) -> list[str]:
+    return [v for item in values or [] for v in item.split(",") if v]
+
+
+# --- selection ---------------------------------------------------------------------------------
+
+def _impls():
+    import gpu_impls
+
+    return gpu_impls.impls()
+
+
+def _backend(name):
+    import gpu_impls
+
+    return gpu_impls.backend(name)
+
+
+def select_impls(args, need_available: bool) -> list:
+    """Impls matching --op/--impl/--backend; with need_available, only those runnable here."""
+    import gpu_impls
+
+    all_impls = _impls()
+    ops = _split(args.op)
+    for op in ops:
+        if op not in op_registry():
+            raise unknown("op", op, op_registry())
+    backends = _split(args.backend)
+    for b in backends:
+        if b not in gpu_impls.BACKENDS:
+            raise unknown("backend", b, gpu_impls.BACKENDS)
+    wanted = _split(args.impl)
+    by_name = defaultdict(list)
+    for impl in all_impls.values():
+        by_name[impl.name].append(impl.id)
+    ids = set()
+    for w in wanted:
+        if w in all_impls:
+            ids.add(w)
+        elif w in by_name:
+            ids.update(by_name[w])
+        else:
+            raise unknown("impl", w, list(all_impls) + list(by_name))
+    for d in _split(args.dtype):
+        if d not in FLOAT_DTYPES:
+            raise unknown("dtype", d, FLOAT_DTYPES)
+
+    chosen = [i for i in all_impls.values()
+              if (not ops or i.op in ops) and (not backends or i.backend in backends)
+              and (not ids or i.id in ids)]
+    if not need_available:
+        return sorted(chosen, key=lambda i: i.id)
+    runnable, missing = [], {}
+    for impl in chosen:
+        backend_ok = _backend(impl.backend).available()[0]
+        ok, why = impl.available(_backend(impl.backend))
+        if ok:
+            runnable.append(impl)
+        else:
+            missing.setdefault(impl.backend if not backend_ok else impl.id, why)
+    for what, why in sorted(missing.items()):
+        kind = "backend" if what in gpu_impls.BACKENDS else "impl"
+        console.print(f"[yellow]skipping {kind} {what}[/]: {escape(why)}")
+    if chosen and not runnable:
+        console.print("[red]nothing to run: no backend for the selected impls is available here[/]")
+        raise SystemExit(3)
+    return sorted(runnable, key=lambda i: i.id)
+
+
+def check_presets(args, source=gate_cases, extra=("edge", "violates")) -> list[str]:
+    """The --preset values, each checked against the labels of the cases `source(op)` makes."""
+    presets = _split(args.preset)
+    if presets:
+        labels = {c.label.split(":", 1)[-1] for op in op_registry() for c in source(op)}
+        labels |= set(extra)
+        for p in presets:
+            if not any(p in label for label in labels):
+                if source is gate_cases and any(p in c.label for op in op_registry()
+                                                for c in bench_cases(op)):
+                    raise UsageError(f"{p!r} is a bench preset: kparity bench --preset {p} "
+                                     "times it. Valid presets here (closest first): "
+                                     + closest(p, labels))
+                raise unknown("preset", p, labels)
+    return presets
+
+
+def work_for(impl, case: Case) -> Work:
+    """One (impl, case): expected to run, or to be refused by the impl's contract (a dtype it is
+    not built for included: a user's bf16 case on an f32-only kernel is its refusal, not its
+    failure)."""
+    from gpu_impls.contract import ContractError
+
+    try:
+        impl.contract.check(impl.id, case)
+    except ContractError as e:
+        return Work(impl, case, "rejected", e.invariant)
+    return Work(impl, case, "valid")
+
+
+def work_list(args, impls) -> list[Work]:
+    seed = getattr(args, "seed", 0) or 0
+    if seed < 0:
+        raise UsageError(f"--seed {seed}: at least 0")
+    if getattr(args, "cases", None):  # a case file: each case against every selected impl of its op
+        if seed:  # a file's cases keep their own seeds: ignoring --seed would be silent
+            raise UsageError(f"--seed {seed} re-seeds generated cases; a --cases file's cases "
+                             "keep the seeds the file gives them")
+        return case_file_work(args.cases, impls, _split(args.dtype))
+    return plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
+                invalid=not getattr(args, "valid_only", False), seed=seed)
+
+
+def case_file_work(path: str, impls, dtypes: list[str]) -> list[Work]:
+    """Each case of the file against every selected impl of its op: run where the impl's
+    contract admits it, recorded as refused where it does not. A report-only impl (a speed
+    baseline computing another function) never gates, as in the generated plan. A user's case
+    that no selected impl would check is an error, before anything runs: a sweep that launched
+    nothing must not read as a pass."""
+    from cases.casefile import load_cases
+
+    work, unrun = [], []
+    for index, case in enumerate(load_cases(path)):
+        if dtypes and case.dtype not in dtypes:
+            continue
+        mine = [impl for impl in impls if impl.op == case.op]
+        items = [w for w in (work_for(impl, case) for impl in mine)
+                 if not (w.impl.report_only and w.expect == "valid")]
+        work += items
+        why = {impl.id: refusal(impl, case) for impl in mine}
+        if mine and all(why.values()):
+            label = "" if case.label.startswith("file:") else f"{case.label!r}, "
+            unrun.append(f"case {index} ({label}{case.short()}) runs on no selected impl:\n"
+                         + "\n".join(f"  {text}" for text in why.values()))
+    if unrun:
+        raise UsageError(f"{path}: " + "\n".join(unrun) + "\nChange or drop the case, or "
+                         "select an impl that runs it (--impl; `kparity ops` lists them)")
+    return work
+
+
+def refusal(impl, case: Case) -> str:
+    """Why `impl` would not check `case` (its contract's refusal, naming the invariant and the
+    nearest valid choice; or report-only), or "" where it would."""
+    from gpu_impls.contract import ContractError
+
+    if impl.report_only:
+        return f"{impl.id}: report-only, never gated ({impl.report_only.split(': ')[0]})"
+    try:
+        impl.contract.check(impl.id, case)
+    except ContractError as e:
+        return str(e)
+    return ""
+
+
+def global_flags(args) -> str:
+    """The global options a printed command needs to run again as this one did: the store
+    (where it is not the default) and every plugin."""
+    store = f" --store {args.store}" if getattr(args, "store", None) else ""
+    return store + "".join(f" --plugin {p}" for p in getattr(args, "plugin", None) or [])
+
+
+def repro_line(args, case_id: str, impl_id: str) -> str:
+    return f"kparity{global_flags(args)} repro {case_id} --impl {impl_id}"
+
+
+# runs.filters: what --resume reruns the plan with (seed included: it decides every case id)
+FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "repeat", "seed")
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--op", action="append", help="op name (repeatable, comma-separated)")
+    p.add_argument("--impl", action="append", help="impl id backend:name, or name")
+    p.add_argument("--backend", action="append", help="cuda, torch, mlx, metal")
+    p.add_argument("--dtype", action="append", help="f32, f16, bf16")
+    p.add_argument("--preset", action="append",
+                   help="case label substring: a model preset, 'edge' or 'violates'")
+
+
+def _seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="fresh data: add N to every generated case's seed (sources give 0, so it "
+                        "becomes N), which changes each case's id and inputs; 0 (default) keeps "
+                        "the usual ids. Not with --cases (a file's cases keep their seeds)")
