@@ -32,13 +32,13 @@ but one) while the caller runs the work in order, waiting for each item's entry 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import inspect
 import json
 import multiprocessing
+import multiprocessing.pool
 import os
 from collections import Counter
 from pathlib import Path
@@ -108,8 +108,9 @@ def _oracle_package_digest() -> str:
 
 
 def _file_text(path: str) -> str:
+    """The file's name and text (not where the checkout lives: two checkouts share entries)."""
     try:
-        return f"{path}\n" + Path(path).read_text()
+        return f"{Path(path).name}\n" + Path(path).read_text()
     except OSError:
         return f"{path}: unreadable"
 
@@ -177,13 +178,13 @@ def reference_and_bounds(case, inputs: dict, numerics, ftz: bool, own_inputs: bo
         exact, ref = spec.reference(inputs, oracle_case)
         ref_outcome = _store(cache, ref_key, hashed, {"exact": exact, "ref": ref}, ref_outcome)
     else:
-        exact, ref = got["exact"], got["ref"]
+        exact, ref = got.get("exact", {}), got.get("ref", {})  # a group of no values: absent
     got, bounds_outcome = _load(cache, bounds_key, hashed)
     if got is None:
         bounds = spec.bounds(inputs, exact, oracle_case, numerics)
         bounds_outcome = _store(cache, bounds_key, hashed, {"bounds": bounds}, bounds_outcome)
     else:
-        bounds = got["bounds"]
+        bounds = got.get("bounds", {})
     outcome = worst(ref_outcome, bounds_outcome)
     _seen.append(outcome)
     return exact, ref, bounds, outcome
@@ -372,12 +373,12 @@ class Prefetch:
     of processes, in the work's order; `wait(w)` blocks until `w`'s entries are done (or failed:
     the check then computes them itself and meets the same error). With the cache off, too few
     entries missing (PREFETCH_MIN) or one core, it starts nothing and `wait` returns at once.
-    A context manager; on exit the pool's queued tasks are cancelled."""
+    A context manager; on exit the pool stops (`close`)."""
 
     def __init__(self, work, backend_of, plugins: list[str] | None = None,
                  workers: int | None = None):
         """`backend_of(name)`: the backend object (only its `flushes_subnormals` is read)."""
-        self.futures: dict[tuple, concurrent.futures.Future] = {}
+        self.futures: dict[tuple, multiprocessing.pool.AsyncResult] = {}
         self.outcomes: Counter = Counter()
         self.workers = 0
         self.pool = None
@@ -396,11 +397,10 @@ class Prefetch:
         size = min(workers if workers is not None else pool_size(), len(tasks))
         if len(tasks) < PREFETCH_MIN or size < 1:
             return
-        self.pool = concurrent.futures.ProcessPoolExecutor(  # spawn: never a forked CUDA
-            size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-            initargs=(list(plugins or []),))
+        self.pool = multiprocessing.get_context("spawn").Pool(  # spawn: never a forked CUDA
+            size, initializer=_init_worker, initargs=(list(plugins or []),))
         self.workers = size
-        self.futures = {key: self.pool.submit(warm, *args) for key, args in tasks.items()}
+        self.futures = {key: self.pool.apply_async(warm, args) for key, args in tasks.items()}
         self._backend_of = backend_of
 
     def wait(self, w) -> str | None:
@@ -414,16 +414,23 @@ class Prefetch:
                                   None)
         if future is None:
             return None
-        try:
-            outcome = future.result()
+        from runners.isolation import case_timeout
+
+        try:  # a hung oracle (or a pool process that died) must not hang the sweep: the
+            # check computes it, under its own timeout
+            outcome = future.get(timeout=case_timeout(w.case, first_of_shape=True))
+        except multiprocessing.TimeoutError:
+            outcome = "late"
         except Exception:  # noqa: BLE001  (the check computes it and reports the error)
             outcome = "failed"
         self.outcomes[outcome] += 1
         return outcome if outcome in ("miss", "stale", "corrupt") else None
 
     def close(self) -> None:
+        """Stop the pool: what it still computes is for cases the sweep did not reach."""
         if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool.terminate()
+            self.pool.join()
             self.pool = None
 
     def __enter__(self) -> "Prefetch":
