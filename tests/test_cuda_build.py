@@ -171,6 +171,7 @@ def test_launch_structs_match_cuda_h(tmp_path):
     import ctypes
 
     from gpu_impls.cuda import _module as m
+    from gpu_impls.cuda.nvcc_check import hang_guard_s
 
     (tmp_path / "s.c").write_text(
         "#include <cuda.h>\n#include <stddef.h>\n#include <stdio.h>\n"
@@ -180,7 +181,7 @@ def test_launch_structs_match_cuda_h(tmp_path):
         " offsetof(CUlaunchConfig, numAttrs),"
         " (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION); return 0; }\n")
     subprocess.run(["gcc", "-I/usr/local/cuda/include", str(tmp_path / "s.c"), "-o",
-                    str(tmp_path / "s")], check=True, timeout=60)
+                    str(tmp_path / "s")], check=True, timeout=hang_guard_s())  # a hang only
     got = subprocess.run([str(tmp_path / "s")], capture_output=True, text=True,
                          check=True).stdout.split()
     mine = [ctypes.sizeof(m._LaunchAttribute), m._LaunchAttribute.value.offset,
