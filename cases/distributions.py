@@ -23,6 +23,8 @@ A distribution fills a tensor viewed as rows (last axis = the reduction axis of 
 | `clear_margin`  | N(0, 1) data; the op plants a top logit far above the rest: no flip allowed |
 | `quantized`     | N(0, 1) data; the op quantizes a drawn W (outlier columns) as a checkpoint |
 |                 | would: level-2 loss against the unquantized W is reported (`OpSpec.loss`)   |
+| `equal_keys`    | N(0, 1) data; an attention op makes every attended key of a sequence one    |
+|                 | vector: all scores tie, the weights are uniform                           |
 
 `values(dist, shape, dtype, rng)` draws one tensor from a distribution; the inits that take the
 case's distribution ("data", "activation", and any registered with `adversarial=True`) call it.
@@ -38,7 +40,7 @@ from oracle.dtypes import is_float, tiny
 DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows",
                  "nonfinite")
 NONFINITE_CYCLE = (np.nan, np.inf, -np.inf, None)  # row r gets NONFINITE_CYCLE[r % 4]
-PLANTED = ("near_tie", "clear_margin", "quantized")  # normal data; the op's `plant` does the rest
+PLANTED = ("near_tie", "clear_margin", "quantized", "equal_keys")  # normal data; the op's `plant` does the rest
 # Past an op's f32 domain, generated only where the op's cases ask for it (the op's docstring
 # states its verdict there): `f32_overflow` is N(0, 1) * 1e20, whose squares leave f32's range.
 DOMAIN = ("f32_overflow",)

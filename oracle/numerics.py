@@ -101,9 +101,17 @@ F64_SLACK = 2.0 ** -40
 # exp or pow as |ln inv| u relative. Measured (tests/test_rope.py) at most 0.92 (1 + |ln inv|)
 # for HF's f32 formulas, 1.45 for MLX's exp(-i ln(theta) / (R/2)); f32 constants rounded from
 # float64 are 0.5 ULP (`Impl.numerics` declares it).
-FUNCTION_ULPS = {"rsqrt": 2.0, "exp": 2.0, "div": 2.0, "sin": 2.0, "cos": 2.0, "inv_freq": 2.0}
+# log: CUDA's logf 1 ULP; measured 0.53 (torch CPU) and 0.79 (MLX CPU 0.32) over f32's range;
+# charged 2 everywhere.
+FUNCTION_ULPS = {"rsqrt": 2.0, "exp": 2.0, "div": 2.0, "sin": 2.0, "cos": 2.0, "inv_freq": 2.0,
+                 "log": 2.0}
 BACKEND_ULPS = {"cuda": FUNCTION_ULPS, "torch": FUNCTION_ULPS, "metal": FUNCTION_ULPS,
                 "mlx": {**FUNCTION_ULPS, "exp": 96.0}}
+# Functions whose subnormal results a backend flushes to 0 without FTZ arithmetic (its products
+# and sums keep subnormals): MLX 0.32 CPU's exp is 0 from x = -88 down, where the exact result
+# falls below 2^-126 (measured; tests/test_attention.py). Charged the result's whole magnitude
+# there, as under FTZ.
+BACKEND_FLUSHES = {"mlx": ("exp",)}
 
 
 @dataclass(frozen=True)
@@ -139,15 +147,31 @@ class Numerics:
 
     reduction: Reduction = ANY_ORDER
     ulps: Mapping[str, float] | None = None  # None: the backend's table (`BACKEND_ULPS`)
+    # Functions whose subnormal results flush to 0; None: the backend's (`BACKEND_FLUSHES`).
+    flushes: tuple[str, ...] | None = None
+    # Softmax kernels (attention): the fewest keys between two rescales of a running sum by
+    # e^(m_old - m_new) (an online softmax's block; a split-KV's split), so that a term's
+    # weight passes through at most ceil(n / softmax_block) + 1 rescales over n keys (the +1:
+    # a final combine). None, the default: undeclared, one rescale per key (any kernel).
+    softmax_block: int | None = None
 
     def __str__(self) -> str:
-        return f"reduction={self.reduction}"
+        block = f", softmax_block={self.softmax_block}" if self.softmax_block else ""
+        return f"reduction={self.reduction}{block}"
 
     def on(self, backend: str) -> "Numerics":
         """These numerics with the backend's function ULPs where the impl declares none."""
         if self.ulps is not None:
             return self
-        return Numerics(self.reduction, dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS)))
+        return Numerics(self.reduction, dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS)),
+                        self.flushes if self.flushes is not None
+                        else BACKEND_FLUSHES.get(backend, ()), self.softmax_block)
+
+    def rescales(self, n: int) -> int:
+        """The most rescales a softmax term's weight passes through over n keys."""
+        if self.softmax_block is None:
+            return int(n)
+        return -(-int(n) // self.softmax_block) + 1
 
 
 DEFAULT = Numerics()
@@ -197,7 +221,7 @@ class Model:
         m = np.abs(np.asarray(m, dtype=np.float64))
         ulps = (self.numerics.ulps or FUNCTION_ULPS).get(name, FUNCTION_ULPS[name])
         err = self.k("func") * ulps * 2.0 * half_ulp32(m)
-        if self.ftz:
+        if self.ftz or name in (self.numerics.flushes or ()):
             err = np.where(m < TINY32, np.maximum(err, self.k("sub") * m), err)
         return np.where(m == 0, 0.0, err)
 
@@ -291,6 +315,19 @@ class Val:
             hi = round_to(self.v + self.e, dtype).astype(np.float64)
             e = np.maximum(self.e, np.maximum(np.abs(hi - self.v), np.abs(self.v - lo)))
         return _finite(Val(self.v, e, self.m))
+    def log(self) -> "Val":
+        """log(a): increasing and concave, so the worst input is the interval's low end (an
+        interval reaching 0 or below: unbounded)."""
+        v = np.log(self.v)
+        low = self.v - self.e
+        e = np.where(low > 0, v - np.log(np.where(low > 0, low, 1.0)), np.inf)
+        return _finite(Val(v, e + self.m.func("log", np.abs(v) + e), self.m))
+
+    def max(self) -> "Val":
+        """The maximum along the last axis: exact in f32 (no rounding), and 1-Lipschitz in the
+        largest error, |max a' - max a| <= max e."""
+        e = np.broadcast_to(self.e, self.v.shape)
+        return _finite(Val(self.v.max(axis=-1), e.max(axis=-1, initial=0.0), self.m))
 
     def neg(self) -> "Val":
         return Val(-self.v, self.e, self.m)
@@ -478,6 +515,12 @@ class Adverse:
         """The kernel that holds the value in T (where the contract admits it; in f32 the
         emulated f32 value is itself, as `Val.may_round` has it)."""
         return self if dtype == "f32" else self.round_to(dtype)
+    def log(self):
+        v = np.log(self.x)
+        return self._r(v, self.m.func("log", v))
+
+    def max(self):
+        return Adverse(self.x.max(axis=-1), self.m, self.ch)
 
     def neg(self):
         return Adverse(-self.x, self.m, self.ch)
@@ -580,6 +623,11 @@ class Bounds:
         """The contract admits several forms of one computation: the bound covers them all."""
         return Val(forms[0].v, np.maximum.reduce([f.e for f in forms]), forms[0].m)
 
+    def unit(self, r) -> Val:
+        """A factor 1 +- r: errors of several roundings charged in closed form (a softmax
+        term's rescale factors, `oracle/attention.py`)."""
+        return Val(np.asarray(1.0), np.asarray(r, dtype=np.float64), self.m)
+
     def store(self, y: Val, dtype: str) -> np.ndarray:
         return store_bound(y, dtype)
 
@@ -625,6 +673,10 @@ class Worst:
     def either(self, *forms: Adverse) -> Adverse:
         """The form `Choices.form` picks."""
         return forms[self.ch.form]
+
+    def unit(self, r) -> Adverse:
+        """The factor 1 + r or 1 - r, in the direction `Choices` gives its site."""
+        return Adverse(1.0 + self.ch.sign() * np.asarray(r, dtype=np.float64), self.m, self.ch)
 
     def store(self, y: Adverse, dtype: str) -> np.ndarray:
         return adverse_store(y, dtype)

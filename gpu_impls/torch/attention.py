@@ -1,0 +1,267 @@
+"""PyTorch attention for decode (`oracle/attention.py`): what a user calls, and kparity's split-KV
+reference.
+
+| impl                     | what                                                          |
+|--------------------------|---------------------------------------------------------------|
+| torch:sdpa               | `F.scaled_dot_product_attention(enable_gqa=True)` in T, a      |
+|                          | boolean mask for lengths and window; no sinks (SDPA has none)  |
+| torch:eager_sinks        | GPT-OSS's reference `sdpa`: f32 scores, the sink as an extra   |
+|                          | softmax column dropped after, P·V in f32                       |
+| torch:sdpa_split_kv      | two launches: per split of each sequence's attended keys the  |
+|                          | max, sum of exps and unnormalized P·V in f32; then            |
+|                          | `attn_combine`'s function (the sink enters there, once)       |
+| torch:paged_sdpa         | the pages gathered into a contiguous cache, then torch:sdpa    |
+| torch:paged_split_kv     | the pages gathered, then the split-KV pair                     |
+| torch:attn_combine       | the combine alone                                              |
+
+torch's CPU flash kernel (and FlashAttention-2 on a GPU) rounds P to T before the P·V product
+(measured: a two-key case whose output cancels to 0 errs by 3e-3 in bf16, where f32 P gives
+1e-7): torch:sdpa runs the cases with param probs="T" (the bound charges that rounding).
+
+Numerics declared (`oracle.numerics.Numerics.softmax_block`): torch's flash kernels rescale
+once per block of keys (512 on a CPU, 64 or 128 on CUDA, plus one split combine): 64. The eager
+softmax computes the max first on a CPU; 32 covers a GPU softmax that would go online per warp.
+The split-KV pair rescales once, in its combine.
+
+The split-KV pair's contract is that of kparity's CUDA split-KV decode kernel, of which it is the
+CPU reference (instantiated head dims 64/96/128/256, pages of 16/32/64 keys), so its violating
+cases run in CPU CI. Its split count: one split per 256 keys of max_len, 1 to 64 (`split_count`);
+`split_kv_impl(op, name, splits)` builds it at a fixed count (the split-invariance test).
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpu_impls import register
+from gpu_impls.contract import Contract, Invariant, Launch
+from gpu_impls.impl import Impl
+from oracle.attention import HEAD_DIMS, PAGE_SIZES, scale_of
+from oracle.numerics import Numerics
+
+FLASH = Numerics(softmax_block=64)
+EAGER = Numerics(softmax_block=32)
+ONE_COMBINE = Numerics(softmax_block=1 << 30)  # ceil(n / block) + 1 = 2 >= the one combine
+MAX_SPLITS = 64
+KEYS_PER_SPLIT = 256  # the split count's target: one split per this many keys, up to 64
+
+
+# --- pieces ----------------------------------------------------------------------------------
+
+def attended_mask(lengths, max_len: int, params: dict):
+    """Boolean [B, L] on lengths' device: key t of sequence b is attended (`oracle.attention.
+    visible`)."""
+    import torch
+
+    t = torch.arange(max_len, device=lengths.device)[None, :]
+    n = lengths.long()[:, None]
+    mask = t < n
+    if params["window"]:
+        mask &= (t >= n - params["window"]) | (t < params["sink_end"])
+    return mask
+
+
+def gather_pages(pool, table):
+    """[num_pages, Hkv, P, D] pages, [B, max_pages] table -> [B, Hkv, max_pages·P, D]."""
+    b, pages = table.shape
+    g = pool[table.long()]  # [B, max_pages, Hkv, P, D]
+    return g.permute(0, 2, 1, 3, 4).reshape(b, pool.shape[1], pages * pool.shape[2],
+                                            pool.shape[3])
+
+
+def cache(inputs, case):
+    """(k, v) [B, Hkv, L, D] of either layout (paged: gathered)."""
+    if "k" in inputs:
+        return inputs["k"], inputs["v"]
+    table = inputs["page_table"]
+    return gather_pages(inputs["k_pages"], table), gather_pages(inputs["v_pages"], table)
+
+
+def _all_full(case) -> bool:
+    """The case says every sequence is full and there is no window: no mask needed."""
+    return not case.params["ragged"] and not case.params["window"]
+
+
+def sdpa_fn(q, k, v, mask, scale: float):
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask, scale=scale,
+                                          enable_gqa=True)[:, :, 0]
+
+
+def _sdpa(launch, inputs, outputs, case):
+    k, v = cache(inputs, case)
+    mask = None if _all_full(case) else attended_mask(
+        inputs["lengths"], k.shape[2], case.params)[:, None, None, :]
+    return {"out": sdpa_fn(inputs["q"], k, v, mask, scale_of(case))}
+
+
+def eager_sinks_fn(q, k, v, mask, sinks, scale: float):
+    """openai/gpt-oss `torch/model.py::sdpa`'s formulation, over a cache with a mask."""
+    import torch
+
+    g = q.shape[1] // k.shape[1]
+    k32 = k.float().repeat_interleave(g, dim=1)
+    v32 = v.float().repeat_interleave(g, dim=1)
+    s = torch.einsum("bhd,bhtd->bht", q.float(), k32) * scale
+    s = s.masked_fill(~mask[:, None, :], float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[None, :, None].expand(s.shape[0], -1, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :k.shape[2]]
+    return torch.einsum("bht,bhtd->bhd", p, v32).to(q.dtype)
+
+
+def _eager_sinks(launch, inputs, outputs, case):
+    k, v = cache(inputs, case)
+    mask = attended_mask(inputs["lengths"], k.shape[2], case.params)
+    sinks = inputs["sinks"] if case.params["sinks"] else None
+    return {"out": eager_sinks_fn(inputs["q"], k, v, mask, sinks, scale_of(case))}
+
+
+# --- the split-KV pair ----------------------------------------------------------------------
+
+def combine_fn(o, m, l, sinks, normalized: bool, out_dtype):
+    """`attn_combine`: o [B, H, S, D], m, l [B, H, S] (f32), sinks [H] or None -> (out in
+    out_dtype, lse f32)."""
+    import torch
+
+    o, m, l = o.float(), m.float(), l.float()
+    top = m.max(dim=-1).values
+    if sinks is not None:
+        top = torch.maximum(top, sinks.float()[None, :])
+    safe = torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)
+    c = torch.exp(m - safe[..., None])
+    w = c * l
+    total = w.sum(dim=-1)
+    if sinks is not None:
+        total = total + torch.exp(sinks.float()[None, :] - safe)
+    acc = ((w if normalized else c)[..., None] * o).sum(dim=-2)
+    out = acc / total[..., None]
+    return out.to(out_dtype), safe + torch.log(total)
+
+
+def split_partials(q, k, v, mask, splits: int, scale: float):
+    """Pass 1: each sequence's attended keys (mask [B, L]) in `splits` contiguous runs of
+    ceil(n / splits); per run the max m, sum of exps l and unnormalized P·V o, in f32. A run
+    past a short sequence's keys is empty (m = -inf, l = 0, o = 0)."""
+    import torch
+
+    b, hkv, length, dim = k.shape
+    g = q.shape[1] // hkv
+    hq = q.shape[1]
+    o = torch.zeros(b, hq, splits, dim, device=q.device)
+    m = torch.full((b, hq, splits), float("-inf"), device=q.device)
+    l = torch.zeros(b, hq, splits, device=q.device)
+    for i in range(b):
+        keys = mask[i].nonzero()[:, 0]
+        n = keys.numel()
+        per = -(-n // splits)
+        k32 = k[i, :, keys].float().repeat_interleave(g, dim=0)  # [Hq, n, D]
+        v32 = v[i, :, keys].float().repeat_interleave(g, dim=0)
+        s = torch.einsum("hd,htd->ht", q[i].float(), k32) * scale  # [Hq, n]
+        for j in range(splits):
+            lo, hi = j * per, min((j + 1) * per, n)
+            if lo >= hi:
+                continue
+            m[i, :, j] = s[:, lo:hi].max(dim=-1).values
+            p = torch.exp(s[:, lo:hi] - m[i, :, j, None])
+            l[i, :, j] = p.sum(dim=-1)
+            o[i, :, j] = torch.einsum("ht,htd->hd", p, v32[:, lo:hi])
+    return o, m, l
+
+
+def split_count(dims: dict) -> int:
+    """One split per KEYS_PER_SPLIT keys of the longest sequence, 1 to MAX_SPLITS."""
+    length = dims["max_len"] if "max_len" in dims else dims["max_pages"] * dims["page_size"]
+    return max(1, min(MAX_SPLITS, -(-length // KEYS_PER_SPLIT)))
+
+
+def split_kv_run(splits: int | None = None):
+    """The pair's run function at a fixed split count (None: `split_count` of the case)."""
+    def run(launch, inputs, outputs, case):
+        k, v = cache(inputs, case)
+        mask = attended_mask(inputs["lengths"], k.shape[2], case.params)
+        count = splits or launch["split"].extra["splits"]
+        o, m, l = split_partials(inputs["q"], k, v, mask, count, scale_of(case))
+        sinks = inputs["sinks"] if case.params["sinks"] else None
+        return {"out": combine_fn(o, m, l, sinks, False, inputs["q"].dtype)[0]}
+    return run
+
+
+def _split_geometry(dims, params):
+    splits = split_count(dims)
+    return {"splits": splits}, Launch(grid=(dims["batch"] * dims["kv_heads"], splits, 1),
+                                      block=(128, 1, 1), extra={"splits": splits})
+
+
+def _combine_geometry(dims, params):
+    return {}, Launch(grid=(dims["batch"] * dims["heads"], 1, 1), block=(64, 1, 1))
+
+
+GQA = Invariant(
+    name="heads % kv_heads == 0", holds=lambda ns: ns["heads"] % ns["kv_heads"] == 0,
+    why="query head h reads kv head h // (heads / kv_heads): the groups must be whole",
+    fix=lambda ns: f"kv_heads a divisor of heads={ns['heads']}, e.g. "
+                   f"{math.gcd(ns['heads'], ns['kv_heads'])}",
+    violation={"heads": 12, "kv_heads": 8}, shows=("heads", "kv_heads"))
+HEAD_DIM = Invariant(
+    name=f"head_dim in {HEAD_DIMS}", holds=lambda ns: ns["head_dim"] in HEAD_DIMS,
+    why="the kernel is instantiated for these head sizes only",
+    fix=lambda ns: "head_dim = " + str(min(HEAD_DIMS, key=lambda h: abs(h - ns["head_dim"]))),
+    violation={"head_dim": 80}, shows=("head_dim",))
+PAGE = Invariant(
+    name=f"page_size in {PAGE_SIZES}", holds=lambda ns: ns["page_size"] in PAGE_SIZES,
+    why="a warp loads one page's keys per step: the kernel is instantiated for these sizes",
+    fix=lambda ns: "page_size = " + str(min(PAGE_SIZES,
+                                            key=lambda p: abs(p - ns["page_size"]))),
+    violation={"page_size": 8, "max_pages": 40}, shows=("page_size",))
+
+
+def split_kv_launches(paged: bool) -> dict:
+    return {"split": Contract(invariants=(GQA, HEAD_DIM) + ((PAGE,) if paged else ()),
+                              geometry=_split_geometry),
+            "combine": Contract(invariants=(), geometry=_combine_geometry)}
+
+
+SDPA_CONTRACT = Contract(invariants=(
+    GQA,
+    Invariant(name="sinks == 0", holds=lambda ns: not ns["sinks"],
+              why="F.scaled_dot_product_attention has no learned sink logits",
+              fix=lambda ns: "torch:eager_sinks or torch:sdpa_split_kv for sinks=1",
+              violation={"sinks": 1}, shows=("sinks",)),
+    Invariant(name="probs == 'T'", holds=lambda ns: ns["probs"] == "T",
+              why="torch's flash kernels round P to T before P·V (a no-op in f32)",
+              fix=lambda ns: "probs='T' (or torch:eager_sinks, f32 throughout)",
+              violation={"probs": "f32"}, shows=("probs", "dtype"))))
+EAGER_CONTRACT = Contract(invariants=(GQA,))
+
+
+def _combine(launch, inputs, outputs, case):
+    sinks = inputs["sinks"] if case.params["sinks"] else None
+    out, lse = combine_fn(inputs["o"], inputs["m"], inputs["l"], sinks,
+                          bool(case.params["normalized"]), outputs["out"].dtype)
+    return {"out": out, "lse": lse}
+
+
+def split_kv_impl(op: str, name: str, splits: int | None = None) -> Impl:
+    """The split-KV pair for `op` (contiguous or paged) at a fixed split count, or the one
+    `split_count` derives (None)."""
+    paged = op.endswith("_paged")
+    return Impl(op, "torch", name, split_kv_run(splits), numerics=ONE_COMBINE,
+                launches=split_kv_launches(paged),
+                doc=f"split-KV pair: f32 partials over {splits or 'ceil(L/256)'} splits, then "
+                    "attn_combine")
+
+
+register(
+    Impl("sdpa_decode", "torch", "sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
+         doc="F.scaled_dot_product_attention(enable_gqa=True), boolean mask"),
+    Impl("sdpa_decode", "torch", "eager_sinks", _eager_sinks, EAGER_CONTRACT, numerics=EAGER,
+         doc="GPT-OSS reference sdpa: f32, the sink as a dropped softmax column"),
+    split_kv_impl("sdpa_decode", "sdpa_split_kv"),
+    Impl("sdpa_decode_paged", "torch", "paged_sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
+         doc="pages gathered, then F.scaled_dot_product_attention"),
+    split_kv_impl("sdpa_decode_paged", "paged_split_kv"),
+    Impl("attn_combine", "torch", "attn_combine", _combine,
+         doc="split-KV combine: max rescale, f32"),
+)
