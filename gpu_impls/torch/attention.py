@@ -234,6 +234,11 @@ SDPA_CONTRACT = Contract(invariants=(
               fix=lambda ns: "probs='T' (or torch:eager_sinks, f32 throughout)",
               violation={"probs": "f32"}, shows=("probs", "dtype"))))
 EAGER_CONTRACT = Contract(invariants=(GQA,))
+SINKS_CONTRACT = Contract(invariants=(GQA, Invariant(
+    name="sinks == 1", holds=lambda ns: ns["sinks"] == 1,
+    why="GPT-OSS's formulation, kept for the sink cases (torch:sdpa and the split-KV pair "
+        "cover the rest)", fix=lambda ns: "torch:sdpa or torch:sdpa_split_kv for sinks=0",
+    violation={"sinks": 0}, shows=("sinks",))))
 
 
 def _combine(launch, inputs, outputs, case):
@@ -256,7 +261,7 @@ def split_kv_impl(op: str, name: str, splits: int | None = None) -> Impl:
 register(
     Impl("sdpa_decode", "torch", "sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
          doc="F.scaled_dot_product_attention(enable_gqa=True), boolean mask"),
-    Impl("sdpa_decode", "torch", "eager_sinks", _eager_sinks, EAGER_CONTRACT, numerics=EAGER,
+    Impl("sdpa_decode", "torch", "eager_sinks", _eager_sinks, SINKS_CONTRACT, numerics=EAGER,
          doc="GPT-OSS reference sdpa: f32, the sink as a dropped softmax column"),
     split_kv_impl("sdpa_decode", "sdpa_split_kv"),
     Impl("sdpa_decode_paged", "torch", "paged_sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
