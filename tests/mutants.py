@@ -418,3 +418,119 @@ ISSUE27_MUTANTS = (
     Impl("kv_cache_update", "torch", "mutant_kv_update_one_off", kv_update_one_off),
 )
 register(*(m for m in ISSUE27_MUTANTS if m.id not in _existing))
+# --- attention (issue 27) ---------------------------------------------------------------------
+#
+# | mutant                                   | bug                                             |
+# |------------------------------------------|-------------------------------------------------|
+# | torch:mutant_sdpa_drop_sink              | the learned sink left out of the denominator    |
+# | torch:mutant_sdpa_window_off_by_one      | the window attends window + 1 keys (`>` for     |
+# |                                          | `>=` at its start)                              |
+# | torch:mutant_sdpa_gqa_modulo             | query head h reads kv head h % Hkv, not         |
+# |                                          | h // (Hq / Hkv) (k.repeat for repeat_interleave)|
+# | torch:mutant_sdpa_scores_in_t            | the scores rounded to T before the softmax (HF  |
+# |                                          | eager's bf16 matmul): the contract keeps f32    |
+# | torch:mutant_combine_no_rescale          | attn_combine: Σ acc_s / Σ l_s, the e^(m_s − M)  |
+# |                                          | factors dropped                                 |
+# | torch:mutant_split_kv_no_rescale         | the split-KV pair with that combine             |
+
+
+def _attn_parts(inputs, case):
+    from gpu_impls.torch.attention import attended_mask, cache
+    from oracle.attention import scale_of
+
+    k, v = cache(inputs, case)
+    mask = attended_mask(inputs["lengths"], k.shape[2], case.params)
+    sinks = inputs["sinks"] if case.params["sinks"] else None
+    return k, v, mask, sinks, scale_of(case)
+
+
+def sdpa_drop_sink(launch, inputs, outputs, case):
+    from gpu_impls.torch.attention import eager_sinks_fn
+
+    k, v, mask, sinks, scale = _attn_parts(inputs, case)
+    return {"out": eager_sinks_fn(inputs["q"], k, v, mask, None, scale)}
+
+
+def sdpa_window_off_by_one(launch, inputs, outputs, case):
+    from gpu_impls.torch.attention import eager_sinks_fn
+
+    k, v, mask, sinks, scale = _attn_parts(inputs, case)
+    from gpu_impls.torch.attention import attended_mask
+
+    wide = dict(case.params, window=case.params["window"] + 1 if case.params["window"] else 0)
+    mask = attended_mask(inputs["lengths"], k.shape[2], wide)
+    return {"out": eager_sinks_fn(inputs["q"], k, v, mask, sinks, scale)}
+
+
+def sdpa_gqa_modulo(launch, inputs, outputs, case):
+    from gpu_impls.torch.attention import eager_sinks_fn
+
+    k, v, mask, sinks, scale = _attn_parts(inputs, case)
+    g = inputs["q"].shape[1] // k.shape[1]
+    # tiled: copy j of kv head h sits at j * Hkv + h, so query head i meets kv head i % Hkv;
+    # eager_sinks_fn's own repeat_interleave is then the identity (g = 1)
+    k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
+    return {"out": eager_sinks_fn(inputs["q"], k, v, mask, sinks, scale)}
+
+
+def sdpa_scores_in_t(launch, inputs, outputs, case):
+    import torch
+
+    k, v, mask, sinks, scale = _attn_parts(inputs, case)
+    q = inputs["q"]
+    g = q.shape[1] // k.shape[1]
+    k32 = k.float().repeat_interleave(g, dim=1)
+    s = (torch.einsum("bhd,bhtd->bht", q.float(), k32) * scale).to(q.dtype).float()
+    s = s.masked_fill(~mask[:, None, :], float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[None, :, None].expand(s.shape[0], -1, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :k.shape[2]]
+    v32 = v.float().repeat_interleave(g, dim=1)
+    return {"out": torch.einsum("bht,bhtd->bhd", p, v32).to(q.dtype)}
+
+
+def combine_no_rescale(o, m, l, sinks, normalized, out_dtype):
+    """attn_combine with every c_s = 1 (the sink, when there is one, at e^0 too)."""
+    import torch
+
+    o, l = o.float(), l.float()
+    total = l.sum(dim=-1)
+    if sinks is not None:
+        total = total + 1.0
+    acc = ((l if normalized else torch.ones_like(l))[..., None] * o).sum(dim=-2)
+    return (acc / total[..., None]).to(out_dtype), torch.log(total) + m.float().max(dim=-1).values
+
+
+def mutant_combine(launch, inputs, outputs, case):
+    sinks = inputs["sinks"] if case.params["sinks"] else None
+    out, lse = combine_no_rescale(inputs["o"], inputs["m"], inputs["l"], sinks,
+                                  bool(case.params["normalized"]), outputs["out"].dtype)
+    return {"out": out, "lse": lse}
+
+
+def split_kv_no_rescale(launch, inputs, outputs, case):
+    from gpu_impls.torch.attention import split_partials
+
+    k, v, mask, sinks, scale = _attn_parts(inputs, case)
+    o, m, l = split_partials(inputs["q"], k, v, mask, launch["split"].extra["splits"], scale)
+    return {"out": combine_no_rescale(o, m, l, sinks, False, inputs["q"].dtype)[0]}
+
+
+def _attention_mutants():
+    from gpu_impls.torch.attention import EAGER_CONTRACT, split_kv_launches
+
+    return (
+        Impl("sdpa_decode", "torch", "mutant_sdpa_drop_sink", sdpa_drop_sink, EAGER_CONTRACT),
+        Impl("sdpa_decode", "torch", "mutant_sdpa_window_off_by_one", sdpa_window_off_by_one,
+             EAGER_CONTRACT),
+        Impl("sdpa_decode", "torch", "mutant_sdpa_gqa_modulo", sdpa_gqa_modulo,
+             EAGER_CONTRACT),
+        Impl("sdpa_decode", "torch", "mutant_sdpa_scores_in_t", sdpa_scores_in_t,
+             EAGER_CONTRACT),
+        Impl("attn_combine", "torch", "mutant_combine_no_rescale", mutant_combine),
+        Impl("sdpa_decode", "torch", "mutant_split_kv_no_rescale", split_kv_no_rescale,
+             launches=split_kv_launches(paged=False)),
+    )
+
+
+register(*(m for m in _attention_mutants() if m.id not in _existing))

@@ -21,6 +21,7 @@ from oracle.attention import scale_of
 from oracle.numerics import Numerics
 
 FUSED = Numerics(softmax_block=32)
+CPU = ("cpu",)  # batch invariance verified on a CPU (tests/test_attention.py)
 
 
 def attended_mask(lengths, max_len: int, params: dict):
@@ -90,8 +91,8 @@ def _out_dtype(case):
 
 register(
     Impl("sdpa_decode", "mlx", "fast_sdpa", _fast_sdpa, EAGER_CONTRACT, numerics=FUSED,
-         doc="mx.fast.scaled_dot_product_attention in f32 (mask, sinks)"),
+         batch_invariant=CPU, doc="mx.fast.scaled_dot_product_attention in f32 (mask, sinks)"),
     Impl("sdpa_decode_paged", "mlx", "paged_fast_sdpa", _fast_sdpa, EAGER_CONTRACT,
-         numerics=FUSED, doc="pages gathered (mx.take), then mx.fast sdpa in f32"),
-    Impl("attn_combine", "mlx", "attn_combine", _combine, doc="split-KV combine in f32"),
+         numerics=FUSED, batch_invariant=CPU, doc="pages gathered (mx.take), then mx.fast sdpa in f32"),
+    Impl("attn_combine", "mlx", "attn_combine", _combine, batch_invariant=CPU, doc="split-KV combine in f32"),
 )

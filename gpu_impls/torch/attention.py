@@ -25,7 +25,7 @@ The split-KV pair rescales once, in its combine.
 
 The split-KV pair's contract is that of kparity's CUDA split-KV decode kernel, of which it is the
 CPU reference (instantiated head dims 64/96/128/256, pages of 16/32/64 keys), so its violating
-cases run in CPU CI. Its split count: one split per 256 keys of max_len, 1 to 64 (`split_count`);
+cases run in CPU CI. Its split count: one split per 64 keys of max_len, 1 to 64 (`split_count`);
 `split_kv_impl(op, name, splits)` builds it at a fixed count (the split-invariance test).
 """
 
@@ -43,7 +43,10 @@ FLASH = Numerics(softmax_block=64)
 EAGER = Numerics(softmax_block=32)
 ONE_COMBINE = Numerics(softmax_block=1 << 30)  # ceil(n / block) + 1 = 2 >= the one combine
 MAX_SPLITS = 64
-KEYS_PER_SPLIT = 256  # the split count's target: one split per this many keys, up to 64
+# Batch invariance verified on a CPU (tests/test_attention.py); on a GPU torch's SDPA picks its
+# split count from the batch. The split-KV pair runs each sequence alone on every device.
+CPU = ("cpu",)
+KEYS_PER_SPLIT = 64  # the split count's target: one split per this many keys, up to 64
 
 
 # --- pieces ----------------------------------------------------------------------------------
@@ -253,20 +256,20 @@ def split_kv_impl(op: str, name: str, splits: int | None = None) -> Impl:
     `split_count` derives (None)."""
     paged = op.endswith("_paged")
     return Impl(op, "torch", name, split_kv_run(splits), numerics=ONE_COMBINE,
-                launches=split_kv_launches(paged),
-                doc=f"split-KV pair: f32 partials over {splits or 'ceil(L/256)'} splits, then "
+                launches=split_kv_launches(paged), batch_invariant=True,
+                doc=f"split-KV pair: f32 partials over {splits or 'ceil(L/64)'} splits, then "
                     "attn_combine")
 
 
 register(
     Impl("sdpa_decode", "torch", "sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
-         doc="F.scaled_dot_product_attention(enable_gqa=True), boolean mask"),
+         batch_invariant=CPU, doc="F.scaled_dot_product_attention(enable_gqa=True), boolean mask"),
     Impl("sdpa_decode", "torch", "eager_sinks", _eager_sinks, SINKS_CONTRACT, numerics=EAGER,
-         doc="GPT-OSS reference sdpa: f32, the sink as a dropped softmax column"),
+         batch_invariant=CPU, doc="GPT-OSS reference sdpa: f32, the sink as a dropped softmax column"),
     split_kv_impl("sdpa_decode", "sdpa_split_kv"),
     Impl("sdpa_decode_paged", "torch", "paged_sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
-         doc="pages gathered, then F.scaled_dot_product_attention"),
+         batch_invariant=CPU, doc="pages gathered, then F.scaled_dot_product_attention"),
     split_kv_impl("sdpa_decode_paged", "paged_split_kv"),
-    Impl("attn_combine", "torch", "attn_combine", _combine,
+    Impl("attn_combine", "torch", "attn_combine", _combine, batch_invariant=CPU,
          doc="split-KV combine: max rescale, f32"),
 )
