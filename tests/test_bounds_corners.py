@@ -49,7 +49,12 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         "rms_norm_per_head": {"batch": 1, "tokens": 2, "heads": 4, "head_dim": 256},
         "dequant_gemv": GEMV_DIMS, "rms_norm_qgemv": GEMV_DIMS,
         "qmm": {"m": 3, **GEMV_DIMS, "out": 8},
-        "dequant_gemv_expert_indexed": {"experts": 2, **GEMV_DIMS, "out": 8}}
+        "dequant_gemv_expert_indexed": {"experts": 2, **GEMV_DIMS, "out": 8},
+        # attention: one sequence (each adds its rounding sites to the greedy search)
+        "sdpa_decode": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 64, "max_len": 40},
+        "sdpa_decode_paged": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 64,
+                              "page_size": 16, "max_pages": 3, "num_pages": 5},
+        "attn_combine": {"batch": 2, "heads": 4, "splits": 5, "head_dim": 64}}
 
 
 def _dims(op: str) -> dict:
