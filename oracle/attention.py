@@ -385,7 +385,7 @@ register(OpSpec(
     flops=lambda case: 3 * int(np.prod(P3(case.dims))),
     params={"normalized": 0, "sinks": 0, "ftz": 0},
     param_values={"normalized": (0, 1), "sinks": (0, 1)}, inf_may_be_nan=True,
-    batch=BatchDim("batch", ("o", "m", "l"), ("out", "lse")),
+    batch=BatchDim("batch", ("o", "m", "l"), ("out", "lse")), chain_input="o",  # pass 1's
     doc=COMBINE_DOC))
 
 
