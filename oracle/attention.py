@@ -34,20 +34,25 @@ arithmetic). Per sequence and head, over its n visible keys:
     s_t  = f32 dot(q, k_t) · scale       D products, the sum in the impl's declared order, the
            or dot(q · scale, k_t)        scale multiply (either form: torch scales the dot, MLX
                                          the query)
-    M    = max_t s_t                     exact, within max_t e(s_t) of the exact max
-    x_t  = s_t − M                       one rounding (two when the kernel rescales, below)
+    M    = max_t s_t                     exact (no rounding), the kernel's own max
+    x_t  = s_t − M                       one rounding (two when the kernel rescales, below);
+                                         its error e_t + e_t* + off against the exact argmax
+                                         t* (`Val.minus_max`): t*'s own x is exact unless
+                                         another score may overtake it (off > 0)
     p_t  = exp(x_t)                      the backend's exp ULPs
     l    = Σ p_t (+ the sink's),  acc = Σ p_t v_t,  out = acc / l     any order; the divide 2 ULP
            or out = Σ_t (p_t / l) v_t    (softmax first, then P·V: a divide per weight)
 
 The bound this gives: an absolute score error e_t becomes a relative weight error
-δ_t ≈ e_t + e_M + |x_t| u + k_exp·2^-23 (the exponent's error is an absolute one, so a logit
+δ_t ≈ e_t + e_t* + |x_t| u + k_exp·2^-23 (the exponent's error is an absolute one, so a logit
 range |s_t − M| of 100 costs 100 u in x_t itself), and the output moves by at most
 Σ_t p_t δ_t |v_t| / l + |out| Σ_t p_t δ_t / l ≤ 2 max_t δ_t · Σ_t p_t |v_t| / l: relative to
 Σ_t p_t |v_t| / l, not to |out| (which may cancel to 0). The score error itself is relative to
 scale·Σ_d |q_d k_td| (the any-order sum: up to (D/2) u of it), so large logits (outliers, f16
 overflow data) widen it in proportion; a dominant key (p = 1, the rest ~0) keeps the bound at
-that key's |v| (x = 0 for it: no range amplification).
+that key's |v| (x = 0 for it: no range amplification, and the others' weights e^(x ± δ)
+stay negligible however large their score errors: f16_overflow data's logits of ~1e6, errors
+~1, are bounded by the store's rounding).
 
 Kernels that rescale (an online softmax: l and acc multiplied by e^(m_old − m_new) when the
 running max rises; a split-KV combine): a term's weight becomes e^(x^0) · Π_j e^(x^j), the
@@ -198,7 +203,7 @@ def attend_kernel(A, q, k, v, sink, scale: float, case):
     qv, kv, sc = A.load(q).reshape(h, g, 1, dim), A.load(k).reshape(h, 1, n, dim), A.load(scale)
     s = A.either(A.sum(qv * kv) * sc, A.sum((qv * sc) * kv))  # [h, g, n]
     logits = s if sink is None else A.concat([s, A.load(sink[..., None])], axis=-1)
-    x = logits - A.keep(logits.max())
+    x = logits.minus_max()
     numerics = A.m.numerics
     rescales = numerics.rescales(logits.shape[-1])
     if rescales:  # the parts of a rescaled exponent: their roundings add up to a second one
@@ -355,7 +360,7 @@ def combine_kernel(A, inputs: dict, case) -> dict:
     logits = mv if sinks is None else A.concat(
         [mv, A.load(np.broadcast_to(sinks[None, :, None], m.shape[:2] + (1,)))], axis=-1)
     top = A.keep(logits.max())
-    c = (logits - top).exp()  # [B, H, S (+1)]
+    c = logits.minus_max().exp()  # [B, H, S (+1)]
     splits = m.shape[-1]
     cs = c.at((Ellipsis, slice(0, splits)))
     w = cs * lv

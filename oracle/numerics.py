@@ -329,6 +329,24 @@ class Val:
         e = np.broadcast_to(self.e, self.v.shape)
         return _finite(Val(self.v.max(axis=-1), e.max(axis=-1, initial=0.0), self.m))
 
+    def minus_max(self) -> "Val":
+        """a - max(a) along the last axis, as a softmax forms its exponents: one rounding, after
+        the error of the difference to the kernel's own max. Against t*, the exact argmax: the
+        kernel's max exceeds its own s_t* by at most off = max_{t != t*} (d_t + e_t + e_t*)^+
+        (d_t = a_t - a_t*: 0 unless another term may overtake t*), so term t's error is
+        e_t + e_t* + off, and t*'s only off (its difference to itself is an exact 0). Sharper
+        than e_t + max e: the errors the terms share (a large logit's) cancel, as they do in
+        the kernel."""
+        e = np.broadcast_to(self.e, self.v.shape)
+        star = np.argmax(self.v, axis=-1)[..., None]
+        is_star = np.arange(self.v.shape[-1]) == star
+        with np.errstate(invalid="ignore"):
+            d = self.v - np.take_along_axis(self.v, star, axis=-1)
+            e_star = np.take_along_axis(e, star, axis=-1)
+            reach = np.where(is_star, -np.inf, d + e + e_star)
+            off = np.maximum(reach.max(axis=-1, keepdims=True, initial=-np.inf), 0.0)
+            return _finite(self._rounded(d, np.where(is_star, off, e + e_star + off)))
+
     def neg(self) -> "Val":
         return Val(-self.v, self.e, self.m)
 
@@ -521,6 +539,9 @@ class Adverse:
 
     def max(self):
         return Adverse(self.x.max(axis=-1), self.m, self.ch)
+
+    def minus_max(self):
+        return self._r(self.x - self.x.max(axis=-1, keepdims=True))
 
     def neg(self):
         return Adverse(-self.x, self.m, self.ch)
