@@ -254,3 +254,44 @@ def attn_combine_bench() -> list[Case]:
                      label=f"bench:b{b}-splits{s}") for b, s in ((1, 64), (8, 32), (64, 8))]
 
 
+
+
+# --- sdpa_prefill_varlen -----------------------------------------------------------------------
+
+# (q_lens, k_lens): a 12-key cached prefix, a single new token against 40 keys (decode-like), a
+# fresh prompt (q = k); GPT-OSS's: 6 new tokens after 134 cached, so its 128-key window bites.
+# Small: the kernel model runs per query row.
+PREFILL_LENS = ((4, 1, 13), (16, 40, 13))
+PREFILL_SWA_LENS = ((6, 3), (140, 20))
+PREFILL_PRESETS = (("llama-3.1-8b", {}), ("qwen3-next-80b-a3b", {}),
+                   ("gemma-3-1b", {"causal": 0}), ("gpt-oss-20b", {"window": 128}))
+
+
+def _prefill(model_heads: dict, dtype: str, lens, dist: str = "normal", label: str = "",
+             **params) -> Case:
+    return Case.make("sdpa_prefill_varlen", model_heads, dtype, dist,
+                     params={"q_lens": lens[0], "k_lens": lens[1], **params}, label=label)
+
+
+@gate_cases("sdpa_prefill_varlen")
+def sdpa_prefill_varlen_cases() -> list[Case]:
+    def lens(params):
+        return PREFILL_SWA_LENS if params.get("window") else PREFILL_LENS
+    presets = [_prefill(heads(m), dtype, lens(params), label=f"preset:{m}", **params)
+               for (m, params), dtype in product(PREFILL_PRESETS, FLOAT_DTYPES)
+               if dtype != "f16" or m == "llama-3.1-8b"]
+    probs_t = [_prefill(heads(m), "bf16", lens(params), label=f"preset:{m}-probs-T",
+                        probs="T", **params) for m, params in PREFILL_PRESETS]
+    small = {k: SMALL[k] for k in ("heads", "kv_heads", "head_dim")}
+    # no `nonfinite`: one NaN or inf in every row reaches nearly every query, through keys it
+    # does not attend too (a masked P·V multiplies them by 0: NaN), which the op leaves open
+    adversarial = [_prefill(small, "bf16", PREFILL_LENS, dist, label=f"dist:{dist}")
+                   for dist in ("outlier_rows", "tiny", "constant_rows", "zero_rows")]
+    return presets + probs_t + adversarial
+
+
+@bench_cases("sdpa_prefill_varlen")
+def sdpa_prefill_varlen_bench() -> list[Case]:
+    """Chunked prefill: 4 sequences of 512 new tokens after 3584 cached (4096 keys)."""
+    return [_prefill(heads(m), "bf16", ((512,) * 4, (4096,) * 4), label=f"bench:{m}-chunk512",
+                     **params) for m, params in PREFILL_PRESETS]

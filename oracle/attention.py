@@ -449,3 +449,112 @@ def plant_scores(inputs: dict, case) -> dict:
         tie[:, 0] += spacing(tie[:, 0], case.dtype)
         k[_key_slot(inputs, case, b, int(keys[3 * len(keys) // 4]))[2]] = round_to(tie, case.dtype)
     return inputs
+
+
+# --- sdpa_prefill_varlen: packed sequences, a cached prefix -------------------------------------
+
+PREFILL_DOC = """`sdpa_prefill_varlen`: attention over packed sequences (`math.md` §7.1-7.2, FlashAttention's
+varlen layout). Sequence b brings q_lens[b] new tokens and attends k_lens[b] keys (its cached
+prefix of k_lens[b] − q_lens[b] keys, then the new ones; q_len <= k_len): q [Σ q_len, Hq, D],
+k and v [Σ k_len, Hkv, D] in T, rows packed in sequence order; cu_seqlens_q and cu_seqlens_k
+[B + 1] i32 the exclusive prefix sums (the kernel's row offsets). The lengths are params
+(`q_lens`, `k_lens`: tuples, part of the id), so the packed shapes are static.
+
+Query i of sequence b (0-based among its new tokens) sits at key position i + k − q and attends
+key j (0-based in its sequence) where, with off = k_len − q_len (bottom-right alignment, FA2
+>= 2.1; torch's `is_causal` is top-left, a different mask once q_len < k_len):
+
+    causal=1     j <= i + off                          (causal=0: every j < k_len)
+    window=W>0   j >= i + off − W + 1                   (the last W positions, itself included)
+
+and out = softmax(scale · q·kᵀ) v over them, rounded to T once; GQA and `scale` as in
+`sdpa_decode`. Param `probs` as there. Tolerance: `sdpa_decode`'s kernel model, per query row
+over its attended keys (`attend_kernel`).
+
+NaN and inf: IEEE propagation over the attended keys, as in `sdpa_decode`; a NaN or inf in a
+key or value that a query does not attend (a later token of its sequence, another sequence's)
+is outside the contract: a masked kernel's P·V multiplies it by 0 (NaN), one that skips it
+does not. So are rows whose every attended score is −inf (exp(−inf − (−inf)): NaN here,
+0 in kernels that guard it). The gate has no `nonfinite` prefill case.
+"""
+
+
+def _varlen(case) -> list[tuple[int, int, int, int]]:
+    """(q offset, q_len, k offset, k_len) per sequence, checked."""
+    q_lens, k_lens = case.params["q_lens"], case.params["k_lens"]
+    if len(q_lens) != len(k_lens) or any(q > k for q, k in zip(q_lens, k_lens)) \
+            or any(q < 1 for q in q_lens):
+        raise ValueError(f"sdpa_prefill_varlen: q_lens {list(q_lens)}, k_lens {list(k_lens)}: "
+                         "one of each per sequence, 1 <= q_len <= k_len")
+    qo, ko = np.cumsum([0, *q_lens]), np.cumsum([0, *k_lens])
+    return [(int(qo[b]), q, int(ko[b]), k) for b, (q, k) in enumerate(zip(q_lens, k_lens))]
+
+
+def prefill_keys(i: int, q_len: int, k_len: int, params) -> np.ndarray:
+    """The keys query i of a sequence attends (module docstring of the op)."""
+    pos = i + k_len - q_len
+    hi = pos + 1 if params["causal"] else k_len
+    lo = max(pos - params["window"] + 1, 0) if params["window"] else 0
+    return np.arange(lo, hi)
+
+
+def _prefill_rows(inputs, case):
+    """(q row [Hkv, g, D], k, v [Hkv, n, D] of its attended keys) per packed query row,
+    float64 as the kernel reads them."""
+    d = case.dims
+    hkv, g = d["kv_heads"], d["heads"] // d["kv_heads"]
+    view = kernel_view({k: inputs[k] for k in ("q", "k", "v")}, case)
+    for qo, q_len, ko, k_len in _varlen(case):
+        k = view["k"][ko:ko + k_len].transpose(1, 0, 2)  # [Hkv, k_len, D]
+        v = view["v"][ko:ko + k_len].transpose(1, 0, 2)
+        for i in range(q_len):
+            keys = prefill_keys(i, q_len, k_len, case.params)
+            yield view["q"][qo + i].reshape(hkv, g, -1), k[:, keys], v[:, keys]
+
+
+def sdpa_prefill_varlen(inputs: dict, case) -> dict:
+    rows = [attend(q, k, v, None, scale_of(case)).reshape(case.dims["heads"], -1)
+            for q, k, v in _prefill_rows(inputs, case)]
+    return {"out": np.stack(rows)}
+
+
+def prefill_kernel(A, inputs: dict, case) -> dict:
+    rows = [attend_kernel(A, q, k, v, None, scale_of(case), case)
+            .reshape(1, case.dims["heads"], case.dims["head_dim"])
+            for q, k, v in _prefill_rows(inputs, case)]
+    return {"out": rows[0] if len(rows) == 1 else A.concat(rows, axis=0)}
+
+
+def _cu_seqlens(which: str):
+    def fill(shape, dtype, rng, case, drawn):
+        return np.cumsum([0, *case.params[which]])
+    fill.__name__ = f"cu_seqlens({which})"
+    return fill
+
+
+PQ = lambda d, p: (sum(p["q_lens"]), d["heads"], d["head_dim"])  # noqa: E731
+PK = lambda d, p: (sum(p["k_lens"]), d["kv_heads"], d["head_dim"])  # noqa: E731
+CU = lambda d, p: (len(p["q_lens"]) + 1,)  # noqa: E731
+
+
+def _prefill_flops(case) -> int:
+    p, d = case.params, case.dims
+    pairs = sum(len(prefill_keys(i, q, k, p)) for _, q, _, k in _varlen(case) for i in range(q))
+    return 4 * pairs * d["heads"] * d["head_dim"]
+
+
+register(OpSpec(
+    name="sdpa_prefill_varlen", family="attention",
+    dims=("heads", "kv_heads", "head_dim"),
+    inputs=(TensorSpec("cu_seqlens_q", CU, role="i32", init=_cu_seqlens("q_lens"),
+                       adversarial=False),
+            TensorSpec("cu_seqlens_k", CU, role="i32", init=_cu_seqlens("k_lens"),
+                       adversarial=False),
+            TensorSpec("q", PQ), TensorSpec("k", PK), TensorSpec("v", PK)),
+    outputs=(TensorSpec("out", PQ),),
+    oracle=sdpa_prefill_varlen, tolerance=None, kernel=prefill_kernel,
+    bytes=lambda case: case.spec.io_bytes(case), flops=_prefill_flops,
+    params={"q_lens": (2,), "k_lens": (5,), "causal": 1, "window": 0, "scale": 0.0,
+            "probs": "f32", "ftz": 0},
+    param_values={"causal": (0, 1), "probs": PROBS}, inf_may_be_nan=True, chain_input="q",
+    doc=PREFILL_DOC))

@@ -432,6 +432,8 @@ register(*(m for m in ISSUE27_MUTANTS if m.id not in _existing))
 # | torch:mutant_combine_no_rescale          | attn_combine: Σ acc_s / Σ l_s, the e^(m_s − M)  |
 # |                                          | factors dropped                                 |
 # | torch:mutant_split_kv_no_rescale         | the split-KV pair with that combine             |
+# | torch:mutant_prefill_causal_top_left     | sdpa_prefill_varlen with torch's `is_causal`    |
+# |                                          | (top-left): wrong once a prefix is cached       |
 
 
 def _attn_parts(inputs, case):
@@ -516,6 +518,14 @@ def split_kv_no_rescale(launch, inputs, outputs, case):
     return {"out": combine_no_rescale(o, m, l, sinks, False, inputs["q"].dtype)[0]}
 
 
+def prefill_causal_top_left(launch, inputs, outputs, case):
+    from gpu_impls.torch.attention import eager_packed, packed_mask
+    from oracle.attention import scale_of
+
+    mask = packed_mask(case, inputs["q"].device, causal_top_left=bool(case.params["causal"]))
+    return {"out": eager_packed(inputs["q"], inputs["k"], inputs["v"], mask, scale_of(case))}
+
+
 def _attention_mutants():
     from gpu_impls.torch.attention import EAGER_CONTRACT, split_kv_launches
 
@@ -530,6 +540,8 @@ def _attention_mutants():
         Impl("attn_combine", "torch", "mutant_combine_no_rescale", mutant_combine),
         Impl("sdpa_decode", "torch", "mutant_split_kv_no_rescale", split_kv_no_rescale,
              launches=split_kv_launches(paged=False)),
+        Impl("sdpa_prefill_varlen", "torch", "mutant_prefill_causal_top_left",
+             prefill_causal_top_left, EAGER_CONTRACT),
     )
 
 

@@ -62,6 +62,32 @@ def test_oracle_matches_torch_float64(op):
                                atol=1e-13)
 
 
+def test_prefill_oracle_matches_torch_float64_over_the_packed_batch():
+    """sdpa_prefill_varlen's oracle against one float64 F.scaled_dot_product_attention over the
+    packed batch with a block-diagonal, bottom-right causal, windowed mask; and the rows of a
+    fresh prompt (q = k) against torch's own is_causal."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from gpu_impls.torch.attention import packed_mask
+
+    case = Case.make("sdpa_prefill_varlen", {"heads": 8, "kv_heads": 2, "head_dim": 64}, "f32",
+                     params={"q_lens": (4, 1, 9), "k_lens": (16, 30, 9), "window": 6})
+    inputs = make_inputs(case)
+    q, k, v = (torch.from_numpy(_f64(inputs[n])).transpose(0, 1)[None] for n in "qkv")
+    mask = packed_mask(case)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale_of(case),
+                                         enable_gqa=True)[0].transpose(0, 1).numpy()
+    exact = case.spec.oracle(inputs, case)["out"]
+    np.testing.assert_allclose(exact, got, rtol=1e-12, atol=1e-13)
+    fresh = F.scaled_dot_product_attention(q[:, :, 5:], k[:, :, 46:], v[:, :, 46:], is_causal=True,
+                                           scale=scale_of(case.replace(window=0)),
+                                           enable_gqa=True)[0].transpose(0, 1).numpy()
+    whole = case.replace(window=0)
+    np.testing.assert_allclose(whole.spec.oracle(inputs, whole)["out"][5:], fresh, rtol=1e-12,
+                               atol=1e-13)
+
+
 def test_closed_forms():
     """All keys equal: the mean of the attended values. One key 30 above the rest: its value
     (to e^-29). One key in the cache: that key's value, exactly."""
@@ -233,7 +259,8 @@ def test_p_in_t_is_charged():
     ("mutant_sdpa_gqa_modulo", "outlier_rows"),
     ("mutant_sdpa_scores_in_t", "near_tie"),
     ("mutant_combine_no_rescale", "splits-5"),
-    ("mutant_split_kv_no_rescale", "llama-3.2-1b")])  # 256 keys: 4 splits
+    ("mutant_split_kv_no_rescale", "llama-3.2-1b"),  # 256 keys: 4 splits
+    ("mutant_prefill_causal_top_left", "outlier_rows")])
 def test_each_attention_mutant_fails_check(tmp_path, mutant, preset, capsys):
     rc = main(["--store", str(tmp_path / "store"), "--plugin", MUTANTS, "check", "--impl",
                f"torch:{mutant}", "--preset", preset, "--show-failures", "1"])

@@ -54,7 +54,8 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         "sdpa_decode": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 64, "max_len": 40},
         "sdpa_decode_paged": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 64,
                               "page_size": 16, "max_pages": 3, "num_pages": 5},
-        "attn_combine": {"batch": 2, "heads": 4, "splits": 5, "head_dim": 64}}
+        "attn_combine": {"batch": 2, "heads": 4, "splits": 5, "head_dim": 64},
+        "sdpa_prefill_varlen": {"heads": 4, "kv_heads": 2, "head_dim": 64}}  # lens: default
 
 
 def _dims(op: str) -> dict:

@@ -96,3 +96,33 @@ register(
          numerics=FUSED, batch_invariant=CPU, doc="pages gathered (mx.take), then mx.fast sdpa in f32"),
     Impl("attn_combine", "mlx", "attn_combine", _combine, batch_invariant=CPU, doc="split-KV combine in f32"),
 )
+
+
+def _fast_sdpa_varlen(launch, inputs, outputs, case):
+    """mx.fast sdpa per sequence in f32: mask "causal" (MLX's is bottom-right aligned) where
+    there is no window, a boolean mask otherwise."""
+    import mlx.core as mx
+
+    from oracle.attention import _varlen
+
+    q, k, v = (inputs[n].astype(mx.float32) for n in ("q", "k", "v"))
+    rows = []
+    for qo, q_len, ko, k_len in _varlen(case):
+        mask = None
+        if case.params["window"]:
+            i = mx.arange(q_len)[:, None] + (k_len - q_len)
+            j = mx.arange(k_len)[None, :]
+            mask = (j > i - case.params["window"]) & ((j <= i) if case.params["causal"]
+                                                       else True)
+        elif case.params["causal"]:
+            mask = "causal"
+        out = mx.fast.scaled_dot_product_attention(
+            q[qo:qo + q_len].transpose(1, 0, 2)[None], k[ko:ko + k_len].transpose(1, 0, 2)[None],
+            v[ko:ko + k_len].transpose(1, 0, 2)[None], scale=scale_of(case), mask=mask)
+        rows.append(out[0].transpose(1, 0, 2))
+    return {"out": mx.concatenate(rows, axis=0).astype(inputs["q"].dtype)}
+
+
+register(Impl("sdpa_prefill_varlen", "mlx", "fast_sdpa_varlen", _fast_sdpa_varlen,
+              EAGER_CONTRACT, numerics=FUSED,
+              doc="mx.fast sdpa per sequence in f32, causal bottom-right"))

@@ -273,3 +273,83 @@ register(
     Impl("attn_combine", "torch", "attn_combine", _combine, batch_invariant=CPU,
          doc="split-KV combine: max rescale, f32"),
 )
+
+
+# --- sdpa_prefill_varlen -------------------------------------------------------------------
+
+def prefill_mask(q_len: int, k_len: int, params: dict, device=None):
+    """Boolean [q_len, k_len]: query i attends key j (`oracle.attention.prefill_keys`)."""
+    import torch
+
+    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    j = torch.arange(k_len, device=device)[None, :]
+    mask = j <= i if params["causal"] else torch.ones(q_len, k_len, dtype=torch.bool,
+                                                      device=device)
+    if params["window"]:
+        mask = mask & (j > i - params["window"])
+    return mask
+
+
+def segments(case):
+    """(q offset, q_len, k offset, k_len) per sequence, from the case's lengths."""
+    from oracle.attention import _varlen
+
+    return _varlen(case)
+
+
+def _sdpa_varlen(launch, inputs, outputs, case):
+    """One F.scaled_dot_product_attention per sequence, its mask bottom-right aligned."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    out = torch.empty_like(q)
+    for qo, q_len, ko, k_len in segments(case):
+        mask = prefill_mask(q_len, k_len, case.params, q.device)
+        out[qo:qo + q_len] = F.scaled_dot_product_attention(
+            q[qo:qo + q_len].transpose(0, 1)[None], k[ko:ko + k_len].transpose(0, 1)[None],
+            v[ko:ko + k_len].transpose(0, 1)[None], attn_mask=mask, scale=scale_of(case),
+            enable_gqa=True)[0].transpose(0, 1)
+    return {"out": out}
+
+
+def packed_mask(case, device=None, causal_top_left: bool = False):
+    """Boolean [Σ q_len, Σ k_len]: block diagonal over the sequences, each block its
+    `prefill_mask` (or, for the mutant, torch's top-left `is_causal`)."""
+    import torch
+
+    segs = segments(case)
+    mask = torch.zeros(sum(s[1] for s in segs), sum(s[3] for s in segs), dtype=torch.bool,
+                       device=device)
+    for qo, q_len, ko, k_len in segs:
+        block = prefill_mask(q_len, k_len, case.params, device)
+        if causal_top_left:
+            block = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
+        mask[qo:qo + q_len, ko:ko + k_len] = block
+    return mask
+
+
+def eager_packed(q, k, v, mask, scale: float):
+    """f32 scores over the whole packed batch, a block-diagonal mask, softmax, P·V: one call."""
+    import torch
+
+    g = q.shape[1] // k.shape[1]
+    k32 = k.float().repeat_interleave(g, dim=1)
+    v32 = v.float().repeat_interleave(g, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.float(), k32) * scale
+    p = torch.softmax(s.masked_fill(~mask[None], float("-inf")), dim=-1)
+    return torch.einsum("hqk,khd->qhd", p, v32).to(q.dtype)
+
+
+def _eager_packed(launch, inputs, outputs, case):
+    mask = packed_mask(case, inputs["q"].device)
+    return {"out": eager_packed(inputs["q"], inputs["k"], inputs["v"], mask, scale_of(case))}
+
+
+register(
+    Impl("sdpa_prefill_varlen", "torch", "sdpa_varlen", _sdpa_varlen,
+         Contract(invariants=(GQA, SDPA_CONTRACT.invariants[2])), numerics=FLASH,
+         doc="F.scaled_dot_product_attention per sequence, bottom-right causal mask"),
+    Impl("sdpa_prefill_varlen", "torch", "eager_packed", _eager_packed, EAGER_CONTRACT,
+         numerics=EAGER, doc="f32 softmax over the packed batch, block-diagonal mask"),
+)
