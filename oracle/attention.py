@@ -63,8 +63,10 @@ key). The model charges them as one factor 1 ± r_R, r_R = (1 + k_exp 2^-23)^(R+
 (k ULPs are at most k·2^-23 relative, at a power of 2). With `probs="T"` each weight carries one
 more relative error, half an ULP of T (f16: plus 2^-25 absolute, its subnormal spacing).
 
-Measured tightness (tests/test_attention.py prints it): torch's actual error is well under the
-bound, as an any-order bound on a D-term dot product must be (module `numerics`: (D/2) u).
+Measured (CPU, 2026-11): bf16 outputs use 0.3-0.45 of the bound (torch:sdpa, the split-KV
+pair, MLX), the store's rounding dominating; f32 outputs 0.001-0.06 of it (a bound of ~1e-4 at
+Llama's 128-wide heads over 256 keys against errors of ~4e-7): the any-order bound of a D-term
+dot product ((D/2) u, `oracle/numerics.py`), which an impl declaring its order tightens.
 
 NaN and inf (the `nonfinite` cases put them in attended slots only): IEEE propagation through
 the formula above. A NaN or +inf score makes the head's output NaN (exp(inf − inf)); an inf in
@@ -306,8 +308,8 @@ register(OpSpec(
 
 # --- attn_combine: the second pass of a split-KV decode ---------------------------------------
 
-COMBINE_DOC = """`attn_combine`: the second pass of a split-KV decode (`math.md` §7.4), as its own op so that
-a two-pass kernel's halves are checked apart.
+COMBINE_DOC = """`attn_combine`: the second pass of a split-KV decode (`math.md` §7.4), as its own op
+so that a two-pass kernel's halves are checked apart.
 
 Inputs per (b, h) row and split s: o [B, H, S, D] (role `partial`, f32 by default; FFAI's
 two-pass stores it in T), the split's max logit m [B, H, S] and sum of exps l [B, H, S] (f32;
@@ -453,8 +455,8 @@ def plant_scores(inputs: dict, case) -> dict:
 
 # --- sdpa_prefill_varlen: packed sequences, a cached prefix -------------------------------------
 
-PREFILL_DOC = """`sdpa_prefill_varlen`: attention over packed sequences (`math.md` §7.1-7.2, FlashAttention's
-varlen layout). Sequence b brings q_lens[b] new tokens and attends k_lens[b] keys (its cached
+PREFILL_DOC = """`sdpa_prefill_varlen`: attention over packed sequences (`math.md` §7.1-7.2,
+FlashAttention's varlen layout). Sequence b brings q_lens[b] new tokens and attends k_lens[b] keys (its cached
 prefix of k_lens[b] − q_lens[b] keys, then the new ones; q_len <= k_len): q [Σ q_len, Hq, D],
 k and v [Σ k_len, Hkv, D] in T, rows packed in sequence order; cu_seqlens_q and cu_seqlens_k
 [B + 1] i32 the exclusive prefix sums (the kernel's row offsets). The lengths are params

@@ -12,7 +12,7 @@ import pytest
 import gpu_impls
 from cases.attention import SMALL, heads
 from cases.model import Case, make_inputs
-from oracle.attention import attend, attended, gathered, scale_of
+from oracle.attention import attended, gathered, scale_of
 from oracle.dtypes import round_to
 from runners.cli import main
 from runners.correctness import batch_variant_rows, oracle_for, run_impl
@@ -190,7 +190,8 @@ def test_declared_batch_invariant_impls_match_each_row_alone():
     cases = {"sdpa_decode": _case(dtype="bf16", probs="T", **SWA),
              "sdpa_decode_paged": _case("sdpa_decode_paged", "bf16", probs="T"),
              "attn_combine": Case.make("attn_combine", {"batch": 4, "heads": 8, "splits": 5,
-                                                        "head_dim": 64}, "bf16", params={"sinks": 1})}
+                                                        "head_dim": 64}, "bf16",
+                                       params={"sinks": 1})}
     checked = []
     for impl in gpu_impls.impls().values():
         backend = gpu_impls.backend(impl.backend)

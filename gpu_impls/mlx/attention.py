@@ -9,7 +9,8 @@ kernel (one simdgroup per 32 keys, each online per key, then a combine) rescales
 per 32 keys: `softmax_block=32` holds on both.
 
 mlx:paged_fast_sdpa gathers the pages first (`mx.take`); mlx:attn_combine is the split-KV
-combine in f32.
+combine in f32; mlx:fast_sdpa_varlen runs each packed sequence alone (mask "causal", which MLX
+aligns bottom-right as the op does, or a boolean one for a window).
 """
 
 from __future__ import annotations
@@ -89,15 +90,6 @@ def _out_dtype(case):
     return {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}[case.dtype]
 
 
-register(
-    Impl("sdpa_decode", "mlx", "fast_sdpa", _fast_sdpa, EAGER_CONTRACT, numerics=FUSED,
-         batch_invariant=CPU, doc="mx.fast.scaled_dot_product_attention in f32 (mask, sinks)"),
-    Impl("sdpa_decode_paged", "mlx", "paged_fast_sdpa", _fast_sdpa, EAGER_CONTRACT,
-         numerics=FUSED, batch_invariant=CPU, doc="pages gathered (mx.take), then mx.fast sdpa in f32"),
-    Impl("attn_combine", "mlx", "attn_combine", _combine, batch_invariant=CPU, doc="split-KV combine in f32"),
-)
-
-
 def _fast_sdpa_varlen(launch, inputs, outputs, case):
     """mx.fast sdpa per sequence in f32: mask "causal" (MLX's is bottom-right aligned) where
     there is no window, a boolean mask otherwise."""
@@ -123,6 +115,14 @@ def _fast_sdpa_varlen(launch, inputs, outputs, case):
     return {"out": mx.concatenate(rows, axis=0).astype(inputs["q"].dtype)}
 
 
-register(Impl("sdpa_prefill_varlen", "mlx", "fast_sdpa_varlen", _fast_sdpa_varlen,
-              EAGER_CONTRACT, numerics=FUSED,
-              doc="mx.fast sdpa per sequence in f32, causal bottom-right"))
+register(
+    Impl("sdpa_decode", "mlx", "fast_sdpa", _fast_sdpa, EAGER_CONTRACT, numerics=FUSED,
+         batch_invariant=CPU, doc="mx.fast.scaled_dot_product_attention in f32 (mask, sinks)"),
+    Impl("sdpa_decode_paged", "mlx", "paged_fast_sdpa", _fast_sdpa, EAGER_CONTRACT,
+         numerics=FUSED, batch_invariant=CPU,
+         doc="pages gathered (mx.take), then mx.fast sdpa in f32"),
+    Impl("attn_combine", "mlx", "attn_combine", _combine, batch_invariant=CPU,
+         doc="split-KV combine in f32"),
+    Impl("sdpa_prefill_varlen", "mlx", "fast_sdpa_varlen", _fast_sdpa_varlen, EAGER_CONTRACT,
+         numerics=FUSED, doc="mx.fast sdpa per sequence in f32, causal bottom-right"),
+)

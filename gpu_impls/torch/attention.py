@@ -13,6 +13,10 @@ reference.
 | torch:paged_sdpa         | the pages gathered into a contiguous cache, then torch:sdpa    |
 | torch:paged_split_kv     | the pages gathered, then the split-KV pair                     |
 | torch:attn_combine       | the combine alone                                              |
+| torch:sdpa_varlen        | prefill: F.sdpa per packed sequence, its bottom-right causal   |
+|                          | (and window) mask explicit (`is_causal` is top-left)           |
+| torch:eager_packed       | prefill: f32 softmax over the whole packed batch, one          |
+|                          | block-diagonal mask                                            |
 
 torch's CPU flash kernel (and FlashAttention-2 on a GPU) rounds P to T before the P·V product
 (measured: a two-key case whose output cancels to 0 errs by 3e-3 in bf16, where f32 P gives
@@ -265,7 +269,8 @@ register(
     Impl("sdpa_decode", "torch", "sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
          batch_invariant=CPU, doc="F.scaled_dot_product_attention(enable_gqa=True), boolean mask"),
     Impl("sdpa_decode", "torch", "eager_sinks", _eager_sinks, SINKS_CONTRACT, numerics=EAGER,
-         batch_invariant=CPU, doc="GPT-OSS reference sdpa: f32, the sink as a dropped softmax column"),
+         batch_invariant=CPU,
+         doc="GPT-OSS reference sdpa: f32, the sink as a dropped softmax column"),
     split_kv_impl("sdpa_decode", "sdpa_split_kv"),
     Impl("sdpa_decode_paged", "torch", "paged_sdpa", _sdpa, SDPA_CONTRACT, numerics=FLASH,
          batch_invariant=CPU, doc="pages gathered, then F.scaled_dot_product_attention"),
