@@ -183,7 +183,8 @@ def sdpa_decode_cases() -> list[Case]:
 
 @bench_cases("sdpa_decode")
 def sdpa_decode_bench() -> list[Case]:
-    return [_decode({"batch": b, "max_len": n, **heads(m)}, "bf16", ragged=0,
+    """probs="T": the looser contract, so torch's SDPA (P in T) and f32-P kernels both run."""
+    return [_decode({"batch": b, "max_len": n, **heads(m)}, "bf16", ragged=0, probs="T",
                     label=f"bench:{m}-b{b}-{n}", **params)
             for (m, params), (b, n) in product(PRESETS, BENCH_SHAPES)]
 
@@ -222,7 +223,8 @@ def sdpa_decode_paged_cases() -> list[Case]:
 @bench_cases("sdpa_decode_paged")
 def sdpa_decode_paged_bench() -> list[Case]:
     return [Case.make("sdpa_decode_paged", _paged_dims(heads(m), 16, b, n), "bf16",
-                      params={"ragged": 0, **params}, label=f"bench:{m}-b{b}-{n}-page16")
+                      params={"ragged": 0, "probs": "T", **params},
+                      label=f"bench:{m}-b{b}-{n}-page16")
             for (m, params), (b, n) in product(PRESETS[:2], BENCH_SHAPES[:2])]
 
 
@@ -294,4 +296,4 @@ def sdpa_prefill_varlen_cases() -> list[Case]:
 def sdpa_prefill_varlen_bench() -> list[Case]:
     """Chunked prefill: 4 sequences of 512 new tokens after 3584 cached (4096 keys)."""
     return [_prefill(heads(m), "bf16", ((512,) * 4, (4096,) * 4), label=f"bench:{m}-chunk512",
-                     **params) for m, params in PREFILL_PRESETS]
+                     probs="T", **params) for m, params in PREFILL_PRESETS]
