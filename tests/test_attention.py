@@ -14,7 +14,7 @@ from cases.attention import SMALL, heads
 from cases.model import Case, make_inputs
 from oracle.attention import attended, gathered, scale_of
 from oracle.dtypes import round_to
-from runners.cli import main
+from verbs.cli import main
 from runners.correctness import batch_variant_rows, oracle_for, run_impl
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
