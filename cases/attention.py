@@ -143,7 +143,8 @@ def partial_o(shape, dtype, rng, case, drawn, dist):
     o = distribution_values(dist, shape, dtype, rng)
     l = np.asarray(drawn["l"]).astype(np.float64)[..., None]
     if not case.params["normalized"]:
-        o = o * l
+        with np.errstate(invalid="ignore"):  # inf * 0 of an empty split: masked out below
+            o = o * l
     return np.where(l > 0, o, 0.0)
 
 
