@@ -34,7 +34,9 @@
 #     F.linear and against kp_qgemv (the full GPU gate runs as its own call before it)
 #   bash scripts/gpu_bench.sh chain     issue 26: the official tables in the `chain` mode with
 #     `graph_rot` beside them: the GEMV family at issue 4's shapes and the RMSNorm decode and HBM
-#     shapes (bench in both modes), then the A/Bs against dense F.linear and F.rms_norm (chain)
+#     shapes (bench in both modes)
+#   bash scripts/gpu_bench.sh chain-ab  the A/Bs of those tables in `chain`: kp_qgemv_mma against
+#     dense F.linear, kp_rms_norm against F.rms_norm
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -121,6 +123,8 @@ chain)
     run bench $G --impl cuda:kp_qgemv_mma,cuda:kp_qgemv,cuda:dequant_gemv_int4_fast,torch:linear_dense --mode $mode
     run bench $R --impl cuda:kp_rms_norm,cuda:mt_rms_norm,torch:rms_norm,torch:rms_norm_compiled --mode $mode
   done
+  ;;
+chain-ab)
   run ab torch:linear_dense cuda:kp_qgemv_mma --preset llama3-8b,qwen2.5-32b --dtype bf16 --min-time 0.1
   run ab torch:rms_norm cuda:kp_rms_norm --preset hbm,decode-1x4096,decode-64x4096 $T
   ;;
