@@ -107,6 +107,9 @@ def _case(where: str, raw, ops) -> Case:
         case = Case.make(op, dims, raw["dtype"], dist, seed, params, label, dtypes)
     except ValueError as e:  # a role or a dtype the op does not know: Case.make names it
         raise bad("dtypes", str(e)) from None
+    outside = case.spec.domain_error(case)
+    if outside:
+        raise bad("dims", f"{case.short()} params {case.params}: {outside}")
     need, have = host_bytes(case), available_host_bytes()
     if have is not None and need > have:
         raise bad("dims", f"{case.short()} needs about {need / 2**30:.1f} GiB of host memory "

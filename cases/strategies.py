@@ -2,7 +2,8 @@
 
 `valid_case(impl)` draws an op's dims from wide ranges biased to contract-friendly values
 (multiples of 32), a dtype, a distribution and a seed, and keeps only cases the impl's contract
-admits; the op's params are taken from its gate cases (so conventions like `rounding` match).
+admits and that lie in the op's domain (`OpSpec.domain`: e.g. the sequences fit the cache); the
+op's params are taken from its gate cases (so conventions like `rounding` match).
 """
 
 from __future__ import annotations
@@ -49,5 +50,6 @@ def valid_case(draw, impl):
                      dict(params), label="fuzz")
     from hypothesis import assume
 
+    assume(not case.spec.domain_error(case))  # dims and params that agree (`OpSpec.domain`)
     assume(impl.contract.admits(case))
     return case

@@ -294,8 +294,19 @@ register(OpSpec(
             TensorSpec("sinks", SINKS, role="f32", init="sink_logits", adversarial=False)),
     batch=BatchDim("batch", ("lengths", "q", "k", "v"), ("out",)), **COMMON))
 
+def paged_pool_fits(case) -> None:
+    """The pool holds every sequence at the full length (max_pages pages each) besides the null
+    page 0: lengths are drawn up to max_pages * page_size."""
+    d = case.dims
+    if d["batch"] * d["max_pages"] > d["num_pages"] - 1:
+        raise ValueError(f"sdpa_decode_paged: batch={d['batch']} sequences of up to "
+                         f"max_pages={d['max_pages']} pages need a pool of "
+                         f"{d['batch'] * d['max_pages'] + 1} pages (page 0 is the null page), "
+                         f"num_pages={d['num_pages']}: raise num_pages")
+
+
 register(OpSpec(
-    name="sdpa_decode_paged",
+    name="sdpa_decode_paged", domain=paged_pool_fits,
     dims=("batch", "heads", "kv_heads", "head_dim", "page_size", "max_pages", "num_pages"),
     inputs=(TensorSpec("lengths", LENGTHS, role="i32", init="seq_lens", adversarial=False),
             TensorSpec("page_table", TABLE, role="i32", init="page_table", adversarial=False),
@@ -546,7 +557,7 @@ def _prefill_flops(case) -> int:
 
 
 register(OpSpec(
-    name="sdpa_prefill_varlen", family="attention",
+    name="sdpa_prefill_varlen", family="attention", domain=_varlen,
     dims=("heads", "kv_heads", "head_dim"),
     inputs=(TensorSpec("cu_seqlens_q", CU, role="i32", init=_cu_seqlens("q_lens"),
                        adversarial=False),

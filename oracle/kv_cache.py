@@ -102,6 +102,7 @@ def _cache(name: str) -> TensorSpec:
 
 register(OpSpec(
     name="kv_cache_update", family="kv_cache", dims=("heads", "head_dim", "max_len"),
+    domain=sequences,
     inputs=(TensorSpec("k_cache", cache_shape), TensorSpec("v_cache", cache_shape),
             TensorSpec("k", NEW), TensorSpec("v", NEW),
             TensorSpec("slots", SLOTS, role="i32", init="kv_slots", adversarial=False)),

@@ -232,7 +232,7 @@ PARAMS = {
 }
 
 register(OpSpec(
-    name="rope", family="rope", dims=("heads_q", "heads_kv", "head_dim"),
+    name="rope", family="rope", dims=("heads_q", "heads_kv", "head_dim"), domain=rotary_dim,
     inputs=(TensorSpec("q", Q), TensorSpec("k", K),
             TensorSpec("positions", POSITIONS, role="i32", init="positions", adversarial=False)),
     outputs=(TensorSpec("q_out", Q), TensorSpec("k_out", K)),

@@ -173,6 +173,21 @@ class OpSpec:
     # each timed call with an ordinary kernel rewriting this input, as that op would; "" (none
     # declared): `chain` falls back to `graph_rot` and says so.
     chain_input: str = ""
+    # Set: `domain(case)` raises ValueError naming why the op has no meaning for the case, for
+    # dims and params that each pass alone but not together (a sequence longer than the cache,
+    # an odd rotary dim). A case file's case is refused at load with that message; the fuzzed
+    # cases of `cases/strategies.py` keep to the domain.
+    domain: Callable[[object], None] | None = None
+
+    def domain_error(self, case) -> str:
+        """Why `case` lies outside the op's domain (`domain`), or ""."""
+        if self.domain is None:
+            return ""
+        try:
+            self.domain(case)
+        except ValueError as e:
+            return str(e)
+        return ""
 
     def __post_init__(self):
         self._check_roles()

@@ -140,3 +140,14 @@ def test_host_bytes_counts_every_array_the_check_holds():
     rows, n = 3, 64
     case = Case.make("rms_norm", {"rows": rows, "n": n}, "f16")
     assert host_bytes(case) == rows * n * (2 + 8) + n * (2 + 8) + rows * n * (2 * 2 + 3 * 8)
+
+
+def test_a_case_outside_its_ops_domain_is_refused_at_load(tmp_path):
+    """dims and params that pass alone but not together (OpSpec.domain): a sequence that
+    appends past the cache's max_len would have been an `error` row on every impl."""
+    case = {"op": "kv_cache_update", "dims": {"heads": 2, "head_dim": 32, "max_len": 16},
+            "dtype": "f32", "params": {"cache_lens": [10], "new_lens": [7]}}
+    path = _file(tmp_path, [case])
+    with pytest.raises(CaseFileError) as err:
+        load_cases(path)
+    assert "field 'dims'" in str(err.value) and "appends 7: more than max_len=16" in str(err.value)
