@@ -49,18 +49,25 @@ def cache_root() -> Path | None:
     return Path(base) / "kparity"
 
 
-def cap_bytes() -> int:
-    given = os.environ.get("KPARITY_CACHE_MB", "").strip()
+def positive_env(name: str, default: float, what: str) -> float:
+    """The positive number in $`name`, or `default` where unset; anything else is a
+    CacheConfigError naming the variable, `what` it means and the default."""
+    given = os.environ.get(name, "").strip()
     if not given:
-        return DEFAULT_MB << 20
+        return default
     try:
-        mb = float(given)
+        value = float(given)
     except ValueError:
-        mb = -1.0
-    if mb <= 0:
-        raise CacheConfigError(f"KPARITY_CACHE_MB={given!r}: the cache's size cap in MiB, a "
-                               f"positive number (default {DEFAULT_MB}); KPARITY_CACHE=off turns "
-                               "the cache off")
+        value = -1.0
+    if not value > 0:
+        raise CacheConfigError(f"{name}={given!r}: {what}, a positive number (default "
+                               f"{default:g})")
+    return value
+
+
+def cap_bytes() -> int:
+    mb = positive_env("KPARITY_CACHE_MB", DEFAULT_MB, "the cache's size cap in MiB "
+                      "(KPARITY_CACHE=off turns the cache off)")
     return int(mb * (1 << 20))
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpu_impls.cuda._module import KERNEL_DIR, TRAIT, name_expression
-from oracle.diskcache import CacheConfigError, digest, open_cache
+from oracle.diskcache import CacheConfigError, digest, open_cache, positive_env
 
 MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT",
                   "KPARITY_MUTANT_SKIP_LANE", "KPARITY_MUTANT_NIBBLE_ORDER",
@@ -172,18 +172,8 @@ def _run_nvcc(cmd: list[str], unit: str, ptx: bool) -> Compiled:
 
 
 def hang_guard_s() -> float:
-    given = os.environ.get("KPARITY_NVCC_TIMEOUT", "").strip()
-    if not given:
-        return HANG_GUARD_S
-    try:
-        seconds = float(given)
-    except ValueError:
-        seconds = -1.0
-    if seconds <= 0:
-        raise CacheConfigError(f"KPARITY_NVCC_TIMEOUT={given!r}: seconds one nvcc process may "
-                               f"run before it is taken for hung, a positive number (default "
-                               f"{HANG_GUARD_S:g})")
-    return seconds
+    return positive_env("KPARITY_NVCC_TIMEOUT", HANG_GUARD_S,
+                        "seconds one nvcc process may run before it is taken for hung")
 
 
 def nvcc_version() -> str:

@@ -27,9 +27,8 @@ import math
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, param_is
 from gpu_impls.impl import Impl
-from gpu_impls.torch.rope import POSITIONS_F32
+from gpu_impls.torch.rope import rope_contract
 from oracle.rope import attention_factor, inv_freq, rotary_dim, yarn_range
 
 
@@ -98,12 +97,10 @@ def _fast_rope_f32(launch, inputs, outputs, case):
 
 register(
     Impl("rope", "mlx", "fast_rope", _fast_rope,
-         Contract(invariants=(param_is("compute", "T", "mlx:fast_rope_f32 (x upcast to f32)",
-                                       other="f32"), POSITIONS_F32)),
+         rope_contract("T", "mlx:fast_rope_f32 (x upcast to f32)"),
          doc="mx.fast.rope as mlx-lm calls it: base= or mlx-lm's freqs, x in T"),
     Impl("rope", "mlx", "fast_rope_f32", _fast_rope_f32,
-         Contract(invariants=(param_is("compute", "f32", "mlx:fast_rope (x in T); an f32 "
-                                       "impl's T cases add only a looser bound", other="T"),
-                              POSITIONS_F32)),
+         rope_contract("f32", "mlx:fast_rope (x in T); an f32 impl's T cases add only a "
+                              "looser bound"),
          doc="mx.fast.rope on q, k upcast to f32, float64 table as freqs, rounded to T once"),
 )

@@ -31,6 +31,15 @@ POSITIONS_F32 = Invariant(
     violation={"positions": (POSITION_LIMIT,)}, shows=("positions",))
 
 
+def rope_contract(compute: str, alternative: str) -> Contract:
+    """A RoPE impl's contract (torch and MLX alike): its arithmetic, `compute` "T" (in the
+    input dtype, as HF writes it) or "f32" (one rounding at the store), with `alternative` the
+    impl to use for the other; and positions held exactly in f32."""
+    other = "f32" if compute == "T" else "T"
+    return Contract(invariants=(param_is("compute", compute, alternative, other=other),
+                                POSITIONS_F32))
+
+
 def hf_inv_freq(case, torch):
     """HF transformers' inv_freq for the case, in f32 as `modeling_rope_utils` computes it."""
     p, dim = case.params, rotary_dim(case)
@@ -135,12 +144,10 @@ POLAR_NUMERICS = Numerics(ulps={**FUNCTION_ULPS, "inv_freq": 0.5})
 
 register(
     Impl("rope", "torch", "rope_hf", _rope_hf,
-         Contract(invariants=(param_is("compute", "T", "torch:rope_polar (f32 throughout)",
-                                       other="f32"), POSITIONS_F32)),
+         rope_contract("T", "torch:rope_polar (f32 throughout)"),
          doc="HF transformers: f32 inv_freq and cos/sin cast to T, q*cos + rotate_half(q)*sin"),
     Impl("rope", "torch", "rope_polar", _rope_polar,
-         Contract(invariants=(param_is("compute", "f32", "torch:rope_hf (HF's T arithmetic); "
-                                       "an f32 impl's T cases add only a looser bound",
-                                       other="T"), POSITIONS_F32)),
+         rope_contract("f32", "torch:rope_hf (HF's T arithmetic); an f32 impl's T cases add "
+                              "only a looser bound"),
          numerics=POLAR_NUMERICS, doc="Meta's torch.polar complex form in f32, rounded to T once"),
 )
