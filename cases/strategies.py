@@ -23,17 +23,21 @@ settings.register_profile("nightly", max_examples=1000, deadline=None,
 
 # Upper bounds per dim name keep drawn cases cheap on a CPU oracle.
 DIM_MAX = {"rows": 9, "n": 9000, "batch": 2, "tokens": 3, "heads": 8, "head_dim": 600,
-           "out": 40, "in": 2048}
+           "out": 40, "in": 2048, "kv_heads": 8, "heads_q": 8, "heads_kv": 8, "max_len": 256,
+           "max_pages": 8, "num_pages": 24}
 # Dims that are layout choices, drawn from the values a layout has (plus one that no layout has,
 # so contracts still see invalid ones).
-DIM_CHOICES = {"bits": (2, 3, 4, 5, 6, 8, 7), "group_size": (32, 64, 128, 48)}
+DIM_CHOICES = {"bits": (2, 3, 4, 5, 6, 8, 7), "group_size": (32, 64, 128, 48),
+               "page_size": (16, 32, 64, 8)}
 
 
 def _dim(name: str):
     if name in DIM_CHOICES:
         return st.sampled_from(DIM_CHOICES[name])
     hi = DIM_MAX.get(name, 64)
-    aligned = st.integers(1, max(hi // 32, 1)).map(lambda k: 32 * k)
+    if hi < 32:  # no multiple of 32 within the cap (heads: 32 of them made attention cases 4x)
+        return st.integers(1, hi)
+    aligned = st.integers(1, hi // 32).map(lambda k: 32 * k)
     return st.one_of(aligned, st.integers(1, hi))
 
 
