@@ -546,3 +546,23 @@ def _attention_mutants():
 
 
 register(*(m for m in _attention_mutants() if m.id not in _existing))
+
+
+# --- kparity's CUDA split-KV decode (gpu_impls/cuda/kp_attention.py) -----------------------------
+# | cuda:mutant_kp_sdpa_drop_sink         | the learned sink left out of the denominator       |
+# | cuda:mutant_kp_sdpa_window_off_by_one | the window attends window + 1 keys                 |
+# | cuda:mutant_kp_sdpa_gqa_modulo        | query head h reads kv head h % Hkv                 |
+# | cuda:mutant_kp_sdpa_no_rescale        | neither the online softmax nor the combine rescale |
+# | cuda:mutant_kp_combine_no_rescale     | attn_combine's splits added at e^0                 |
+KP_ATTENTION_MUTANTS = (
+    ("cuda:kp_sdpa_decode", "mutant_kp_sdpa_drop_sink", "KPARITY_MUTANT_DROP_SINK"),
+    ("cuda:kp_sdpa_decode", "mutant_kp_sdpa_window_off_by_one",
+     "KPARITY_MUTANT_WINDOW_OFF_BY_ONE"),
+    ("cuda:kp_sdpa_decode", "mutant_kp_sdpa_gqa_modulo", "KPARITY_MUTANT_GQA_MOD"),
+    ("cuda:kp_sdpa_decode", "mutant_kp_sdpa_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
+    ("cuda:kp_attn_combine", "mutant_kp_combine_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
+)
+if cuda_mutant is not None:
+    for impl_id, name, define in KP_ATTENTION_MUTANTS:
+        if f"cuda:{name}" not in _existing and impl_id in _existing:
+            register(cuda_mutant(impl_id, name, define))

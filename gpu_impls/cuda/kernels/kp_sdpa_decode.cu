@@ -1,0 +1,326 @@
+// kparity's split-KV decode attention (gpu_impls/cuda/kp_attention.py has the design and the
+// numerics): pass 1 `kp_sdpa_decode_split<T, D, G>` over one split of one sequence's keys for G
+// query heads of one kv head; pass 2 `kp_attn_combine<T>` merges the splits (also the
+// `attn_combine` op on its own). One key row is read once per block, for all G heads.
+//
+// Lanes: a key row of D elements is held by LPK lanes ("a key group"), EPL = 16 elements each
+// (two 16-byte vectors of a 16-bit T, four of f32); D = 96 leaves 2 of 8 lanes idle. A warp holds
+// 32 / LPK key groups, a block 4 warps. Each key group walks U keys per step, loads first (2U
+// rows in flight per lane), then the scores (a butterfly over its LPK lanes), one running-max
+// update per step, and P·V into f32 accumulators. The groups then merge by butterfly within the
+// warp and through shared memory across warps, each merge a rescale by e^(m - M).
+#include "common.cuh"
+
+#ifndef KP_U
+#define KP_U 2  // keys per key group per step (Numerics.softmax_block in kp_attention.py)
+#endif
+#define KP_WARPS 4
+#define KP_EPL 16  // elements of a key row per lane
+
+namespace kp_attn {
+
+__host__ __device__ constexpr int next_pow2(int v) { return v <= 1 ? 1 : 2 * next_pow2((v + 1) / 2); }
+
+// e^(m - M) for a running max m against M >= m, 0 when m is -inf (an empty group or split:
+// its sums are 0, and e^(-inf - -inf) would be NaN). M = +inf (an infinite score) gives NaN
+// for finite m, as the oracle's exp(s - inf) does: the head's output is NaN either way.
+__device__ __forceinline__ float rescale(float m, float M) {
+    return m == -INFINITY ? 0.0f : expf(m - M);
+}
+
+// Virtual index i of a sequence's attended keys -> key position (oracle.attention.visible):
+// [0, n_sink) then [start, n).
+struct Visible {
+    int start, n_sink, count;
+    __device__ Visible(int n, int window, int sink_end) {
+#ifdef KPARITY_MUTANT_WINDOW_OFF_BY_ONE
+        start = window > 0 ? max(n - window - 1, 0) : 0;  // mutant: one key too many
+#else
+        start = window > 0 ? max(n - window, 0) : 0;
+#endif
+        n_sink = window > 0 ? min(sink_end, start) : 0;
+        count = n_sink + (n - start);
+    }
+    __device__ __forceinline__ int key(int i) const { return i < n_sink ? i : start + i - n_sink; }
+};
+
+template <typename T>
+struct Row {
+    typedef typename T::storage storage;
+    static constexpr int VEC = 16 / sizeof(storage);
+    static constexpr int NV = KP_EPL / VEC;  // 16-byte vectors per lane
+    uint4 raw[NV];
+
+    __device__ __forceinline__ void load(const storage* row) {
+        const uint4* p = reinterpret_cast<const uint4*>(row);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) raw[i] = __ldg(p + i);
+    }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) raw[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    __device__ __forceinline__ void unpack(float (&f)[KP_EPL]) const {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            float part[VEC];
+            Vec<T>::unpack(raw[i], part);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) f[i * VEC + e] = part[e];
+        }
+    }
+};
+
+}  // namespace kp_attn
+
+// Pass 1. Grid (chunks, splits, B * Hkv): blockIdx.x picks G of the g = Hq / Hkv query heads of
+// kv head hk (so the chunks of one (b, hk, split) run side by side and share the rows in L2),
+// blockIdx.y the split, blockIdx.z = b * Hkv + hk. Split s of sequence b takes its attended keys
+// [s * per, min((s + 1) * per, count)), per = ceil(count / splits). With splits == 1 the block
+// writes out = acc / (l + e^(sink - M)) in T; else the split's f32 partials acc, m, l for
+// kp_attn_combine. Cache: contiguous k, v [B, Hkv, L, D] (page_size == 0), or pages
+// [num_pages, Hkv, page_size, D] with page_table [B, max_pages].
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
+    const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
+    const typename T::storage* __restrict__ v, const int* __restrict__ lengths,
+    const int* __restrict__ page_table, const float* __restrict__ sinks,
+    typename T::storage* __restrict__ out, float* __restrict__ part_o,
+    float* __restrict__ part_m, float* __restrict__ part_l, float scale, int hq, int hkv,
+    int max_len, int page_size, int max_pages, int window, int sink_end, int splits) {
+    using namespace kp_attn;
+    constexpr int LPK = next_pow2((D + KP_EPL - 1) / KP_EPL);
+    static_assert(LPK <= 32 && D % KP_EPL == 0, "head_dim: a multiple of 16, at most 512");
+    constexpr int GPW = 32 / LPK;             // key groups per warp
+    constexpr int GROUPS = KP_WARPS * GPW;    // key groups per block
+    constexpr int U = KP_U;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane % LPK;                            // lane within its key group
+    const int group = warp * GPW + lane / LPK;
+    const bool active = sub * KP_EPL < D;                  // D = 96: lanes 6, 7 idle
+    const int off = sub * KP_EPL;
+    const int g = hq / hkv;
+    const int b = blockIdx.z / hkv, hk = blockIdx.z % hkv;
+    const int h0 = hk * g + blockIdx.x * G;                // first query head of this block
+#ifdef KPARITY_MUTANT_GQA_MOD
+    // mutant: query head h read against kv head h % Hkv (heads hk, hk + Hkv, ...)
+#define KP_HEAD(j) (hk + (int)(blockIdx.x * G + (j)) * hkv)
+#else
+#define KP_HEAD(j) (h0 + (j))
+#endif
+    const int heads = min(G, g - (int)blockIdx.x * G);     // valid heads here (<= G)
+    const int split = blockIdx.y;
+
+    pdl_wait();  // q (and the cache) may be written by the kernel before this one
+    pdl_launch_dependents();
+
+    float qs[G][KP_EPL];  // q * scale, f32 (the MLX form: the scale multiplies the query)
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        if (j < heads && active) {
+            Row<T> r;
+            r.load(q + ((size_t)b * hq + KP_HEAD(j)) * D + off);
+            r.unpack(qs[j]);
+#pragma unroll
+            for (int e = 0; e < KP_EPL; ++e) qs[j][e] *= scale;
+        } else {
+#pragma unroll
+            for (int e = 0; e < KP_EPL; ++e) qs[j][e] = 0.0f;
+        }
+    }
+
+    const Visible vis(lengths[b], window, sink_end);
+    const int per = (vis.count + splits - 1) / splits;
+    const int lo = split * per, hi = min(lo + per, vis.count);
+    const size_t kv_head_stride = page_size ? (size_t)page_size * D : (size_t)max_len * D;
+
+    float m[G], l[G], acc[G][KP_EPL];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < KP_EPL; ++e) acc[j][e] = 0.0f;
+    }
+
+    for (int i0 = lo + group * U; i0 < hi; i0 += GROUPS * U) {
+        Row<T> kr[U], vr[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u;
+            if (i < hi && active) {
+                const int t = vis.key(i);
+                size_t row;
+                if (page_size) {
+                    const int page = page_table[(size_t)b * max_pages + t / page_size];
+                    row = ((size_t)page * hkv + hk) * kv_head_stride
+                          + (size_t)(t % page_size) * D;
+                } else {
+                    row = ((size_t)b * hkv + hk) * kv_head_stride + (size_t)t * D;
+                }
+                kr[u].load(k + row + off);
+                vr[u].load(v + row + off);
+            } else {
+                kr[u].zero();
+                vr[u].zero();
+            }
+        }
+        float s[U][G];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            float kf[KP_EPL];
+            kr[u].unpack(kf);
+#pragma unroll
+            for (int j = 0; j < G; ++j) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < KP_EPL; ++e) dot = fmaf(qs[j][e], kf[e], dot);
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                s[u][j] = i0 + u < hi ? dot : -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            float top = m[j];
+#pragma unroll
+            for (int u = 0; u < U; ++u) top = fmaxf(top, s[u][j]);  // a NaN score is skipped here
+            const float safe = top == -INFINITY ? 0.0f : top;        // and poisons p below
+            const float corr = rescale(m[j], safe);
+            m[j] = top;
+            float p[U];
+            float sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                p[u] = expf(s[u][j] - safe);
+                sum += p[u];
+            }
+#ifdef KPARITY_MUTANT_NO_RESCALE
+            l[j] = l[j] + sum;  // mutant: the running sums kept at their old max's scale
+#else
+            l[j] = l[j] * corr + sum;
+#endif
+#ifndef KPARITY_MUTANT_NO_RESCALE
+#pragma unroll
+            for (int e = 0; e < KP_EPL; ++e) acc[j][e] *= corr;
+#endif
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float vf[KP_EPL];
+                vr[u].unpack(vf);
+#pragma unroll
+                for (int e = 0; e < KP_EPL; ++e) acc[j][e] = fmaf(p[u], vf[e], acc[j][e]);
+            }
+        }
+    }
+
+    // Merge the key groups of a warp (butterfly over the group index), then the warps.
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const float m_other = __shfl_xor_sync(0xffffffffu, m[j], o);
+            const float l_other = __shfl_xor_sync(0xffffffffu, l[j], o);
+            const float top = fmaxf(m[j], m_other);
+            const float c_mine = rescale(m[j], top), c_other = rescale(m_other, top);
+            l[j] = l[j] * c_mine + l_other * c_other;
+#pragma unroll
+            for (int e = 0; e < KP_EPL; ++e) {
+                const float a_other = __shfl_xor_sync(0xffffffffu, acc[j][e], o);
+                acc[j][e] = acc[j][e] * c_mine + a_other * c_other;
+            }
+            m[j] = top;
+        }
+    }
+    __shared__ float sm_m[KP_WARPS][G], sm_l[KP_WARPS][G], sm_acc[KP_WARPS][G][D];
+    if (lane < LPK) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            if (lane == 0) {
+                sm_m[warp][j] = m[j];
+                sm_l[warp][j] = l[j];
+            }
+            if (active) {
+#pragma unroll
+                for (int e = 0; e < KP_EPL; ++e) sm_acc[warp][j][off + e] = acc[j][e];
+            }
+        }
+    }
+    __syncthreads();
+
+    for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {
+        const int j = idx / D, d = idx % D;
+        float top = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < KP_WARPS; ++w) top = fmaxf(top, sm_m[w][j]);
+        const bool direct = splits == 1;
+        const float sink = direct && sinks ? sinks[KP_HEAD(j)] : -INFINITY;
+        const size_t head_row = (size_t)b * hq + KP_HEAD(j);  // in [B, Hq]
+#ifndef KPARITY_MUTANT_DROP_SINK
+        top = fmaxf(top, sink);
+#endif
+        float total = 0.0f, a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KP_WARPS; ++w) {
+            const float c = rescale(sm_m[w][j], top);
+            total = fmaf(c, sm_l[w][j], total);
+            a = fmaf(c, sm_acc[w][j][d], a);
+        }
+        if (direct) {
+#ifndef KPARITY_MUTANT_DROP_SINK
+            total += rescale(sink, top);
+#endif
+            T::store(out, head_row * D + d, a / total);
+        } else {
+            const size_t at = head_row * splits + split;
+            part_o[at * D + d] = a;
+            if (d == 0) {
+                part_m[at] = top;
+                part_l[at] = total;
+            }
+        }
+    }
+#undef KP_HEAD
+}
+
+// Pass 2 (and the `attn_combine` op): one block per (b, h) row of [B, H]; o [B, H, S, D] f32
+// partials (normalized != 0: o_s = acc_s / l_s), m, l [B, H, S] f32, sinks [H] or null; out
+// [B, H, D] in T, lse [B, H] f32 or null. M = max(max_s m_s, sink), c_s = e^(m_s - M),
+// L = sum_s c_s l_s (+ e^(sink - M)), out = sum_s c_s acc_s / L, lse = M + ln L. A row whose
+// splits are all empty (and no sink) gives out 0 and lse -inf, as the op's oracle does.
+template <typename T>
+__global__ void __launch_bounds__(128) kp_attn_combine(
+    const float* __restrict__ o, const float* __restrict__ m, const float* __restrict__ l,
+    const float* __restrict__ sinks, typename T::storage* __restrict__ out,
+    float* __restrict__ lse, int heads, int splits, int D, int normalized) {
+    using kp_attn::rescale;
+    const int row = blockIdx.x, h = row % heads;
+    pdl_wait();  // the partials are pass 1's
+    pdl_launch_dependents();
+    const float* mr = m + (size_t)row * splits;
+    const float* lr = l + (size_t)row * splits;
+#ifdef KPARITY_MUTANT_DROP_SINK
+    sinks = nullptr;  // mutant: the sink's denominator term left out
+#endif
+    float top = sinks ? sinks[h] : -INFINITY;
+    for (int s = 0; s < splits; ++s) top = fmaxf(top, mr[s]);
+    const bool empty = top == -INFINITY;
+    float total = 0.0f;
+    for (int s = 0; s < splits; ++s) total = fmaf(rescale(mr[s], top), lr[s], total);
+    if (sinks) total += rescale(sinks[h], top);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+#ifdef KPARITY_MUTANT_NO_RESCALE
+            const float c = 1.0f;  // mutant: the splits added as if their maxima were all M
+#else
+            const float c = rescale(mr[s], top);
+#endif
+            const float w = normalized ? c * lr[s] : c;
+            a = fmaf(w, o[((size_t)row * splits + s) * D + d], a);
+        }
+        T::store(out, (size_t)row * D + d, empty ? 0.0f : a / total);
+    }
+    if (lse && threadIdx.x == 0) lse[row] = empty ? -INFINITY : top + logf(total);
+}
