@@ -6,7 +6,7 @@ Gate cases stay small (CI runs every one on torch and MLX CPU): three sequences 
 keys at each model's heads (the lengths `seq_lens` draws), the adversarial distributions at
 8/2 heads × 64, head_dim 96 and 256 edges, page sizes 16/32/64 with lengths on and beside page
 boundaries, and one 4096-key sequence (Gemma-3's single KV head). Bench cases are the models'
-decode shapes at 4096, 32768 and 131072 keys, batch 1, 8 and 64 (a batch of 64 up to 4096 keys,
+decode shapes at 4096, 32768 and 131072 keys, batch 1, 8, 32 and 64 (a batch of 64 up to 4096 keys,
 8 up to 32768: the float64 inputs must fit a host), every sequence full.
 """
 
@@ -36,7 +36,8 @@ ADVERSARIAL = ("outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_ro
                "nonfinite", "near_tie", "clear_margin", "equal_keys")
 SMALL = {"batch": GATE_BATCH, "heads": 8, "kv_heads": 2, "head_dim": 64, "max_len": 64}
 SMALL_SWA = {"sinks": 1, "window": 16}
-BENCH_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (64, 4096))
+BENCH_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (32, 4096),
+                (64, 4096))
 
 
 def heads(model: str) -> dict:

@@ -19,13 +19,16 @@
 
 namespace kp_attn {
 
+// +inf without math.h (NVRTC has none here: kernels include only common.cuh)
+#define KP_INF __int_as_float(0x7f800000)
+
 __host__ __device__ constexpr int next_pow2(int v) { return v <= 1 ? 1 : 2 * next_pow2((v + 1) / 2); }
 
 // e^(m - M) for a running max m against M >= m, 0 when m is -inf (an empty group or split:
 // its sums are 0, and e^(-inf - -inf) would be NaN). M = +inf (an infinite score) gives NaN
 // for finite m, as the oracle's exp(s - inf) does: the head's output is NaN either way.
 __device__ __forceinline__ float rescale(float m, float M) {
-    return m == -INFINITY ? 0.0f : expf(m - M);
+    return m == -KP_INF ? 0.0f : expf(m - M);
 }
 
 // Virtual index i of a sequence's attended keys -> key position (oracle.attention.visible):
@@ -97,7 +100,6 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane % LPK;                            // lane within its key group
-    const int group = warp * GPW + lane / LPK;
     const bool active = sub * KP_EPL < D;                  // D = 96: lanes 6, 7 idle
     const int off = sub * KP_EPL;
     const int g = hq / hkv;
@@ -138,13 +140,16 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
     float m[G], l[G], acc[G][KP_EPL];
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-        m[j] = -INFINITY;
+        m[j] = -KP_INF;
         l[j] = 0.0f;
 #pragma unroll
         for (int e = 0; e < KP_EPL; ++e) acc[j][e] = 0.0f;
     }
 
-    for (int i0 = lo + group * U; i0 < hi; i0 += GROUPS * U) {
+    // The loop bound is the warp's (its first group's keys), never a group's own: the score
+    // butterflies below are full-warp shuffles, which every lane must reach.
+    for (int w0 = lo + warp * GPW * U; w0 < hi; w0 += GROUPS * U) {
+        const int i0 = w0 + (lane / LPK) * U;  // this key group's first key of the step
         Row<T> kr[U], vr[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -178,7 +183,7 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
                 for (int e = 0; e < KP_EPL; ++e) dot = fmaf(qs[j][e], kf[e], dot);
 #pragma unroll
                 for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                s[u][j] = i0 + u < hi ? dot : -INFINITY;
+                s[u][j] = i0 + u < hi ? dot : -KP_INF;
             }
         }
 #pragma unroll
@@ -186,7 +191,7 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
             float top = m[j];
 #pragma unroll
             for (int u = 0; u < U; ++u) top = fmaxf(top, s[u][j]);  // a NaN score is skipped here
-            const float safe = top == -INFINITY ? 0.0f : top;        // and poisons p below
+            const float safe = top == -KP_INF ? 0.0f : top;        // and poisons p below
             const float corr = rescale(m[j], safe);
             m[j] = top;
             float p[U];
@@ -251,11 +256,11 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
 
     for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {
         const int j = idx / D, d = idx % D;
-        float top = -INFINITY;
+        float top = -KP_INF;
 #pragma unroll
         for (int w = 0; w < KP_WARPS; ++w) top = fmaxf(top, sm_m[w][j]);
         const bool direct = splits == 1;
-        const float sink = direct && sinks ? sinks[KP_HEAD(j)] : -INFINITY;
+        const float sink = direct && sinks ? sinks[KP_HEAD(j)] : -KP_INF;
         const size_t head_row = (size_t)b * hq + KP_HEAD(j);  // in [B, Hq]
 #ifndef KPARITY_MUTANT_DROP_SINK
         top = fmaxf(top, sink);
@@ -303,9 +308,9 @@ __global__ void __launch_bounds__(128) kp_attn_combine(
 #ifdef KPARITY_MUTANT_DROP_SINK
     sinks = nullptr;  // mutant: the sink's denominator term left out
 #endif
-    float top = sinks ? sinks[h] : -INFINITY;
+    float top = sinks ? sinks[h] : -KP_INF;
     for (int s = 0; s < splits; ++s) top = fmaxf(top, mr[s]);
-    const bool empty = top == -INFINITY;
+    const bool empty = top == -KP_INF;
     float total = 0.0f;
     for (int s = 0; s < splits; ++s) total = fmaf(rescale(mr[s], top), lr[s], total);
     if (sinks) total += rescale(sinks[h], top);
@@ -322,5 +327,5 @@ __global__ void __launch_bounds__(128) kp_attn_combine(
         }
         T::store(out, (size_t)row * D + d, empty ? 0.0f : a / total);
     }
-    if (lse && threadIdx.x == 0) lse[row] = empty ? -INFINITY : top + logf(total);
+    if (lse && threadIdx.x == 0) lse[row] = empty ? -KP_INF : top + logf(total);
 }
