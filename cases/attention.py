@@ -162,16 +162,24 @@ def sdpa_decode_cases() -> list[Case]:
     presets = [_decode({**dims, **heads(m)}, dtype, label=f"preset:{m}", **params)
                for (m, params), dtype in product(PRESETS, FLOAT_DTYPES)
                if dtype != "f16" or config(m).head_dim == 64]
-    # P rounded to T before P·V (torch's CPU flash kernel, FA2; a no-op in f32): every model
-    # in bf16, one in each dtype
+    # P rounded to T before P·V (torch's CPU flash kernel, FA2; FFAI's two-pass partials; a
+    # no-op in f32): every model in bf16 (GPT-OSS's sinks and window included: the two-pass
+    # kernel runs only these), one in each dtype
     probs_t = [_decode({**dims, **heads(m)}, dtype, label=f"preset:{m}-probs-T", probs="T",
                        **params) for (m, params), dtype in product(PRESETS, FLOAT_DTYPES)
-               if not params.get("sinks") and (dtype == "bf16" or m == "llama-3.1-8b")]
+               if dtype == "bf16" or m == "llama-3.1-8b"]
     adversarial = [_decode(SMALL, dtype, dist, label=f"dist:{dist}")
                    for dist, dtype in product(ADVERSARIAL, FLOAT_DTYPES)]
     adversarial += [_decode(SMALL, dtype, dist, label=f"dist:{dist}-sinks-window", **SMALL_SWA)
                     for dist, dtype in product(("outlier_rows", "near_tie", "clear_margin"),
                                                FLOAT_DTYPES)]
+    # probs="T" (the two-pass kernel's partials in T), 256 keys (4 per split of 64): the near
+    # tie across splits, nonfinite values through a combine, f16 partials in the subnormal range
+    adversarial += [_decode({**SMALL, "max_len": GATE_LEN}, dtype, dist,
+                            label=f"dist:{dist}-probs-T", probs="T", **params)
+                    for dist, dtype, params in (("outlier_rows", "bf16", SMALL_SWA),
+                                                ("nonfinite", "bf16", {}),
+                                                ("near_tie", "bf16", {}), ("tiny", "f16", {}))]
     edges = [_decode({"batch": 2, "heads": 8, "kv_heads": 2, "head_dim": d, "max_len": 33},
                      dtype, label=f"edge:head_dim-{d}") for d, dtype in product((96, 256),
                                                                                FLOAT_DTYPES)]
@@ -247,8 +255,13 @@ def attn_combine_cases() -> list[Case]:
              for dtype in FLOAT_DTYPES]
     dists = [_combine({**base, "splits": 5, "head_dim": 64}, "bf16", dist, label=f"dist:{dist}")
              for dist in ("outlier_rows", "tiny", "nonfinite")]
+    # FFAI's pass 2 (cuda:sdpa_decode_2pass_pass2): partials in T, a multiple of 32 splits
     partial_t = [_combine({**base, "splits": 32}, dtype, label="preset:ffai-partials-in-T",
                           dtypes={"partial": dtype}) for dtype in HALF]
+    partial_t += [_combine({**base, "splits": 64}, dtype, label="preset:ffai-partials-in-T-sinks",
+                           sinks=1, dtypes={"partial": dtype}) for dtype in HALF]
+    partial_t += [_combine({**base, "splits": 32, "head_dim": 64}, "bf16", "nonfinite",
+                           label="dist:nonfinite-ffai-partials-in-T", dtypes={"partial": "bf16"})]
     return splits + sinks + dists + partial_t
 
 

@@ -26,7 +26,16 @@ of sequence b is in page page_table[b, t // P], slot t % P. Entries past a seque
 Param `probs`: where the probabilities enter P·V. "f32" (the FFAI decode kernels, MLX's fused
 kernels): in f32. "T" (FlashAttention-2's tensor-core P·V, torch's CPU flash kernel): each p_t
 rounded to T first, relative to the running max of its block, which the oracle cannot know:
-the oracle stays the exact value above and the bound charges that rounding (below).
+the oracle stays the exact value above and the bound charges that rounding (below). FFAI's
+two-pass decode is in the "T" class too: each block's unnormalised partial o_b = Σ_{t in b}
+p_t v_t (p relative to the block's max) is stored in T, an error of at most u_T |o_b| + u_T
+tiny_T per element; over the combine, Σ_b c_b (u_T |o_b| + u_T tiny_T) / L <= u_T Σ_t p_t |v_t|
+/ l + u_T tiny_T (every nonempty block's l_b >= 1, so Σ_b c_b <= L): the per-weight relative
+charge below covers the first term, one absolute u_T tiny_T on the output the second.
+
+Param `splits`: the number of key splits of a split-KV kernel (0, the default: the kernel's own
+choice). The result does not depend on it, so impls without splits ignore it; it lets a case
+pin the count where a kernel's contract restricts it (FFAI's two-pass: a multiple of 32).
 
 Tolerance (derived: the admissible kernel, `sdpa_kernel`, in `oracle/numerics.py`'s interval
 arithmetic). Per sequence and head, over its n visible keys:
@@ -61,7 +70,8 @@ second rounding of x_t covers them), R + 1 exps and R multiplies. R per term is 
 ceil(n / softmax_block) + 1 for an impl declaring `Numerics(softmax_block=...)`, else n (one per
 key). The model charges them as one factor 1 ± r_R, r_R = (1 + k_exp 2^-23)^(R+1) (1 + u)^R − 1
 (k ULPs are at most k·2^-23 relative, at a power of 2). With `probs="T"` each weight carries one
-more relative error, half an ULP of T (f16: plus 2^-25 absolute, its subnormal spacing).
+more relative error, half an ULP of T (f16: plus 2^-25 absolute, its subnormal spacing), and
+the output one absolute u_T tiny_T (a two-pass kernel's partials stored in T, above).
 
 Measured (CPU, 2026-11): bf16 outputs use 0.3-0.45 of the bound (torch:sdpa, the split-KV
 pair, MLX), the store's rounding dominating; f32 outputs 0.001-0.06 of it (a bound of ~1e-4 at
@@ -214,14 +224,18 @@ def attend_kernel(A, q, k, v, sink, scale: float, case):
     if rescales:
         exp_ulps = (numerics.ulps or FUNCTION_ULPS).get("exp", FUNCTION_ULPS["exp"])
         p = p * A.unit(rescale_error(rescales, exp_ulps))
-    if case.params["probs"] == "T" and case.dtype != "f32":  # p rounded to T before P·V
+    p_in_t = case.params["probs"] == "T" and case.dtype != "f32"
+    if p_in_t:  # p rounded to T before P·V
         half = dtype_eps(case.dtype) / 2
         p = p * A.unit(half) + (A.unit(half * dtype_tiny(case.dtype)) - A.load(1.0))
     weights = p.at((Ellipsis, slice(0, n))).reshape(h, g, 1, n)
     vt = A.load(np.swapaxes(v, -1, -2)).reshape(h, 1, dim, n)
     total = A.keep(A.keep(A.sum(p)))  # [h, g, 1, 1]
     # acc / l at the end (flash kernels), or softmax first and then P·V (eager, MLX on CPU)
-    return A.either(A.sum(weights * vt) / A.keep(A.sum(p)), A.sum(weights / total * vt))
+    out = A.either(A.sum(weights * vt) / A.keep(A.sum(p)), A.sum(weights / total * vt))
+    if p_in_t:  # partials stored in T: their subnormal part, at most u_T tiny_T in all
+        out = out + (A.unit(half * dtype_tiny(case.dtype)) - A.load(1.0))
+    return out
 
 
 def sdpa_kernel(A, inputs: dict, case) -> dict:
@@ -256,7 +270,7 @@ LENGTHS = lambda d: (d["batch"],)  # noqa: E731
 SINKS = lambda d, p: (d["heads"] if p["sinks"] else 0,)  # noqa: E731
 
 PARAMS = {"scale": 0.0, "sinks": 0, "window": 0, "sink_end": 0, "probs": "f32", "ragged": 1,
-          "ftz": 0}
+          "splits": 0, "ftz": 0}
 PARAM_VALUES = {"sinks": (0, 1), "probs": PROBS, "ragged": (0, 1)}
 
 
