@@ -566,3 +566,33 @@ if cuda_mutant is not None:
     for impl_id, name, define in KP_ATTENTION_MUTANTS:
         if f"cuda:{name}" not in _existing and impl_id in _existing:
             register(cuda_mutant(impl_id, name, define))
+
+
+# --- FFAI decode attention on CUDA (issue 27) ----------------------------------------------------
+#
+# | mutant                                 | bug (kernels/ffai_attention.cuh)                    |
+# |----------------------------------------|-----------------------------------------------------|
+# | cuda:mutant_ffai_drop_sink             | the learned sink never enters max or denominator    |
+# | cuda:mutant_ffai_window_off_by_one     | the window starts one key early (window + 1 keys)   |
+# | cuda:mutant_ffai_gqa_modulo            | query head h reads kv head h % Hkv                  |
+# | cuda:mutant_2pass_{no_rescale,         | the two-pass pair: pass 2 adds the partials without |
+# |   drop_sink, window_off_by_one,        | e^(m_j - M); and the three bugs above               |
+# |   gqa_modulo}                          |                                                     |
+# | cuda:mutant_pass2_no_rescale           | pass 2 alone (attn_combine) without the rescale     |
+
+FFAI_MUTANTS = (
+    ("cuda:ffai_sdpa_decode_d64", "mutant_ffai_drop_sink", "KPARITY_MUTANT_DROP_SINK"),
+    ("cuda:ffai_sdpa_decode_d64", "mutant_ffai_window_off_by_one",
+     "KPARITY_MUTANT_WINDOW_OFF_BY_ONE"),
+    ("cuda:ffai_sdpa_decode", "mutant_ffai_gqa_modulo", "KPARITY_MUTANT_GQA_MODULO"),
+    ("cuda:sdpa_decode_2pass", "mutant_2pass_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
+    ("cuda:sdpa_decode_2pass", "mutant_2pass_drop_sink", "KPARITY_MUTANT_DROP_SINK"),
+    ("cuda:sdpa_decode_2pass", "mutant_2pass_window_off_by_one",
+     "KPARITY_MUTANT_WINDOW_OFF_BY_ONE"),
+    ("cuda:sdpa_decode_2pass", "mutant_2pass_gqa_modulo", "KPARITY_MUTANT_GQA_MODULO"),
+    ("cuda:sdpa_decode_2pass_pass2", "mutant_pass2_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
+)
+if cuda_mutant is not None:
+    for impl_id, name, define in FFAI_MUTANTS:
+        if f"cuda:{name}" not in _existing and impl_id in _existing:
+            register(cuda_mutant(impl_id, name, define))

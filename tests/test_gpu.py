@@ -78,7 +78,12 @@ def test_gate(work, oracle_ahead):
                                                                "drop_bias", "skip_last_group",
                                                                "drop_eps")
                                       for p in ("mutant_rms_qgemv", "mutant_rms_qgemv_fast",
-                                                "mutant_rms_qgemv_int8"))])
+                                                "mutant_rms_qgemv_int8")),
+                                    # FFAI decode attention (tests/mutants.py FFAI_MUTANTS)
+                                    "mutant_ffai_drop_sink", "mutant_ffai_window_off_by_one",
+                                    "mutant_ffai_gqa_modulo", "mutant_2pass_no_rescale",
+                                    "mutant_2pass_drop_sink", "mutant_2pass_window_off_by_one",
+                                    "mutant_2pass_gqa_modulo", "mutant_pass2_no_rescale"])
 def test_cuda_mutants_go_red(mutant):
     gpu_impls.load_plugin(str(MUTANTS))
     impl = gpu_impls.impls()[f"cuda:{mutant}"]
