@@ -584,12 +584,12 @@ FFAI_MUTANTS = (
     ("cuda:ffai_sdpa_decode_d64", "mutant_ffai_drop_sink", "KPARITY_MUTANT_DROP_SINK"),
     ("cuda:ffai_sdpa_decode_d64", "mutant_ffai_window_off_by_one",
      "KPARITY_MUTANT_WINDOW_OFF_BY_ONE"),
-    ("cuda:ffai_sdpa_decode", "mutant_ffai_gqa_modulo", "KPARITY_MUTANT_GQA_MODULO"),
+    ("cuda:ffai_sdpa_decode", "mutant_ffai_gqa_modulo", "KPARITY_MUTANT_GQA_MOD"),
     ("cuda:sdpa_decode_2pass", "mutant_2pass_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
     ("cuda:sdpa_decode_2pass", "mutant_2pass_drop_sink", "KPARITY_MUTANT_DROP_SINK"),
     ("cuda:sdpa_decode_2pass", "mutant_2pass_window_off_by_one",
      "KPARITY_MUTANT_WINDOW_OFF_BY_ONE"),
-    ("cuda:sdpa_decode_2pass", "mutant_2pass_gqa_modulo", "KPARITY_MUTANT_GQA_MODULO"),
+    ("cuda:sdpa_decode_2pass", "mutant_2pass_gqa_modulo", "KPARITY_MUTANT_GQA_MOD"),
     ("cuda:sdpa_decode_2pass_pass2", "mutant_pass2_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
 )
 if cuda_mutant is not None:

@@ -49,7 +49,7 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_MUTANT_GROUP_OFF_BY_ONE", "KPARITY_MUTANT_DROP_BIAS",
                   "KPARITY_MUTANT_SKIP_LAST_GROUP", "KPARITY_MUTANT_M_DEPENDENT_SUM",
                   # attention (kernels/ffai_attention.cuh)
-                  "KPARITY_MUTANT_GQA_MODULO", "KPARITY_MUTANT_WINDOW_OFF_BY_ONE",
+                  "KPARITY_MUTANT_GQA_MOD", "KPARITY_MUTANT_WINDOW_OFF_BY_ONE",
                   "KPARITY_MUTANT_DROP_SINK", "KPARITY_MUTANT_NO_RESCALE",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",

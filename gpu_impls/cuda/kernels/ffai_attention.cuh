@@ -4,7 +4,7 @@
 //
 // Test-only mutation hooks (compiled in only by the mutants, tests/mutants.py), one place each so
 // every kernel gets them:
-//   KPARITY_MUTANT_GQA_MODULO          kv head h % Hkv instead of h / (Hq / Hkv)
+//   KPARITY_MUTANT_GQA_MOD          kv head h % Hkv instead of h / (Hq / Hkv)
 //   KPARITY_MUTANT_WINDOW_OFF_BY_ONE   the window starts one key early (window + 1 keys)
 //   KPARITY_MUTANT_DROP_SINK           the learned sink never enters max or denominator
 //   KPARITY_MUTANT_NO_RESCALE          a combine adds its parts without e^(m_part - M)
@@ -53,7 +53,7 @@ __device__ __forceinline__ int seq_len(const int* lengths, int b, int max_len) {
 
 // --- GQA ------------------------------------------------------------------------------------
 __device__ __forceinline__ int kv_head_of(int h, int heads, int kv_heads) {
-#ifdef KPARITY_MUTANT_GQA_MODULO
+#ifdef KPARITY_MUTANT_GQA_MOD
     return h % kv_heads;  // mutant: tiled instead of grouped
 #else
     return h / (heads / kv_heads);  // heads % kv_heads == 0: the contract
