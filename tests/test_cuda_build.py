@@ -200,8 +200,9 @@ def test_kernel_args_refuse_what_they_cannot_marshal():
     assert _kernel_arg(np.int32(-3)).value == -3
     with pytest.raises(TypeError, match="NumPy scalar"):
         _kernel_arg(1.5)  # a Python float: its C type would be a guess
+    assert _kernel_arg(np.float64(0.1)).value == 0.1  # a C double (kp_rope's table constants)
     with pytest.raises(TypeError):
-        _kernel_arg(np.float64(1.0))
+        _kernel_arg(np.float16(1.0))
 
 
 def test_every_mutant_define_reaches_some_kernel():

@@ -76,7 +76,8 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 
 _CTYPE = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.int32): ctypes.c_int32,
-          np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.int64): ctypes.c_int64}
+          np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.int64): ctypes.c_int64,
+          np.dtype(np.float64): ctypes.c_double}
 
 
 @functools.lru_cache(maxsize=None)
