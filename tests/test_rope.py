@@ -202,3 +202,78 @@ def test_rotation_keeps_each_pairs_norm(impl_id, dtype):
         drift = np.abs(_pair_norms(out[k], case) - _pair_norms(inputs[x].astype(np.float64),
                                                                case))
         assert (drift <= _pair_norms(bounds[k], case) * (1 + 2.0 ** -40)).all(), k
+
+
+# --- cuda:kp_rope on the CPU: its table and its contract (the kernel runs in the GPU gate) -----
+
+def _kp_rope_table(case) -> np.ndarray:
+    """kp_rope.cu's `rope_inv_freq`, transcribed in float64 NumPy and fed the launcher's own
+    `_table_args`, rounded to f32 once as the kernel does."""
+    from gpu_impls.cuda.kp_rope import SCALING, _table_args
+
+    scaling, log2_theta, factor, low, high, orig, yarn_low, span, _ = map(float,
+                                                                          _table_args(case))
+    r = case.params["rotary_dim"] or case.dims["head_dim"]
+    i = np.arange(r // 2, dtype=np.float64)
+    inv = np.exp2(-(2.0 * i / r) * log2_theta)
+    if scaling == SCALING["llama3"]:
+        wavelen = 2.0 * math.pi / inv
+        s = (orig / wavelen - low) / (high - low)
+        inv = np.where(wavelen > orig / low, inv / factor,
+                       np.where(wavelen < orig / high, inv, (1.0 - s) * inv / factor + s * inv))
+    elif scaling == SCALING["yarn"]:
+        ramp = np.clip((i - yarn_low) / span, 0.0, 1.0)
+        inv = inv / factor * ramp + inv * (1.0 - ramp)
+    return inv.astype(np.float32)
+
+
+def test_kp_rope_table_within_its_declared_half_ulp():
+    """The kernel's float64 table (exp2 of -(2i/R) log2 theta, then llama3's bands or YaRN's
+    ramp, from `_table_args`) rounded to f32 is within the 0.5 (1 + |ln inv|) ULPs cuda:kp_rope
+    declares, for every plain theta x rotary dim and every model's table, the 1 of theta^0
+    exact. The comparison bites: a table whose smooth band is squeezed out fails it."""
+    from cases.rope import rope_cases
+
+    cases = _table_cases() + [c for c in rope_cases() if c.dtype == "f32"]
+    worst = max(_table_ulps(_kp_rope_table(c), inv_freq(c), "cuda:kp_rope") for c in cases)
+    assert worst <= 1.0, worst
+    llama = next(c for c in cases if c.params["scaling"] == "llama3")
+    skipped = _kp_rope_table(llama.replace(low_freq_factor=llama.params["high_freq_factor"]
+                                           - 1e-9))  # the smooth band all but gone
+    assert _table_ulps(skipped, inv_freq(llama), "cuda:kp_rope") > 1.0
+
+
+def test_kp_rope_contract_rejects_a_table_past_its_shared_memory():
+    """rotary_dim <= 512: a 514-wide head rotated whole is refused before launch, naming the
+    fix; the same head with a 64-wide partial rotary is admitted, as is every gate case."""
+    from cases.rope import rope_cases
+    from gpu_impls.contract import ContractError
+
+    impl = gpu_impls.impls()["cuda:kp_rope"]
+    wide = _case(DECODE, dims={"heads_q": 2, "heads_kv": 1, "head_dim": 514})
+    with pytest.raises(ContractError, match=r"rotary_dim <= 512") as info:
+        impl.contract.check(impl.id, wide)
+    assert "rotary_dim <= 512 (a partial rotary of head_dim=514), or torch:rope_polar" in \
+        str(info.value)
+    assert impl.contract.admits(wide.replace(rotary_dim=64))
+    assert all(impl.contract.admits(c) for c in rope_cases())
+
+
+def test_kp_rope_geometry_from_the_dims():
+    """Llama-3.1-8B decode (40 heads of 128: 64 pairs each): 2 heads per 128-thread block, 20
+    blocks per token; Qwen3-Next (256 wide, 64 rotated: 32 pairs + 192 copied) one head per
+    block; tokens past gridDim.y's 65535 are strided over by the kernel."""
+    from cases.rope import model_dims, model_params
+
+    impl = gpu_impls.impls()["cuda:kp_rope"]
+    llama = Case.make("rope", model_dims("llama-3.1-8b"), "bf16",
+                      params={**model_params("llama-3.1-8b"), "positions": (4095,) * 3})
+    launch = impl.contract.check(impl.id, llama)
+    assert (launch.grid, launch.block) == ((20, 3, 1), (128, 1, 1))
+    assert launch.extra["heads_per_block"] == 2
+    qwen = Case.make("rope", model_dims("qwen3-next-80b-a3b"), "bf16",
+                     params={**model_params("qwen3-next-80b-a3b"),
+                             "positions": tuple(range(70000))})
+    launch = impl.contract.check(impl.id, qwen)
+    heads = qwen.dims["heads_q"] + qwen.dims["heads_kv"]
+    assert launch.grid == (heads, 65535, 1) and launch.extra["rotary"] == 64

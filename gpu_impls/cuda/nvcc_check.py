@@ -51,6 +51,7 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   # attention (kernels/ffai_attention.cuh)
                   "KPARITY_MUTANT_GQA_MOD", "KPARITY_MUTANT_WINDOW_OFF_BY_ONE",
                   "KPARITY_MUTANT_DROP_SINK", "KPARITY_MUTANT_NO_RESCALE",
+                  "KPARITY_MUTANT_ROPE_PAIRING_ADJACENT", "KPARITY_MUTANT_LLAMA3_NO_SMOOTH",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
