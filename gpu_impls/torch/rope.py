@@ -6,7 +6,14 @@ the tokens' positions (times the attention factor) cast to T, then `apply_rotary
 q·cos + rotate_half(q)·sin in T (GPT-J's `rotate_every_two` for the interleaved pairing; a
 partial rotary's tail concatenated back). Its cos, sin and products are held in T: contract
 compute="T". Its table (3.5 ULPs off in llama3's f32 blend, at entries of |ln inv| ~ 7) is within
-the default 2 (1 + |ln inv|) ULPs (tests/test_rope.py).
+the default 2 (1 + |ln inv|) ULPs (tests/test_rope.py). Its table is made once per case's table
+params and device (HF keeps inv_freq as a buffer on the device), not copied in every call.
+
+`torch:rope_hf_compiled` is torch.compile of that forward (`rope_hf_fn`, static shapes: one
+compile per case shape, Inductor fuses it into Triton kernels): the speed baseline a user gets
+from compiling HF's model. CUDA only (`norms.compiled_twin`: it needs a GPU and Triton; on a CPU
+it would need a C++ toolchain and seconds per shape). Inductor computes the T products in f32
+and rounds at the store, which the "T" contract admits (each rounding is optional).
 
 `torch:rope_polar` is Meta's reference form: `torch.polar(1, p·inv)` as complex64, q viewed as
 complex pairs in f32, one complex multiply, cast back to T (compute="f32"); the table is
@@ -21,6 +28,7 @@ import math
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, param_is
 from gpu_impls.impl import Impl
+from gpu_impls.torch.norms import compiled_twin
 from oracle.numerics import FUNCTION_ULPS, Numerics
 from oracle.rope import POSITION_LIMIT, attention_factor, rotary_dim, yarn_range
 
@@ -73,26 +81,48 @@ def _rotate_every_two(x, torch):
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
-def _rope_hf(launch, inputs, outputs, case):
+def rope_hf_fn(q, k, positions, inv, m: float, r: int, gptj: bool):
+    """HF's forward on the tensors (what `torch:rope_hf_compiled` compiles): cos and sin of the
+    positions times inv_freq in f32, times m, cast to T; x*cos + rotate_half(x)*sin in T."""
     import torch
 
-    q, k = inputs["q"], inputs["k"]
-    inv = hf_inv_freq(case, torch).to(q.device)
     # LlamaRotaryEmbedding.forward: inv_freq outer positions in f32, cos/sin, scaled, cast to T
-    freqs = inputs["positions"].float()[:, None] * inv[None, :]
-    gptj = case.params["pairing"] == "gptj"
+    freqs = positions.float()[:, None] * inv[None, :]
     emb = freqs.repeat_interleave(2, dim=-1) if gptj else torch.cat((freqs, freqs), dim=-1)
-    m = attention_factor(case)
     cos = (emb.cos() * m).to(q.dtype)[:, None, :]
     sin = (emb.sin() * m).to(q.dtype)[:, None, :]
-    r = rotary_dim(case)
 
     def apply(x):
         rot, rest = x[..., :r], x[..., r:]
         turned = _rotate_every_two(rot, torch) if gptj else _rotate_half(rot, torch)
         return torch.cat(((rot * cos) + (turned * sin), rest), dim=-1)
 
-    return {"q_out": apply(q), "k_out": apply(k)}
+    return apply(q), apply(k)
+
+
+# inv_freq per (table params, device), made once as HF's rotary embedding keeps it: a buffer
+# on the device, not a host-to-device copy in every call
+TABLE_PARAMS = ("rotary_dim", "theta", "scaling", "factor", "low_freq_factor",
+                "high_freq_factor", "original_max_position", "beta_fast", "beta_slow", "truncate")
+_DEVICE_TABLES: dict = {}
+
+
+def device_hf_inv_freq(case, device, torch):
+    """`hf_inv_freq(case)` on `device`, computed and copied there once."""
+    key = (case.dims["head_dim"], *(case.params[n] for n in TABLE_PARAMS), str(device))
+    if key not in _DEVICE_TABLES:
+        _DEVICE_TABLES[key] = hf_inv_freq(case, torch).to(device)
+    return _DEVICE_TABLES[key]
+
+
+def _rope_hf(launch, inputs, outputs, case, fn=rope_hf_fn):
+    import torch
+
+    q = inputs["q"]
+    q_out, k_out = fn(q, inputs["k"], inputs["positions"],
+                      device_hf_inv_freq(case, q.device, torch), attention_factor(case),
+                      rotary_dim(case), case.params["pairing"] == "gptj")
+    return {"q_out": q_out, "k_out": k_out}
 
 
 def _table_f32(case, torch):
@@ -142,10 +172,12 @@ def _rope_polar(launch, inputs, outputs, case, table=_table_f32):
 # the table rounded once from float64: half an ULP
 POLAR_NUMERICS = Numerics(ulps={**FUNCTION_ULPS, "inv_freq": 0.5})
 
+ROPE_HF = Impl("rope", "torch", "rope_hf", _rope_hf,
+               rope_contract("T", "torch:rope_polar (f32 throughout)"),
+               doc="HF transformers: f32 inv_freq and cos/sin cast to T, "
+                   "q*cos + rotate_half(q)*sin")
 register(
-    Impl("rope", "torch", "rope_hf", _rope_hf,
-         rope_contract("T", "torch:rope_polar (f32 throughout)"),
-         doc="HF transformers: f32 inv_freq and cos/sin cast to T, q*cos + rotate_half(q)*sin"),
+    ROPE_HF, compiled_twin(ROPE_HF, rope_hf_fn),
     Impl("rope", "torch", "rope_polar", _rope_polar,
          rope_contract("f32", "torch:rope_hf (HF's T arithmetic); an f32 impl's T cases add "
                               "only a looser bound"),
