@@ -33,3 +33,22 @@ def test_a_padding_row_written_to_the_last_slot_is_outside_the_region():
     assert row["status"] == "fail" and "outside_region" in row["flags"], row["message"]
     assert check(Work(gpu_impls.impls()["torch:kv_cache_update"], _case(2), "valid"),
                  torch)["status"] == "pass"
+
+
+def test_cuda_kv_cache_update_geometry_covers_the_rows_and_bounds_the_slots():
+    """cuda:kv_cache_update's launch, from the dims alone: one thread per element of k (rows x
+    H x D, padding rows included), and n_slots, the kernel's bound on a slot, is the caches'
+    slot count in both layouts (pages x page_size = B x max_len), for every gate case."""
+    import numpy as np
+
+    from cases.kv_cache import kv_cache_update_cases
+    from oracle.kv_cache import NEW, cache_shape
+
+    impl = gpu_impls.impls()["cuda:kv_cache_update"]
+    for case in kv_cache_update_cases():
+        launch = impl.contract.check(impl.id, case)
+        d, p = case.dims, case.params
+        count = int(np.prod(NEW(d, p)))
+        assert launch.extra["count"] == count and launch.grid[0] * launch.block[0] >= count
+        assert launch.extra["n_slots"] * d["heads"] * d["head_dim"] == \
+            int(np.prod(cache_shape(d, p))), case.short()

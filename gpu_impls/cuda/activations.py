@@ -1,5 +1,6 @@
-"""CUDA `silu_mul` (`kernels/silu_mul.cu`): one element per thread, f32 inside, one rounding to T
-at the store. Geometry: 256-thread blocks over rows * n elements."""
+"""CUDA `silu_mul` (`kernels/silu_mul.cu`) and `clipped_swiglu` (`kernels/clipped_swiglu.cu`, both
+gate clamps, "max" and "both"): one element per thread, f32 inside, one rounding to T at the
+store. Geometry: 256-thread blocks over rows * n elements."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from gpu_impls import register
 from gpu_impls.contract import Contract, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel
 
-KERNELS = [("silu_mul.cu", "silu_mul")]
+KERNELS = [("silu_mul.cu", "silu_mul"), ("clipped_swiglu.cu", "clipped_swiglu")]
 BLOCK = 256
 
 
@@ -31,5 +32,18 @@ def _make(defines: tuple = ()):
     return run
 
 
+def _make_clipped(defines: tuple = ()):
+    def run(launch, inputs, outputs, case):
+        p = case.params
+        args = (inputs["gate"], inputs["up"], outputs["out"], np.int64(launch.extra["count"]),
+                np.float32(p["limit"]), np.float32(p["alpha"]),
+                np.int32(p["gate_clamp"] == "both"))
+        kernel(*KERNELS[1], case.dtype, defines)(launch.grid, launch.block, args)
+    return run
+
+
 register(cuda_impl("silu_mul", "silu_mul", CONTRACT, _make,
-                   "silu(gate) * up, one element per thread, f32 math, one rounding at the store"))
+                   "silu(gate) * up, one element per thread, f32 math, one rounding at the store"),
+         cuda_impl("clipped_swiglu", "clipped_swiglu", CONTRACT, _make_clipped,
+                   "GPT-OSS: g * sigmoid(alpha g) * (clip(up, +-limit) + 1), gate clamped above "
+                   "(or both sides), NaN kept by the clamps; f32 math, one rounding"))
