@@ -418,6 +418,24 @@ ISSUE27_MUTANTS = (
     Impl("kv_cache_update", "torch", "mutant_kv_update_one_off", kv_update_one_off),
 )
 register(*(m for m in ISSUE27_MUTANTS if m.id not in _existing))
+
+# The same bugs in the CUDA kernels, compiled with their KPARITY_MUTANT_* define (GPU gate):
+# | cuda:mutant_kp_rope_pairing_adjacent | kp_rope pairs (2i, 2i+1) where neox is declared      |
+# | cuda:mutant_kp_rope_llama3_no_smooth | kp_rope's llama3 smooth band keeps the unscaled inv  |
+# | cuda:mutant_swiglu_no_clamp          | cuda:clipped_swiglu without its clamps               |
+# | cuda:mutant_kv_update_one_off        | cuda:kv_cache_update writes every row one slot late  |
+ISSUE27_CUDA_MUTANTS = (
+    ("cuda:kp_rope", "mutant_kp_rope_pairing_adjacent", "KPARITY_MUTANT_ROPE_PAIRING_ADJACENT"),
+    ("cuda:kp_rope", "mutant_kp_rope_llama3_no_smooth", "KPARITY_MUTANT_LLAMA3_NO_SMOOTH"),
+    ("cuda:clipped_swiglu", "mutant_swiglu_no_clamp", "KPARITY_MUTANT_SWIGLU_NO_CLAMP"),
+    ("cuda:kv_cache_update", "mutant_kv_update_one_off",
+     "KPARITY_MUTANT_KV_SLOT_OFF_BY_ONE"),
+)
+if cuda_mutant is not None:
+    for impl_id, name, define in ISSUE27_CUDA_MUTANTS:
+        if f"cuda:{name}" not in _existing and impl_id in _existing:
+            register(cuda_mutant(impl_id, name, define))
+
 # --- attention (issue 27) ---------------------------------------------------------------------
 #
 # | mutant                                   | bug                                             |

@@ -83,7 +83,11 @@ def test_gate(work, oracle_ahead):
                                     "mutant_ffai_drop_sink", "mutant_ffai_window_off_by_one",
                                     "mutant_ffai_gqa_modulo", "mutant_2pass_no_rescale",
                                     "mutant_2pass_drop_sink", "mutant_2pass_window_off_by_one",
-                                    "mutant_2pass_gqa_modulo", "mutant_pass2_no_rescale"])
+                                    "mutant_2pass_gqa_modulo", "mutant_pass2_no_rescale",
+                                    "mutant_kp_rope_pairing_adjacent",
+                                    "mutant_kp_rope_llama3_no_smooth",
+                                    "mutant_swiglu_no_clamp",
+                                    "mutant_kv_update_one_off"])
 def test_cuda_mutants_go_red(mutant):
     gpu_impls.load_plugin(str(MUTANTS))
     impl = gpu_impls.impls()[f"cuda:{mutant}"]
