@@ -263,8 +263,6 @@ def test_kp_rope_geometry_from_the_dims():
     """Llama-3.1-8B decode (40 heads of 128: 64 pairs each): 2 heads per 128-thread block, 20
     blocks per token; Qwen3-Next (256 wide, 64 rotated: 32 pairs + 192 copied) one head per
     block; tokens past gridDim.y's 65535 are strided over by the kernel."""
-    from cases.rope import model_dims, model_params
-
     impl = gpu_impls.impls()["cuda:kp_rope"]
     llama = Case.make("rope", model_dims("llama-3.1-8b"), "bf16",
                       params={**model_params("llama-3.1-8b"), "positions": (4095,) * 3})
