@@ -279,3 +279,29 @@ def test_flushing_exp_is_charged_its_result():
     mlx = Model(numerics=Numerics().on("mlx")).func("exp", tiny)
     torch_cpu = Model(numerics=Numerics().on("torch")).func("exp", tiny)
     assert mlx[0] >= tiny[0] and torch_cpu[0] == 2 * 2.0 ** -149
+
+
+# --- torch:flex_attention's masks on the eager path ------------------------------------------
+
+FLEX_CASES = {
+    "torch:flex_attention": _case(dtype="bf16", probs="T", sinks=1, window=20, sink_end=3),
+    "torch:paged_flex_attention": _case("sdpa_decode_paged", "bf16", probs="T", **SWA),
+    "torch:flex_attention_varlen": Case.make(
+        "sdpa_prefill_varlen", {"heads": 8, "kv_heads": 2, "head_dim": 64}, "bf16",
+        params={"q_lens": (3, 1, 6), "k_lens": (9, 4, 6), "window": 4, "probs": "T"})}
+
+
+@pytest.mark.parametrize("impl_id", sorted(FLEX_CASES))
+def test_flex_attention_masks_on_the_eager_path(impl_id):
+    """The flex impls run compiled on CUDA only (the GPU gate); their block masks, sink column
+    and score_mod are the same on flex's eager path, which runs here: one small bf16 case per
+    op with every mask feature (lengths max, 1, 17...; window, sink_end and sinks; prefill:
+    q_len < k_len, bottom-right causal, window) passes the oracle. A sink rounded to bf16 in
+    the score_mod fails it (budget ~2), as does a window off by one."""
+    pytest.importorskip("torch")
+    from runners.correctness import check
+    from cases.generate import Work
+
+    impl = gpu_impls.impls()[impl_id]
+    row = check(Work(impl, FLEX_CASES[impl_id], "valid"), gpu_impls.backend("torch"))
+    assert row["status"] == "pass", row["message"]

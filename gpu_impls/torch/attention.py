@@ -17,6 +17,9 @@ reference.
 |                          | (and window) mask explicit (`is_causal` is top-left)           |
 | torch:eager_packed       | prefill: f32 softmax over the whole packed batch, one          |
 |                          | block-diagonal mask                                            |
+| torch:flex_attention,    | flex_attention with a block mask (lengths, window, prefill's   |
+| paged_flex_attention,    | sequences), sinks as an extra key column; compiled, CUDA only  |
+| flex_attention_varlen    | (`FLEX_DOC`)                                                   |
 
 torch's CPU flash kernel (and FlashAttention-2 on a GPU) rounds P to T before the P·V product
 (measured: a two-key case whose output cancels to 0 errs by 3e-3 in bf16, where f32 P gives
@@ -357,4 +360,189 @@ register(
          doc="F.scaled_dot_product_attention per sequence, bottom-right causal mask"),
     Impl("sdpa_prefill_varlen", "torch", "eager_packed", _eager_packed, EAGER_CONTRACT,
          numerics=EAGER, doc="f32 softmax over the packed batch, block-diagonal mask"),
+)
+
+
+# --- flex_attention ------------------------------------------------------------------------
+
+FLEX_DOC = """`torch.nn.attention.flex_attention.flex_attention` (torch:flex_attention, for the
+decode ops and prefill): lengths, window, sink_end and prefill's sequences and bottom-right
+causal mask as a `BlockMask` built from a `mask_mod` (`create_block_mask`, once per call); GQA by
+`enable_gqa=True`.
+
+Learned sinks: flex has no sink column, so the impl appends one: a zero key and value at slot L
+of the cache, attended by every query, whose score `score_mod` replaces by sink_h. The sink's
+e^(sink_h - M) then enters l inside the kernel's softmax and its zero value adds nothing to P·V:
+the contract's formula, with the output rounded to T once. (Folding the sink in afterwards from
+the LSE, out · l / (l + e^(sink - M)), would multiply flex's output already rounded to T and
+round it again: two roundings to T, which the contract does not admit.) The cost: the cache is
+copied once with the extra slot on sink cases.
+
+Where it runs: on CUDA only (`requires`), through `torch.compile(flex_attention)` (the Triton
+flash kernel, or its split-KV decoding twin when q_len < 128), static shapes, compiled once per
+case shape and mask (seconds each: the GPU gate samples `gate_cases_max` cases). Eager flex
+works on a CPU (torch 2.13): torch's reference path (`math_attention`: f32 scores, an f32
+softmax over the whole row, P normalized and rounded to T, then P @ V in T), after a one-time
+warning that it is unfused (silenced here). But it still traces each call through dynamo
+(backend "eager"): 0.1-0.2 s per new shape (measured), so the CPU fuzz test alone would add
+~40 s; tests/test_attention.py runs the eager path (the same masks and score_mod) on one small
+case per op instead. On a CPU it shares torch's bf16 subnormal gap (issue 27: a subnormal v
+reads as 0 in the bf16 P @ V; torch:sdpa fails the same 'tiny' case).
+
+Numerics (`FLEX`): both paths round P to T before P·V (the Triton kernel's `p.to(V.dtype)`, the
+eager path's `.to(query.dtype)`), so the contract requires probs='T' as torch:sdpa's does. The
+Triton kernel is an online softmax with one rescale per block of BLOCK_N keys plus, decoding,
+one split combine: BLOCK_N is 16 at the smallest in torch's default configs for these head dims
+(A100 and sm_120 f32 head_dim 256; decoding 64, 16 on sm_110 and in the autotune space), so
+softmax_block=16 (the eager path does not rescale at all). It works in base 2: the scaled
+score times 1/ln2 in f32 and exp2; that multiply's rounding (u |s_t|, and the constant's, a
+common u relative on x_t) sits inside the any-order dot product's charge, at least
+u·scale·Σ|q_d k_td| per score, as in FlashAttention's folded scale·log2(e) (torch:sdpa).
+f32 cases: the kernel's dots run in IEEE f32 under torch's default float32 matmul precision
+("highest"); with TF32 allowed they would not, and would fail the f32 bound.
+"""
+
+FLEX = Numerics(softmax_block=16)
+FLEX_GATE_CASES = 9  # one compile per case shape: as the norms' compiled twins
+_FLEX_STATE = {}
+
+
+def _flex_on_cuda() -> tuple[bool, str]:
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, ("torch:flex_attention runs compiled on CUDA only (no GPU here): eager, "
+                       "it retraces each new shape (0.1-0.2 s on a CPU)")
+    if importlib.util.find_spec("triton") is None:
+        return False, "torch.compile(flex_attention) needs triton (not installed)"
+    return True, ""
+
+
+def _flex_fn(device_type: str):
+    """flex_attention compiled for CUDA (once per process: dynamo recompiles per shape), or the
+    eager function elsewhere."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device_type != "cuda":
+        return flex_attention
+    if "compiled" not in _FLEX_STATE:
+        torch._dynamo.config.cache_size_limit = 1024  # one entry per case shape and mask
+        _FLEX_STATE["compiled"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX_STATE["compiled"]
+
+
+def flex_call(q, k, v, mask_mod, score_mod, scale: float):
+    """flex_attention of q [B, Hq, Lq, D] over k, v [B, Hkv, Lk, D] with the block mask of
+    `mask_mod` (over every batch entry, shared by the heads) and `score_mod` (or None)."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, _, lq, _ = q.shape
+    block_mask = create_block_mask(mask_mod, b, None, lq, k.shape[2], device=q.device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return _flex_fn(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                       scale=scale, enable_gqa=True)
+
+
+def decode_mask_mod(lengths, params: dict):
+    """mask_mod of `attended_mask`: key kv_idx of sequence b is attended."""
+    window, sink_end = params["window"], params["sink_end"]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        n = lengths[b]
+        seen = kv_idx < n
+        if window:
+            seen = seen & ((kv_idx >= n - window) | (kv_idx < sink_end))
+        return seen
+    return mask_mod
+
+
+def with_sink_slot(mask_mod, slot: int):
+    """`mask_mod` that also attends key `slot` (the appended sink column)."""
+    def mask(b, h, q_idx, kv_idx):
+        return mask_mod(b, h, q_idx, kv_idx) | (kv_idx == slot)
+    return mask
+
+
+def sink_score_mod(sinks, slot: int):
+    """score_mod: the score of key `slot` is query head h's sink logit, in f32 (flex traces
+    score_mod with `score` in the query's dtype: a `.to(score.dtype)` here would round the sink
+    to T; measured, bf16: 1 % off on a sink-dominated head)."""
+    import torch
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.where(kv_idx == slot, sinks[h], score)
+    return score_mod
+
+
+def flex_decode_fn(q, k, v, lengths, sinks, params: dict, scale: float):
+    """q [B, Hq, D] against k, v [B, Hkv, L, D]; sinks [Hq] f32 or None -> [B, Hq, D]."""
+    import torch
+
+    mask_mod, score_mod = decode_mask_mod(lengths, params), None
+    if sinks is not None:  # the sink column: a zero key and value at slot L
+        slot = k.shape[2]
+        zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+        k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero], dim=2)
+        mask_mod, score_mod = with_sink_slot(mask_mod, slot), sink_score_mod(sinks, slot)
+    return flex_call(q[:, :, None], k, v, mask_mod, score_mod, scale)[:, :, 0]
+
+
+def _flex_decode(launch, inputs, outputs, case):
+    k, v = cache(inputs, case)
+    sinks = inputs["sinks"] if case.params["sinks"] else None
+    return {"out": flex_decode_fn(inputs["q"], k, v, inputs["lengths"], sinks, case.params,
+                                  scale_of(case))}
+
+
+def varlen_mask_mod(case, device):
+    """mask_mod over the packed batch: query row qi and key row kj are of one sequence and kj
+    is among the keys qi attends (`oracle.attention.prefill_keys`: bottom-right causal, window),
+    from per-row sequence ids and positions (what cu_seqlens gives)."""
+    import torch
+
+    segs = segments(case)
+    seq_q = torch.cat([torch.full((q_len,), s) for s, (_, q_len, _, _) in enumerate(segs)])
+    seq_k = torch.cat([torch.full((k_len,), s) for s, (_, _, _, k_len) in enumerate(segs)])
+    # a query's key position (i + k_len - q_len) and a key's position in its sequence
+    pos_q = torch.cat([torch.arange(q_len) + k_len - q_len for _, q_len, _, k_len in segs])
+    pos_k = torch.cat([torch.arange(k_len) for _, _, _, k_len in segs])
+    seq_q, seq_k, pos_q, pos_k = (t.to(device) for t in (seq_q, seq_k, pos_q, pos_k))
+    causal, window = case.params["causal"], case.params["window"]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        i, j = pos_q[q_idx], pos_k[kv_idx]
+        seen = seq_q[q_idx] == seq_k[kv_idx]
+        if causal:
+            seen = seen & (j <= i)
+        if window:
+            seen = seen & (j > i - window)
+        return seen
+    return mask_mod
+
+
+def _flex_varlen(launch, inputs, outputs, case):
+    """The packed batch as one flex call ([1, H, Σ len, D]) with the block-diagonal mask."""
+    q, k, v = (inputs[n].transpose(0, 1)[None] for n in ("q", "k", "v"))
+    mask_mod = varlen_mask_mod(case, q.device)
+    return {"out": flex_call(q, k, v, mask_mod, None, scale_of(case))[0].transpose(0, 1)}
+
+
+FLEX_CONTRACT = Contract(invariants=(GQA, SDPA_CONTRACT.invariants[2]))
+
+FLEX_KW = dict(numerics=FLEX, requires=_flex_on_cuda, gate_cases_max=FLEX_GATE_CASES)
+
+register(
+    Impl("sdpa_decode", "torch", "flex_attention", _flex_decode, FLEX_CONTRACT,
+         doc="torch.compile(flex_attention), block mask, sinks as a key column", **FLEX_KW),
+    Impl("sdpa_decode_paged", "torch", "paged_flex_attention", _flex_decode, FLEX_CONTRACT,
+         doc="pages gathered, then torch:flex_attention", **FLEX_KW),
+    Impl("sdpa_prefill_varlen", "torch", "flex_attention_varlen", _flex_varlen, FLEX_CONTRACT,
+         doc="torch.compile(flex_attention) over the packed batch, block mask from cu_seqlens",
+         **FLEX_KW),
 )
