@@ -112,6 +112,39 @@ def _same_sign(case: Case, inputs: dict) -> dict:
     return out
 
 
+def _attention_inputs(case: Case, q, k, v) -> dict:
+    """`sdpa_decode` inputs with q, k, v replaced (broadcast over batch and heads)."""
+    inputs = make_inputs(case)
+    return {**inputs, **{name: _store(case.dtype, np.broadcast_to(a, np.shape(inputs[name])))
+                         for name, a in (("q", q), ("k", k), ("v", v))}}
+
+
+def _attention_corners(dtype: str):
+    """`sdpa_decode`'s targeted corners (f32 outputs: no store rounding to hide the others).
+
+    * subnormal P·V: q = 0 (40 equal weights) and every v in [2^-141, 2^-140]: each w_t v_t
+      and each partial sum of P·V is subnormal, so the output's error is their roundings.
+    * cancelling long dot: head_dim 256, q = 1 and key 0 = +100 on its first half, -100 on
+      its second (1 % jitter), its last element setting the score to 4: the sequential
+      partial sums reach ~13000 while the score is 4, so the dot's additions make its error;
+      key 1 = 0 (score 0), v = +1 and -1: key 1's weight e^-4 carries that error into the
+      output, with the opposite sign to it (out 0.96), so nothing cancels."""
+    if dtype != "f32":
+        return
+    rng = np.random.default_rng(6)
+    case = Case.make("sdpa_decode", DIMS["sdpa_decode"], dtype, "normal", seed=4)
+    v = np.exp2(rng.uniform(-141, -140, (1, 2, case.dims["max_len"], case.dims["head_dim"])))
+    yield "subnormal P·V", case, _attention_inputs(case, 0.0, rng.standard_normal(v.shape), v)
+    dims = {**DIMS["sdpa_decode"], "head_dim": 256, "max_len": 2}
+    case = Case.make("sdpa_decode", dims, dtype, "normal", seed=4)
+    half = np.full(128, 100.0)
+    key = np.concatenate([half, -half]) * rng.uniform(0.99, 1.01, 256)
+    key[-1] += 4.0 * 16 - key.sum()  # scale 1/16: score 4
+    k, v = np.zeros((2, 256)), np.ones((2, 256))
+    k[0], v[1] = key, -1.0
+    yield "cancelling long dot", case, _attention_inputs(case, 1.0, k, v)
+
+
 def corners(op: str, dtype: str):
     """(label, case, inputs) for every corner of `op` at `dtype`: the targeted ones first (the
     shrink test stops at the first that fails), then the generated distributions."""
@@ -146,6 +179,8 @@ def _targeted(op: str, dtype: str):
                                   "theta": 500000.0, "pairing": "gptj", "rotary_dim": 32})):
             case = Case.make(op, dims, dtype, "normal", seed=4, params=params)
             yield label, case, make_inputs(case)
+    if op == "sdpa_decode":
+        yield from _attention_corners(dtype)
     if op == "rms_norm" and dtype == "bf16":  # issue 34's failing gate-shaped case, seed 11
         case = Case.make("rms_norm", {"rows": 7, "n": 4096}, "bf16", "normal", seed=11,
                          params={"eps": 1e-6, "rounding": "normed"})
@@ -239,7 +274,17 @@ def _max_budget_shrunk(ops, term: str) -> tuple[float, str]:
 
 
 FAMILIES = {"norms": NORMS, "quant_gemv": GEMVS, "rope": ["rope"],
-            "activations": ["clipped_swiglu", "silu_mul"]}
+            "activations": ["clipped_swiglu", "silu_mul"],
+            # sdpa_decode binds sum, sub (its targeted corners) and store; round and func
+            # bind in attn_combine (its lse: the exp and log ULPs, the add), not in sdpa
+            # (max 1.0000 over its corners with either shrunk): the search's kernel has one
+            # direction per rounding site, so the exps' errors and the rescale factor
+            # 1 +- r_R scale every weight alike and cancel in acc / l, which the bound
+            # (rightly: a real exp errs either way per key) charges. They outweigh the
+            # score's round charges at every logit range where e^x stays normal: the best
+            # round corner found (head_dim 1, scores 86 and 0) reaches 0.979 shrunk.
+            "attention": ["sdpa_decode", "attn_combine", "sdpa_decode_paged",
+                          "sdpa_prefill_varlen"]}
 # rope and the activations sum nothing: their bounds have no `sum` term to shrink
 EXEMPT = {("rope", "sum"), ("activations", "sum")}
 
