@@ -384,16 +384,17 @@ case shape and mask (seconds each: the GPU gate samples `gate_cases_max` cases).
 works on a CPU (torch 2.13): torch's reference path (`math_attention`: f32 scores, an f32
 softmax over the whole row, P normalized and rounded to T, then P @ V in T), after a one-time
 warning that it is unfused (silenced here). But it still traces each call through dynamo
-(backend "eager"): 0.1-0.2 s per new shape (measured), so the CPU fuzz test alone would add
-~40 s; tests/test_attention.py runs the eager path (the same masks and score_mod) on one small
-case per op instead. On a CPU it shares torch's bf16 subnormal gap (issue 27: a subnormal v
-reads as 0 in the bf16 P @ V; torch:sdpa fails the same 'tiny' case).
+(backend "eager"): 0.1-0.2 s per new shape (measured), so the CPU fuzz test alone added 41 s
+for the three impls (5 s for the one without a failing draw); tests/test_attention.py runs
+the eager path (the same masks and score_mod) on one small case per op instead. On a CPU it
+shares torch's bf16 subnormal gap (issue 27: a subnormal v reads as 0 in the bf16 P @ V;
+torch:sdpa fails the same 'tiny' case).
 
 Numerics (`FLEX`): both paths round P to T before P·V (the Triton kernel's `p.to(V.dtype)`, the
 eager path's `.to(query.dtype)`), so the contract requires probs='T' as torch:sdpa's does. The
 Triton kernel is an online softmax with one rescale per block of BLOCK_N keys plus, decoding,
-one split combine: BLOCK_N is 16 at the smallest in torch's default configs for these head dims
-(A100 and sm_120 f32 head_dim 256; decoding 64, 16 on sm_110 and in the autotune space), so
+one split combine: BLOCK_N is 16 at the smallest in torch 2.13's default configs for these head
+dims (A100 and sm_120 f32 head_dim 256; decoding 64, 16 on sm_110 and in the autotune space), so
 softmax_block=16 (the eager path does not rescale at all). It works in base 2: the scaled
 score times 1/ln2 in f32 and exp2; that multiply's rounding (u |s_t|, and the constant's, a
 common u relative on x_t) sits inside the any-order dot product's charge, at least
