@@ -28,7 +28,8 @@ softmax_block = U.
 
 Contracts: heads % kv_heads == 0, head_dim in 64/96/128/256 (the instances), and 16-byte
 aligned q, k, v (checked at run). Any page size works (a key's page is page_table[b, t // P]).
-Not batch invariant: the split count follows the batch.
+Not batch invariant: the split count follows the batch. A case's param `splits` (0: derived)
+fixes the count.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _geometry(dims, params, splits: int | None = None):
     base = dims["batch"] * dims["kv_heads"] * chunks
     keys = _keys(dims, params)
     sms = sm_count()
-    count = splits or split_count(base, keys, sms)
+    count = splits or params.get("splits") or split_count(base, keys, sms)
     derived = {"group": G, "chunks": chunks, "splits": count, "sms": sms}
     return derived, Launch(grid=(chunks, count, dims["batch"] * dims["kv_heads"]),
                            block=(THREADS, 1, 1), extra=derived)
