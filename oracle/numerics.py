@@ -205,24 +205,38 @@ class Model:
     def k(self, term: str) -> float:
         return self.shrink.get(term, 1.0)
 
-    def rnd(self, m: np.ndarray, term: str = "round") -> np.ndarray:
-        """Largest error of one f32 rounding of a value of magnitude <= m (`term`: which kind
-        of rounding, for `shrink`: "round" for + - *, "sum" for a reduction's additions)."""
+    def rnd(self, m: np.ndarray, term: str = "round", low=None) -> np.ndarray:
+        """Largest error of one f32 rounding of a value of magnitude <= m, >= low (default m)
+        (`term`: which kind of rounding, for `shrink`: "round" for + - *, "sum" for a
+        reduction's additions)."""
         m = np.abs(np.asarray(m, dtype=np.float64))
         err = self.k(term) * half_ulp32(m)
         if (m < TINY32).any():  # subnormal results: 2^-150, or flushed (FTZ); exact zeros: 0
             sub = self.k("sub") * (m if self.ftz else np.minimum(m, SUB32))
             err = np.where(m < TINY32, sub, err)
+        if self.ftz and low is not None:
+            err = self._may_flush(err, m, low)
         return err
 
-    def func(self, name: str, m: np.ndarray) -> np.ndarray:
-        """A function's error at result magnitude m: its ULPs at m (in the subnormal range, ULPs
-        of 2^-149; under FTZ a subnormal result may flush: its whole magnitude)."""
+    def _may_flush(self, err: np.ndarray, m: np.ndarray, low) -> np.ndarray:
+        """Under FTZ, a result whose interval [low, m] straddles 2^-126 may land below it in
+        the kernel and flush to 0: up to 2^-126 lost (measured: CuPy's RoPE, x2·sin at
+        1.1735e-38 from factors whose exact product's upper bound was normal)."""
+        low = np.abs(np.asarray(low, dtype=np.float64))
+        straddles = (low < TINY32) & (m >= TINY32)
+        return np.where(straddles, np.maximum(err, self.k("sub") * TINY32), err)
+
+    def func(self, name: str, m: np.ndarray, low=None) -> np.ndarray:
+        """A function's error at result magnitude m (>= low, default m): its ULPs at m (in the
+        subnormal range, ULPs of 2^-149; under FTZ a subnormal result may flush: its whole
+        magnitude)."""
         m = np.abs(np.asarray(m, dtype=np.float64))
         ulps = (self.numerics.ulps or FUNCTION_ULPS).get(name, FUNCTION_ULPS[name])
         err = self.k("func") * ulps * 2.0 * half_ulp32(m)
         if self.ftz or name in (self.numerics.flushes or ()):
             err = np.where(m < TINY32, np.maximum(err, self.k("sub") * m), err)
+            if low is not None:
+                err = self._may_flush(err, m, low)
         return np.where(m == 0, 0.0, err)
 
 
@@ -251,7 +265,7 @@ class Val:
         return Val(v, np.zeros_like(v), model)
 
     def _rounded(self, v, e) -> "Val":
-        return _finite(Val(v, e + self.m.rnd(np.abs(v) + e), self.m))
+        return _finite(Val(v, e + self.m.rnd(np.abs(v) + e, low=np.abs(v) - e), self.m))
 
     def __add__(self, o: "Val") -> "Val":
         return self._rounded(self.v + o.v, self.e + o.e)
@@ -271,7 +285,7 @@ class Val:
         # 0 there, while the exact quotient is at most |a| / MAX32 (float64 may round it to 0).
         overflow = np.abs(o.v) + o.e > MAX32
         e = np.where(overflow, e + np.maximum(np.abs(v), np.abs(self.v) / MAX32), e)
-        return _finite(Val(v, e + self.m.func("div", np.abs(v) + e), self.m))
+        return _finite(Val(v, e + self.m.func("div", np.abs(v) + e, np.abs(v) - e), self.m))
 
     def rsqrt(self) -> "Val":
         """1/sqrt(a): decreasing, so the worst input is the interval's low end. An input past
@@ -288,7 +302,7 @@ class Val:
         """exp(a): increasing and convex, so the worst input is the interval's high end."""
         v = np.exp(self.v)
         e = np.exp(self.v + self.e) - v
-        return _finite(Val(v, e + self.m.func("exp", v + e), self.m))
+        return _finite(Val(v, e + self.m.func("exp", v + e, np.exp(self.v - self.e)), self.m))
 
     def cos(self) -> "Val":
         return self._trig(np.cos, np.sin, "cos")

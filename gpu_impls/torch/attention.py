@@ -535,6 +535,13 @@ def _flex_varlen(launch, inputs, outputs, case):
 
 
 FLEX_CONTRACT = Contract(invariants=(GQA, SDPA_CONTRACT.invariants[2]))
+FLEX_PREFILL_CONTRACT = Contract(invariants=(*FLEX_CONTRACT.invariants, Invariant(
+    name="head_dim <= 128", holds=lambda ns: ns["head_dim"] <= 128,
+    why="torch 2.11's compiled flex_attention (the prefill template) finds no kernel config at "
+        "head_dim 256 (NoValidChoicesError, measured on an H100, Qwen3-Next's 16/2 x 256); "
+        "its decode kernel runs it",
+    fix=lambda ns: "head_dim <= 128, or torch:sdpa_varlen", violation={"head_dim": 256},
+    shows=("head_dim",))))
 
 FLEX_KW = dict(numerics=FLEX, requires=_flex_on_cuda, gate_cases_max=FLEX_GATE_CASES)
 
@@ -543,7 +550,8 @@ register(
          doc="torch.compile(flex_attention), block mask, sinks as a key column", **FLEX_KW),
     Impl("sdpa_decode_paged", "torch", "paged_flex_attention", _flex_decode, FLEX_CONTRACT,
          doc="pages gathered, then torch:flex_attention", **FLEX_KW),
-    Impl("sdpa_prefill_varlen", "torch", "flex_attention_varlen", _flex_varlen, FLEX_CONTRACT,
+    Impl("sdpa_prefill_varlen", "torch", "flex_attention_varlen", _flex_varlen,
+         FLEX_PREFILL_CONTRACT,
          doc="torch.compile(flex_attention) over the packed batch, block mask from cu_seqlens",
          **FLEX_KW),
 )

@@ -310,10 +310,12 @@ __global__ void __launch_bounds__(128) kp_attn_combine(
 #endif
     float top = sinks ? sinks[h] : -KP_INF;
     for (int s = 0; s < splits; ++s) top = fmaxf(top, mr[s]);
-    const bool empty = top == -KP_INF;
     float total = 0.0f;
     for (int s = 0; s < splits; ++s) total = fmaf(rescale(mr[s], top), lr[s], total);
     if (sinks) total += rescale(sinks[h], top);
+    // Empty: every split without keys (m = -inf, l = 0). A split whose scores were all NaN
+    // also has m = -inf (fmaxf skips NaN) but l = NaN: total is NaN then, and so is out.
+    const bool empty = top == -KP_INF && total == 0.0f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float a = 0.0f;
         for (int s = 0; s < splits; ++s) {
