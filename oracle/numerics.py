@@ -453,6 +453,20 @@ def addition_magnitudes(v: np.ndarray, reduction: Reduction) -> np.ndarray:
     return np.abs(_lane_partials(v, reduction.lanes))
 
 
+def _partial_floor(t: Val, partial: np.ndarray, slack: np.ndarray,
+                   reduction: Reduction) -> np.ndarray:
+    """The least magnitude each partial sum may have, for FTZ: one below 2^-126 flushes to 0
+    (measured: cuda:kp_attn_combine's accumulator cancelling to 1.15e-38 on a `tiny` case). In
+    a known order, the exact partial less its slack; in any order, 0 where terms of both signs
+    may meet, else the smallest term (a same-sign partial holds at least one)."""
+    if reduction.kind != "any":
+        return partial - slack
+    low, high = t.v - t.e, t.v + t.e
+    mixed = (low < 0).any(axis=-1) & (high > 0).any(axis=-1)
+    least = np.min(np.maximum(np.abs(t.v) - t.e, 0.0), axis=-1)
+    return np.where(mixed, 0.0, least)[..., None]
+
+
 def f32_sum(t: Val, reduction: Reduction | None = None) -> Val:
     """Sum along the last axis in f32, in the order `reduction` (default: the model's)."""
     m = t.m
@@ -471,7 +485,8 @@ def f32_sum(t: Val, reduction: Reduction | None = None) -> Val:
     inexact = np.where(carried > 0, count, np.count_nonzero(partial, axis=-1))
     first = (carried + U * partial.sum(axis=-1) + inexact * sub) / max(1.0 - count * U, 0.5)
     slack = first[..., None] + (t.e.sum(axis=-1)[..., None] if reduction.kind == "any" else 0)
-    sums = m.rnd(partial + slack, "sum").sum(axis=-1)
+    sums = m.rnd(partial + slack, "sum", low=_partial_floor(t, partial, slack, reduction)
+                 if m.ftz else None).sum(axis=-1)
     with np.errstate(invalid="ignore"):
         return _finite(Val(v, carried + sums, m))
 
