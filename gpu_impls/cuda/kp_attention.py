@@ -4,16 +4,17 @@
 Pass 1, `kp_sdpa_decode_split<T, D, G>`: one block of 128 threads per (G query heads of one kv
 head, split, sequence). A key row is read once per block and used by its G heads (GQA): G = 1,
 2 or 4 (g = Hq / Hkv rounded up to the next of them; g > 4 in chunks of 4, the chunks of one
-split side by side in grid.x so that they share the rows in L2). Each run of LPK lanes holds a
-key row, 16 elements a lane in 16-byte loads (D / 16 lanes, rounded up to a power of two); it
-walks U = 2 keys per step (both rows in flight before any math) with one online-softmax max
-update per step. Key groups merge by warp butterfly, warps through shared memory. One split
-writes `out` directly (the sink joins the denominator there); several write f32 partials (acc,
-m, l) for pass 2, `kp_attn_combine<T>` (one block per (sequence, head)).
+split side by side in grid.x so that they share the rows in L2). The block stages tiles of keys
+(K and V rows) in shared memory with cp.async, a ring of up to 4 tiles in 64 KiB (`ring_bytes`),
+so that 3 tiles are in flight while one is computed. Each run of LPK lanes takes a key row, 16
+elements a lane (D / 16 lanes, rounded up to a power of two), U = 2 keys of each tile, with one
+online-softmax max update per tile. Key groups merge by warp butterfly, warps through shared
+memory. One split writes `out` directly (the sink joins the denominator there); several write
+f32 partials (acc, m, l) for pass 2, `kp_attn_combine<T>` (one block per (sequence, head)).
 
 Split count (from B, Hkv, the head chunks, the keys and the SM count, `split_count`): blocks =
-B·Hkv·chunks·splits should fill whole waves of `RESIDENT` blocks per SM (215 registers a thread
-at 128 threads: 2 blocks an SM). The smallest split count whose last wave is at least
+B·Hkv·chunks·splits should fill whole waves of `RESIDENT` blocks per SM (232 registers a thread
+at 128 threads and 72 KiB of shared memory: 2 blocks an SM). The smallest split count whose last wave is at least
 `WAVE_FILL` full wins, else the best-filled; each split keeps at least `MIN_KEYS` keys. So
 Llama-3.1-8B (8 kv heads) at B=1 takes 30 splits on 132 SMs, at B=32 one (256 blocks: no pass
 2). The SM count is the device's where CuPy sees one, else `DEFAULT_SMS` (an H100 SXM): the
@@ -49,8 +50,10 @@ from oracle.numerics import Numerics
 SOURCE = "kp_sdpa_decode.cu"
 U = 2             # keys per key group per step (KP_U in the .cu)
 THREADS = 128     # KP_WARPS * 32
+EPL = 16          # elements of a key row per lane (KP_EPL)
+STAGE_BUDGET = 65536  # bytes of shared memory for pass 1's tile ring (KP_STAGE_BUDGET)
 GROUP_SIZES = (1, 2, 4)  # G: query heads per block
-RESIDENT = 2      # blocks an SM holds at 215 registers a thread (ptxas -v, sm_90, G = 4)
+RESIDENT = 2      # blocks an SM holds: 232 registers a thread (ptxas -v, sm_90, G = 4)
 WAVE_FILL = 0.9
 MIN_KEYS = 64     # keys a split takes at least
 MAX_SPLITS = 256
@@ -102,13 +105,23 @@ def _geometry(dims, params, splits: int | None = None):
     count = splits or params.get("splits") or split_count(base, keys, sms)
     derived = {"group": G, "chunks": chunks, "splits": count, "sms": sms}
     return derived, Launch(grid=(chunks, count, dims["batch"] * dims["kv_heads"]),
-                           block=(THREADS, 1, 1), extra=derived)
+                           block=(THREADS, 1, 1),
+                           shared_bytes=ring_bytes(dims["head_dim"], params["dtype"]),
+                           extra=derived)
 
 
 def _keys(dims, params) -> int:
     """Keys a full sequence attends (`oracle.attention.kv_read`)."""
     length = dims["max_len"] if "max_len" in dims else dims["max_pages"] * dims["page_size"]
     return min(length, params["window"] + params["sink_end"]) if params["window"] else length
+
+
+def ring_bytes(head_dim: int, dtype: str) -> int:
+    """Pass 1's dynamic shared memory: its ring of tiles (`Shape` in the .cu, mirrored)."""
+    lanes = 1 << max(0, (-(-head_dim // EPL) - 1).bit_length())  # next power of two
+    tile = (THREADS // lanes) * U
+    stage = 2 * tile * head_dim * (4 if dtype == "f32" else 2)
+    return min(4, max(2, STAGE_BUDGET // stage)) * stage
 
 
 def _combine_geometry(dims, params):
@@ -160,7 +173,8 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True):
                 np.int32(d.get("max_pages", 0)), np.int32(p["window"]),
                 np.int32(p["sink_end"]), np.int32(splits))
         k1 = kernel(SOURCE, "kp_sdpa_decode_split", case.dtype, defines, (dim, e["group"]))
-        cuda_launch(k1, launch["split"].grid, launch["split"].block, args, pdl=pdl)
+        cuda_launch(k1, launch["split"].grid, launch["split"].block, args, pdl=pdl,
+                    shared_bytes=launch["split"].shared_bytes)
         if splits > 1:
             k2 = kernel(SOURCE, "kp_attn_combine", case.dtype, defines)
             cuda_launch(k2, (rows, 1, 1), (THREADS, 1, 1),

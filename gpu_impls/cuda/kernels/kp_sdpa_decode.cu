@@ -3,19 +3,22 @@
 // query heads of one kv head; pass 2 `kp_attn_combine<T>` merges the splits (also the
 // `attn_combine` op on its own). One key row is read once per block, for all G heads.
 //
-// Lanes: a key row of D elements is held by LPK lanes ("a key group"), EPL = 16 elements each
-// (two 16-byte vectors of a 16-bit T, four of f32); D = 96 leaves 2 of 8 lanes idle. A warp holds
-// 32 / LPK key groups, a block 4 warps. Each key group walks U keys per step, loads first (2U
-// rows in flight per lane), then the scores (a butterfly over its LPK lanes), one running-max
-// update per step, and P·V into f32 accumulators. The groups then merge by butterfly within the
-// warp and through shared memory across warps, each merge a rescale by e^(m - M).
+// Loads: the block stages tiles of TILE keys (K and V rows) in shared memory with cp.async, in a
+// ring of STAGES tiles, so that STAGES - 1 tiles are in flight while one is computed.
+// Math: a key row of D elements is held by LPK lanes ("a key group"), EPL = 16 elements each
+// (16-byte vectors sub, sub + LPK, ... of the row: a warp's shared-memory reads are
+// conflict-free); D = 96 leaves some lanes part idle. A warp holds 32 / LPK key groups, a block 4
+// warps; each key group takes U keys of a tile: the scores (a butterfly over its LPK lanes), one
+// running-max update, and P·V into f32 accumulators. The groups then merge by butterfly within
+// the warp and through shared memory across warps, each merge a rescale by e^(m - M).
 #include "common.cuh"
 
 #ifndef KP_U
-#define KP_U 2  // keys per key group per step (Numerics.softmax_block in kp_attention.py)
+#define KP_U 2  // keys per key group per tile (Numerics.softmax_block in kp_attention.py)
 #endif
 #define KP_WARPS 4
-#define KP_EPL 16  // elements of a key row per lane
+#define KP_EPL 16           // elements of a key row per lane
+#define KP_STAGE_BUDGET 65536  // bytes of shared memory for the tile ring (kp_attention.py)
 
 namespace kp_attn {
 
@@ -47,32 +50,52 @@ struct Visible {
     __device__ __forceinline__ int key(int i) const { return i < n_sink ? i : start + i - n_sink; }
 };
 
-template <typename T>
-struct Row {
-    typedef typename T::storage storage;
-    static constexpr int VEC = 16 / sizeof(storage);
-    static constexpr int NV = KP_EPL / VEC;  // 16-byte vectors per lane
-    uint4 raw[NV];
+// 16 bytes global -> shared, asynchronously (sm_80+); src_bytes = 0 fills zeros instead.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    unsigned s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+                 : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src),
+                 "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
 
-    __device__ __forceinline__ void load(const storage* row) {
-        const uint4* p = reinterpret_cast<const uint4*>(row);
-#pragma unroll
-        for (int i = 0; i < NV; ++i) raw[i] = __ldg(p + i);
-    }
-    __device__ __forceinline__ void zero() {
-#pragma unroll
-        for (int i = 0; i < NV; ++i) raw[i] = make_uint4(0u, 0u, 0u, 0u);
-    }
-    __device__ __forceinline__ void unpack(float (&f)[KP_EPL]) const {
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-            float part[VEC];
-            Vec<T>::unpack(raw[i], part);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) f[i * VEC + e] = part[e];
-        }
-    }
+// The shape of pass 1 for one (T, D): lanes per key, keys per tile, tiles in the ring.
+template <typename T, int D>
+struct Shape {
+    typedef typename T::storage storage;
+    static constexpr int VEC = 16 / sizeof(storage);         // elements per 16-byte vector
+    static constexpr int ROW_VECS = D / VEC;                 // 16-byte vectors per key row
+    static constexpr int NV = KP_EPL / VEC;                  // vectors per lane
+    static constexpr int LPK = next_pow2((D + KP_EPL - 1) / KP_EPL);
+    static constexpr int GPW = 32 / LPK;                     // key groups per warp
+    static constexpr int GROUPS = KP_WARPS * GPW;            // key groups per block
+    static constexpr int TILE = GROUPS * KP_U;               // keys per tile
+    static constexpr int STAGE_BYTES = 2 * TILE * D * (int)sizeof(storage);  // K and V rows
+    static constexpr int RING = KP_STAGE_BUDGET / STAGE_BYTES;
+    static constexpr int STAGES = RING < 2 ? 2 : (RING > 4 ? 4 : RING);
+    static_assert(LPK <= 32 && D % KP_EPL == 0, "head_dim: a multiple of 16, at most 512");
 };
+
+// This lane's NV vectors of a row (vectors sub + i * LPK), widened to f32; absent ones 0.
+template <typename T, int D>
+__device__ __forceinline__ void row_f32(const uint4* row, int sub, float (&f)[KP_EPL]) {
+    typedef Shape<T, D> S;
+#pragma unroll
+    for (int i = 0; i < S::NV; ++i) {
+        const int vec = sub + i * S::LPK;
+        float part[S::VEC];
+        Vec<T>::unpack(vec < S::ROW_VECS ? row[vec] : make_uint4(0u, 0u, 0u, 0u), part);
+#pragma unroll
+        for (int e = 0; e < S::VEC; ++e) f[i * S::VEC + e] = part[e];
+    }
+}
 
 }  // namespace kp_attn
 
@@ -82,7 +105,8 @@ struct Row {
 // [s * per, min((s + 1) * per, count)), per = ceil(count / splits). With splits == 1 the block
 // writes out = acc / (l + e^(sink - M)) in T; else the split's f32 partials acc, m, l for
 // kp_attn_combine. Cache: contiguous k, v [B, Hkv, L, D] (page_size == 0), or pages
-// [num_pages, Hkv, page_size, D] with page_table [B, max_pages].
+// [num_pages, Hkv, page_size, D] with page_table [B, max_pages]. Dynamic shared memory:
+// STAGES * STAGE_BYTES (kp_attention.py `ring_bytes`).
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
     const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
@@ -92,16 +116,15 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
     float* __restrict__ part_m, float* __restrict__ part_l, float scale, int hq, int hkv,
     int max_len, int page_size, int max_pages, int window, int sink_end, int splits) {
     using namespace kp_attn;
-    constexpr int LPK = next_pow2((D + KP_EPL - 1) / KP_EPL);
-    static_assert(LPK <= 32 && D % KP_EPL == 0, "head_dim: a multiple of 16, at most 512");
-    constexpr int GPW = 32 / LPK;             // key groups per warp
-    constexpr int GROUPS = KP_WARPS * GPW;    // key groups per block
-    constexpr int U = KP_U;
+    typedef Shape<T, D> S;
+    typedef typename T::storage storage;
+    constexpr int LPK = S::LPK, GPW = S::GPW, TILE = S::TILE, U = KP_U;
+    constexpr int STAGES = S::STAGES, ROW_VECS = S::ROW_VECS;
+    extern __shared__ uint4 ring[];  // [STAGES][2 (K, V)][TILE][ROW_VECS]
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane % LPK;                            // lane within its key group
-    const bool active = sub * KP_EPL < D;                  // D = 96: lanes 6, 7 idle
-    const int off = sub * KP_EPL;
+    const int group = warp * GPW + lane / LPK;
     const int g = hq / hkv;
     const int b = blockIdx.z / hkv, hk = blockIdx.z % hkv;
     const int h0 = hk * g + blockIdx.x * G;                // first query head of this block
@@ -114,16 +137,47 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
     const int heads = min(G, g - (int)blockIdx.x * G);     // valid heads here (<= G)
     const int split = blockIdx.y;
 
-    pdl_wait();  // q (and the cache) may be written by the kernel before this one
+    pdl_wait();  // q and the cache may be written by the kernels before this one
     pdl_launch_dependents();
+
+    const Visible vis(lengths[b], window, sink_end);
+    const int per = (vis.count + splits - 1) / splits;
+    const int lo = split * per, hi = min(lo + per, vis.count);
+    const int tiles = hi > lo ? (hi - lo + TILE - 1) / TILE : 0;
+    const size_t kv_head_stride = page_size ? (size_t)page_size * D : (size_t)max_len * D;
+
+    // Tile t (keys lo + t * TILE + j) into ring slot t % STAGES; keys past hi are zero-filled.
+    auto load_tile = [&](int t) {
+        uint4* kd = ring + (size_t)(t % STAGES) * 2 * TILE * ROW_VECS;
+        uint4* vd = kd + TILE * ROW_VECS;
+        for (int idx = threadIdx.x; idx < TILE * ROW_VECS; idx += KP_WARPS * 32) {
+            const int j = idx / ROW_VECS, c = idx % ROW_VECS;
+            const int i = lo + t * TILE + j;
+            size_t row = 0;
+            if (i < hi) {
+                const int key = vis.key(i);
+                row = page_size
+                    ? ((size_t)page_table[(size_t)b * max_pages + key / page_size] * hkv + hk)
+                          * kv_head_stride + (size_t)(key % page_size) * D
+                    : ((size_t)b * hkv + hk) * kv_head_stride + (size_t)key * D;
+            }
+            const int bytes = i < hi ? 16 : 0;
+            cp_async16(kd + idx, reinterpret_cast<const uint4*>(k + row) + c, bytes);
+            cp_async16(vd + idx, reinterpret_cast<const uint4*>(v + row) + c, bytes);
+        }
+    };
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < tiles) load_tile(t);
+        cp_async_commit();
+    }
 
     float qs[G][KP_EPL];  // q * scale, f32 (the MLX form: the scale multiplies the query)
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-        if (j < heads && active) {
-            Row<T> r;
-            r.load(q + ((size_t)b * hq + KP_HEAD(j)) * D + off);
-            r.unpack(qs[j]);
+        if (j < heads) {
+            row_f32<T, D>(reinterpret_cast<const uint4*>(q + ((size_t)b * hq + KP_HEAD(j)) * D),
+                          sub, qs[j]);
 #pragma unroll
             for (int e = 0; e < KP_EPL; ++e) qs[j][e] *= scale;
         } else {
@@ -131,11 +185,6 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
             for (int e = 0; e < KP_EPL; ++e) qs[j][e] = 0.0f;
         }
     }
-
-    const Visible vis(lengths[b], window, sink_end);
-    const int per = (vis.count + splits - 1) / splits;
-    const int lo = split * per, hi = min(lo + per, vis.count);
-    const size_t kv_head_stride = page_size ? (size_t)page_size * D : (size_t)max_len * D;
 
     float m[G], l[G], acc[G][KP_EPL];
 #pragma unroll
@@ -146,36 +195,20 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
         for (int e = 0; e < KP_EPL; ++e) acc[j][e] = 0.0f;
     }
 
-    // The loop bound is the warp's (its first group's keys), never a group's own: the score
-    // butterflies below are full-warp shuffles, which every lane must reach.
-    for (int w0 = lo + warp * GPW * U; w0 < hi; w0 += GROUPS * U) {
-        const int i0 = w0 + (lane / LPK) * U;  // this key group's first key of the step
-        Row<T> kr[U], vr[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int i = i0 + u;
-            if (i < hi && active) {
-                const int t = vis.key(i);
-                size_t row;
-                if (page_size) {
-                    const int page = page_table[(size_t)b * max_pages + t / page_size];
-                    row = ((size_t)page * hkv + hk) * kv_head_stride
-                          + (size_t)(t % page_size) * D;
-                } else {
-                    row = ((size_t)b * hkv + hk) * kv_head_stride + (size_t)t * D;
-                }
-                kr[u].load(k + row + off);
-                vr[u].load(v + row + off);
-            } else {
-                kr[u].zero();
-                vr[u].zero();
-            }
-        }
+    for (int t = 0; t < tiles; ++t) {
+        cp_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed
+        __syncthreads();              // everyone's; and everyone is done with tile t - 1
+        if (t + STAGES - 1 < tiles) load_tile(t + STAGES - 1);  // into tile t - 1's slot
+        cp_async_commit();            // (an empty group at the end keeps the count uniform)
+
+        const uint4* kt = ring + (size_t)(t % STAGES) * 2 * TILE * ROW_VECS;
+        const uint4* vt = kt + TILE * ROW_VECS;
+        const int first = lo + t * TILE + group * U;  // this key group's first key of the tile
         float s[U][G];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             float kf[KP_EPL];
-            kr[u].unpack(kf);
+            row_f32<T, D>(kt + (group * U + u) * ROW_VECS, sub, kf);
 #pragma unroll
             for (int j = 0; j < G; ++j) {
                 float dot = 0.0f;
@@ -183,9 +216,12 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
                 for (int e = 0; e < KP_EPL; ++e) dot = fmaf(qs[j][e], kf[e], dot);
 #pragma unroll
                 for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                s[u][j] = i0 + u < hi ? dot : -KP_INF;
+                s[u][j] = first + u < hi ? dot : -KP_INF;
             }
         }
+        float vf[U][KP_EPL];
+#pragma unroll
+        for (int u = 0; u < U; ++u) row_f32<T, D>(vt + (group * U + u) * ROW_VECS, sub, vf[u]);
 #pragma unroll
         for (int j = 0; j < G; ++j) {
             float top = m[j];
@@ -205,20 +241,17 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
             l[j] = l[j] + sum;  // mutant: the running sums kept at their old max's scale
 #else
             l[j] = l[j] * corr + sum;
-#endif
-#ifndef KPARITY_MUTANT_NO_RESCALE
 #pragma unroll
             for (int e = 0; e < KP_EPL; ++e) acc[j][e] *= corr;
 #endif
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                float vf[KP_EPL];
-                vr[u].unpack(vf);
 #pragma unroll
-                for (int e = 0; e < KP_EPL; ++e) acc[j][e] = fmaf(p[u], vf[e], acc[j][e]);
+                for (int e = 0; e < KP_EPL; ++e) acc[j][e] = fmaf(p[u], vf[u][e], acc[j][e]);
             }
         }
     }
+    cp_async_wait<0>();  // no copy outlives the block (the trailing groups are empty)
 
     // Merge the key groups of a warp (butterfly over the group index), then the warps.
 #pragma unroll
@@ -246,9 +279,14 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
                 sm_m[warp][j] = m[j];
                 sm_l[warp][j] = l[j];
             }
-            if (active) {
 #pragma unroll
-                for (int e = 0; e < KP_EPL; ++e) sm_acc[warp][j][off + e] = acc[j][e];
+            for (int i = 0; i < S::NV; ++i) {
+                const int vec = sub + i * LPK;
+                if (vec < ROW_VECS) {
+#pragma unroll
+                    for (int e = 0; e < S::VEC; ++e)
+                        sm_acc[warp][j][vec * S::VEC + e] = acc[j][i * S::VEC + e];
+                }
             }
         }
     }
