@@ -101,7 +101,7 @@ def _kernel_arg(a):
 def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False,
            shared_bytes: int = 0) -> None:
     """Launch the `cupy.RawKernel` k on the current stream, with `shared_bytes` of dynamic
-    shared memory (over 48 KiB, the kernel is first opted in to that much).
+    shared memory (over 48 KiB with its static shared memory, the kernel is first opted in).
 
     pdl=True makes it a programmatic dependent launch (sm_90+, `cuLaunchKernelEx` with
     PROGRAMMATIC_STREAM_SERIALIZATION): its blocks may start once every block of the kernel
@@ -112,7 +112,10 @@ def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False,
     kernel may write and before its first store. Stream capture keeps the relation as a
     programmatic edge of the CUDA graph. Without pdl (or before sm_90) both instructions are
     no-ops and the launch is the ordinary one."""
-    if shared_bytes > SHARED_WITHOUT_OPT_IN and k.max_dynamic_shared_size_bytes < shared_bytes:
+    # the opt-in counts the kernel's static shared memory too (48 KiB of dynamic beside 8 KiB
+    # static fails to launch without it)
+    if (shared_bytes and shared_bytes + k.shared_size_bytes > SHARED_WITHOUT_OPT_IN
+            and k.max_dynamic_shared_size_bytes < shared_bytes):
         k.max_dynamic_shared_size_bytes = shared_bytes  # cuFuncSetAttribute, once per size
     if not pdl:
         k(grid, block, args, shared_mem=shared_bytes)

@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import NO_CONTRACT, Contract, Launch
+from gpu_impls.contract import NO_CONTRACT, Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.torch.attention import GQA, HEAD_DIM
 from oracle.attention import HEAD_DIMS, scale_of
@@ -53,7 +53,9 @@ THREADS = 128     # KP_WARPS * 32
 EPL = 16          # elements of a key row per lane (KP_EPL)
 STAGE_BUDGET = 65536  # bytes of shared memory for pass 1's tile ring (KP_STAGE_BUDGET)
 GROUP_SIZES = (1, 2, 4)  # G: query heads per block
-RESIDENT = 2      # blocks an SM holds: 232 registers a thread (ptxas -v, sm_90, G = 4)
+# blocks an SM holds per EPL (ptxas -v, sm_90, G = 4): 232 registers a thread at 16 elements a
+# lane, 127 at 8 (and 72 or 40 KiB of shared memory a block)
+RESIDENT = {16: 2, 8: 4}
 WAVE_FILL = 0.9
 MIN_KEYS = 64     # keys a split takes at least
 MAX_SPLITS = 256
@@ -80,9 +82,9 @@ def group_size(g: int) -> int:
     return next(s for s in GROUP_SIZES if s >= g) if g <= GROUP_SIZES[-1] else GROUP_SIZES[-1]
 
 
-def split_count(base_blocks: int, keys: int, sms: int) -> int:
+def split_count(base_blocks: int, keys: int, sms: int, resident: int = 2) -> int:
     """Splits per (sequence, kv head, chunk): see the module docstring."""
-    wave = sms * RESIDENT
+    wave = sms * resident
     most = max(1, min(MAX_SPLITS, keys // MIN_KEYS))
     best, best_fill = 1, 0.0
     for s in range(1, most + 1):
@@ -95,18 +97,18 @@ def split_count(base_blocks: int, keys: int, sms: int) -> int:
     return best
 
 
-def _geometry(dims, params, splits: int | None = None):
+def _geometry(dims, params, splits: int | None = None, epl: int = EPL):
     g = dims["heads"] // max(1, dims["kv_heads"])
     G = group_size(g)
     chunks = -(-g // G)
     base = dims["batch"] * dims["kv_heads"] * chunks
     keys = _keys(dims, params)
     sms = sm_count()
-    count = splits or params.get("splits") or split_count(base, keys, sms)
-    derived = {"group": G, "chunks": chunks, "splits": count, "sms": sms}
+    count = splits or params.get("splits") or split_count(base, keys, sms, RESIDENT[epl])
+    derived = {"group": G, "chunks": chunks, "splits": count, "sms": sms, "epl": epl}
     return derived, Launch(grid=(chunks, count, dims["batch"] * dims["kv_heads"]),
                            block=(THREADS, 1, 1),
-                           shared_bytes=ring_bytes(dims["head_dim"], params["dtype"]),
+                           shared_bytes=ring_bytes(dims["head_dim"], params["dtype"], epl),
                            extra=derived)
 
 
@@ -116,9 +118,9 @@ def _keys(dims, params) -> int:
     return min(length, params["window"] + params["sink_end"]) if params["window"] else length
 
 
-def ring_bytes(head_dim: int, dtype: str) -> int:
+def ring_bytes(head_dim: int, dtype: str, epl: int = EPL) -> int:
     """Pass 1's dynamic shared memory: its ring of tiles (`Shape` in the .cu, mirrored)."""
-    lanes = 1 << max(0, (-(-head_dim // EPL) - 1).bit_length())  # next power of two
+    lanes = 1 << max(0, (-(-head_dim // epl) - 1).bit_length())  # next power of two
     tile = (THREADS // lanes) * U
     stage = 2 * tile * head_dim * (4 if dtype == "f32" else 2)
     return min(4, max(2, STAGE_BUDGET // stage)) * stage
@@ -172,7 +174,9 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True):
                 np.int32(d.get("max_len", 0)), np.int32(d.get("page_size", 0)),
                 np.int32(d.get("max_pages", 0)), np.int32(p["window"]),
                 np.int32(p["sink_end"]), np.int32(splits))
-        k1 = kernel(SOURCE, "kp_sdpa_decode_split", case.dtype, defines, (dim, e["group"]))
+        epl = () if e["epl"] == EPL else (f"KP_EPL={e['epl']}",)
+        k1 = kernel(SOURCE, "kp_sdpa_decode_split", case.dtype, (*defines, *epl),
+                    (dim, e["group"]))
         cuda_launch(k1, launch["split"].grid, launch["split"].block, args, pdl=pdl,
                     shared_bytes=launch["split"].shared_bytes)
         if splits > 1:
@@ -195,26 +199,34 @@ def _combine_launcher(defines: tuple = (), pdl: bool = True):
     return run
 
 
-def launches(splits: int | None = None) -> dict:
-    geometry = _geometry if splits is None else functools.partial(_geometry, splits=splits)
+COMBINE_D = Invariant(
+    name="head_dim <= 512", holds=lambda ns: ns["head_dim"] <= 512,
+    why="the combine's threads hold at most 4 columns each, 128 threads a row",
+    fix=lambda ns: "head_dim <= 512", violation={"head_dim": 520}, shows=("head_dim",))
+
+
+def launches(splits: int | None = None, epl: int = EPL) -> dict:
+    geometry = functools.partial(_geometry, splits=splits, epl=epl)
     return {"split": Contract(invariants=(GQA, HEAD_DIM), geometry=geometry),
             "combine": Contract(geometry=_combine_geometry)}
 
 
-def decode_impl(op: str, name: str, splits: int | None = None):
+def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL):
     """`cuda:name` for `op` (contiguous or paged) at the derived split count, or a fixed one
-    (the split-invariance test)."""
+    (the split-invariance test); `epl` elements of a key row per lane (8 or 16)."""
     return cuda_impl(name, op, NO_CONTRACT, _decode_launcher,
-                     f"kparity split-KV decode: G heads of a kv head per block, U={U} keys a "
-                     f"step per key group, {splits or 'SM-derived'} splits, then the combine",
-                     launches=launches(splits), numerics=NUMERICS)
+                     f"kparity split-KV decode: G heads of a kv head per block, {epl} elements "
+                     f"a lane, U={U} keys a tile per key group, {splits or 'SM-derived'} "
+                     "splits, then the combine", launches=launches(splits, epl),
+                     numerics=NUMERICS)
 
 
 register(
     decode_impl("sdpa_decode", "kp_sdpa_decode"),
     decode_impl("sdpa_decode_paged", "kp_sdpa_decode_paged"),
     cuda_impl("kp_attn_combine", "attn_combine",
-              Contract(geometry=_combine_geometry, role_dtypes={"partial": ("f32",)}),
+              Contract(invariants=(COMBINE_D,), geometry=_combine_geometry,
+                       role_dtypes={"partial": ("f32",)}),
               _combine_launcher, "kp_sdpa_decode's pass 2 alone: f32 partials, max rescale",
               numerics=NUMERICS),
 )

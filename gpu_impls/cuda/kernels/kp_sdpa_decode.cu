@@ -17,8 +17,13 @@
 #define KP_U 2  // keys per key group per tile (Numerics.softmax_block in kp_attention.py)
 #endif
 #define KP_WARPS 4
+#ifndef KP_EPL
 #define KP_EPL 16           // elements of a key row per lane
+#endif
 #define KP_STAGE_BUDGET 65536  // bytes of shared memory for the tile ring (kp_attention.py)
+#ifndef KP_MIN_BLOCKS
+#define KP_MIN_BLOCKS 1  // __launch_bounds__' blocks per SM: more caps the registers
+#endif
 
 namespace kp_attn {
 
@@ -108,7 +113,7 @@ __device__ __forceinline__ void row_f32(const uint4* row, int sub, float (&f)[KP
 // [num_pages, Hkv, page_size, D] with page_table [B, max_pages]. Dynamic shared memory:
 // STAGES * STAGE_BYTES (kp_attention.py `ring_bytes`).
 template <typename T, int D, int G>
-__global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
+__global__ void __launch_bounds__(KP_WARPS * 32, KP_MIN_BLOCKS) kp_sdpa_decode_split(
     const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
     const typename T::storage* __restrict__ v, const int* __restrict__ lengths,
     const int* __restrict__ page_table, const float* __restrict__ sinks,
@@ -327,45 +332,80 @@ __global__ void __launch_bounds__(KP_WARPS * 32) kp_sdpa_decode_split(
 #undef KP_HEAD
 }
 
-// Pass 2 (and the `attn_combine` op): one block per (b, h) row of [B, H]; o [B, H, S, D] f32
-// partials (normalized != 0: o_s = acc_s / l_s), m, l [B, H, S] f32, sinks [H] or null; out
-// [B, H, D] in T, lse [B, H] f32 or null. M = max(max_s m_s, sink), c_s = e^(m_s - M),
-// L = sum_s c_s l_s (+ e^(sink - M)), out = sum_s c_s acc_s / L, lse = M + ln L. A row whose
-// splits are all empty (and no sink) gives out 0 and lse -inf, as the op's oracle does.
+// Pass 2 (and the `attn_combine` op): one block of 128 threads per (b, h) row of [B, H]; o
+// [B, H, S, D] f32 partials (normalized != 0: o_s = acc_s / l_s), m, l [B, H, S] f32, sinks [H]
+// or null; out [B, H, D] in T, lse [B, H] f32 or null. M = max(max_s m_s, sink),
+// c_s = e^(m_s - M), L = sum_s c_s l_s (+ e^(sink - M)), out = sum_s c_s acc_s / L,
+// lse = M + ln L. A row whose splits are all empty (and no sink) gives out 0 and lse -inf, as
+// the op's oracle does. The weights of 128 splits at a time are computed once, in parallel,
+// into shared memory; each thread then sums its columns d over them.
 template <typename T>
 __global__ void __launch_bounds__(128) kp_attn_combine(
     const float* __restrict__ o, const float* __restrict__ m, const float* __restrict__ l,
     const float* __restrict__ sinks, typename T::storage* __restrict__ out,
     float* __restrict__ lse, int heads, int splits, int D, int normalized) {
     using kp_attn::rescale;
-    const int row = blockIdx.x, h = row % heads;
+    constexpr int N = 128;
+    __shared__ float weight[N], part[N / 32];
+    const int row = blockIdx.x, h = row % heads, tid = threadIdx.x, lane = tid & 31;
     pdl_wait();  // the partials are pass 1's
     pdl_launch_dependents();
-    const float* mr = m + (size_t)row * splits;
-    const float* lr = l + (size_t)row * splits;
 #ifdef KPARITY_MUTANT_DROP_SINK
     sinks = nullptr;  // mutant: the sink's denominator term left out
 #endif
+    const float* mr = m + (size_t)row * splits;
+    const float* lr = l + (size_t)row * splits;
+    // M: the block's max over the splits (and the sink)
     float top = sinks ? sinks[h] : -KP_INF;
-    for (int s = 0; s < splits; ++s) top = fmaxf(top, mr[s]);
-    float total = 0.0f;
-    for (int s = 0; s < splits; ++s) total = fmaf(rescale(mr[s], top), lr[s], total);
-    if (sinks) total += rescale(sinks[h], top);
+    for (int s = tid; s < splits; s += N) top = fmaxf(top, mr[s]);
+    for (int off = 16; off > 0; off >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
+    if (lane == 0) part[tid / 32] = top;
+    __syncthreads();
+    top = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    __syncthreads();
+
+    float total = 0.0f;  // thread 0's, the only one used
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // columns tid, tid + 128, ... (D <= 512)
+    for (int base = 0; base < splits; base += N) {
+        const int s = base + tid;
+#ifdef KPARITY_MUTANT_NO_RESCALE
+        const float c = s < splits ? (mr[s] == -KP_INF ? 0.0f : 1.0f) : 0.0f;  // mutant: e^0
+#else
+        const float c = s < splits ? rescale(mr[s], top) : 0.0f;
+#endif
+        weight[tid] = s < splits ? c : 0.0f;
+        __syncthreads();
+        const int count = min(N, splits - base);
+        if (tid == 0) {
+            for (int i = 0; i < count; ++i) total = fmaf(weight[i], lr[base + i], total);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int d = tid + k * N;
+            if (d < D) {
+                float a = acc[k];
+                for (int i = 0; i < count; ++i) {
+                    const float w = normalized ? weight[i] * lr[base + i] : weight[i];
+                    a = fmaf(w, o[((size_t)row * splits + base + i) * D + d], a);
+                }
+                acc[k] = a;
+            }
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        if (sinks) total += rescale(sinks[h], top);
+        part[0] = total;
+    }
+    __syncthreads();
+    total = part[0];
     // Empty: every split without keys (m = -inf, l = 0). A split whose scores were all NaN
     // also has m = -inf (fmaxf skips NaN) but l = NaN: total is NaN then, and so is out.
     const bool empty = top == -KP_INF && total == 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-#ifdef KPARITY_MUTANT_NO_RESCALE
-            const float c = 1.0f;  // mutant: the splits added as if their maxima were all M
-#else
-            const float c = rescale(mr[s], top);
-#endif
-            const float w = normalized ? c * lr[s] : c;
-            a = fmaf(w, o[((size_t)row * splits + s) * D + d], a);
-        }
-        T::store(out, (size_t)row * D + d, empty ? 0.0f : a / total);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int d = tid + k * N;
+        if (d < D) T::store(out, (size_t)row * D + d, empty ? 0.0f : acc[k] / total);
     }
-    if (lse && threadIdx.x == 0) lse[row] = empty ? -KP_INF : top + logf(total);
+    if (lse && tid == 0) lse[row] = empty ? -KP_INF : top + logf(total);
 }
