@@ -5,8 +5,10 @@
 No GPU and no CuPy needed. For each `.cu` in `kernels/`, a temporary translation unit includes
 the source and takes the address of every kernel template the wrapper modules list in their
 `KERNELS` (instantiated for F32, F16 and BF16), so the device code of every instance is really
-generated; then the same again once per test-mutant define that the source or a local header it
-includes mentions (a define nothing reads cannot change the object code). A `KERNELS` entry is
+generated; then once per test-mutant define that the source or a local header it includes
+mentions (a define nothing reads cannot change the object code), with the first template-argument
+tuple of each kernel only (every dtype): the define's code is compiled, without the whole
+configuration matrix again (cold, that matrix per define took 2m53s of a CI run's ~8 minutes). A `KERNELS` entry is
 `(source, kernel)`, or `(source, kernel, template_args)` for a kernel with more template
 parameters after the trait: `template_args` lists the argument tuples to instantiate (e.g.
 `[(4, 256), (3, 1024)]` -> `kernel<F32, 4, 256>`, ...), as `_module.kernel` compiles them. One
@@ -203,13 +205,16 @@ def check_file(path: Path, kernels: list[Kernel], arch: str,
                pool: ThreadPoolExecutor | None = None) -> tuple[bool, str]:
     """Compile `path`'s unit once per variant (no define, then each mutant define it reads), on
     `pool` where given (nvcc runs as a subprocess, so threads compile in parallel)."""
-    unit = instantiation_unit(path.name, kernels)
+    full = instantiation_unit(path.name, kernels)
+    # a define's variant: each kernel's first configuration (every dtype), not the whole matrix
+    first = instantiation_unit(path.name, [(name, args[:1]) for name, args in kernels])
     defines = (None, *defines_for(path))
+    units = [full if d is None else first for d in defines]
     if pool is None:
-        results = [compile_unit(unit, arch, d) for d in defines]
+        results = [compile_unit(u, arch, d) for u, d in zip(units, defines)]
     else:
-        results = [f.result() for f in [pool.submit(compile_unit, unit, arch, d)
-                                        for d in defines]]
+        results = [f.result() for f in [pool.submit(compile_unit, u, arch, d)
+                                        for u, d in zip(units, defines)]]
     errors = [f"  [{define or 'no defines'}]\n{r.log}"
               for define, r in zip(defines, results) if not r.ok]
     names = ", ".join(name if args == ((),) else f"{name} ({len(args)} configs)"
