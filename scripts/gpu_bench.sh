@@ -37,6 +37,11 @@
 #     shapes (bench in both modes)
 #   bash scripts/gpu_bench.sh chain-ab  the A/Bs of those tables in `chain`: kp_qgemv_mma against
 #     dense F.linear, kp_rms_norm against F.rms_norm
+#   bash scripts/gpu_bench.sh attention  issue 27: decode attention at the issue's shapes (Llama-3.1-8B
+#     32/8 x 128, bf16: B=1 L=4096, B=32 L=4096, B=1 L=32768), kparity's split-KV kernel beside
+#     the seed ports, torch SDPA and flex_attention; RoPE at decode (B=1, 32) against torch eager
+#     and torch.compile; then the A/Bs of kp_sdpa_decode against torch SDPA and of kp_rope against
+#     both RoPE baselines, all in `chain`
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -147,6 +152,15 @@ faults)
   run --plugin tests/faults_cuda.py check --backend cuda --repeat 2 --show-failures 40
   echo "sweep wall_s=$(( $(date +%s) - start ))" >> "$LOG"
   python3 scripts/fault_summary.py "$STORE" >> "$LOG" 2>&1
+  ;;
+attention)
+  A="--preset llama-3.1-8b-b1-4096,llama-3.1-8b-b32-4096,llama-3.1-8b-b1-32768 --dtype bf16"
+  R="--preset llama-3.1-8b-b1,llama-3.1-8b-b32 --dtype bf16"
+  run bench --op sdpa_decode $A --impl cuda:kp_sdpa_decode,cuda:ffai_sdpa_decode,cuda:sdpa_decode_2pass,torch:sdpa,torch:flex_attention --min-time 0.2
+  run bench --op rope $R --impl cuda:kp_rope,torch:rope_hf,torch:rope_hf_compiled --min-time 0.2
+  run ab torch:sdpa cuda:kp_sdpa_decode $A --min-time 0.1
+  run ab torch:rope_hf_compiled cuda:kp_rope $R --min-time 0.1
+  run ab torch:rope_hf cuda:kp_rope $R --min-time 0.1
   ;;
 history)
   CHECK_IMPLS=cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:mt_rms_norm,cuda:mt_rms_norm_wide,cuda:dequant_gemv,cuda:dequant_gemv_int4_fast,cuda:kp_qgemv,cuda:kp_qgemv_mma,torch:rms_norm,torch:rms_norm_per_head,torch:dequant_linear
