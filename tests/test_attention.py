@@ -171,7 +171,12 @@ def test_paging_invariance(impl_id):
     ok, why = impl.available(backend)
     if not ok:
         pytest.skip(why)
-    case = _case("sdpa_decode_paged", "bf16", probs="T")
+    assert_paging_invariant(impl, backend, _case("sdpa_decode_paged", "bf16", probs="T"))
+
+
+def assert_paging_invariant(impl, backend, case) -> None:
+    """`impl`'s output bits on `case` and on its pages permuted (the table renamed with them)
+    are the same (also the GPU test's, tests/test_gpu_attention.py)."""
     inputs = make_inputs(case)
     perm = np.random.default_rng(1).permutation(case.dims["num_pages"])  # new page of old i
     moved = dict(inputs)
