@@ -230,3 +230,94 @@ def summary_line(label: str, s: dict) -> str:
             f"95%={s['kld_95']:.4f} 99%={s['kld_99']:.4f} 99.9%={s['kld_99_9']:.4f} "
             f"max={s['max_kld']:.4f} same_top={s['same_top_p']:.4f} "
             f"mean_dp={s['mean_abs_dp']:.4f} n={s['n']}")
+
+
+def _flip_bound(metrics: dict[str, np.ndarray], margin_bound) -> tuple[np.ndarray, np.ndarray]:
+    """(flipped positions mask, the bound broadcast to [T]), checking the bound."""
+    flipped = ~np.asarray(metrics["same_top"], dtype=bool)
+    bound = np.asarray(margin_bound, dtype=np.float64)
+    if bound.ndim > 1 or (bound.ndim == 1 and bound.shape != flipped.shape):
+        raise ValueError(f"margin_bound must be a scalar or [T] = [{flipped.size}], got shape "
+                         f"{bound.shape}")
+    if np.isnan(bound).any() or (bound < 0).any():
+        raise ValueError("margin_bound must be >= 0 everywhere (a bound on how far the per-op "
+                         "tolerances move a logit difference), got NaN or a negative value")
+    return flipped, np.broadcast_to(bound, flipped.shape)
+
+
+def flips(metrics: dict[str, np.ndarray], margin_bound) -> np.ndarray:
+    """Positions (ascending int indices) whose top-token flip is a failure.
+
+    Rule (near-tie aware, as the lm_head gate's `oracle.metrics.logit_metrics`): at position t
+    the test plan picks j, the reference i ≠ j. `margin_bound[t]` (scalar or [T], supplied by
+    the caller) bounds how far the per-op tolerances can move a difference of two logits at t
+    (for a per-logit bound b_t, pass 2·b_t, the lm_head gate's bound[i] + bound[j]). If the
+    reference's own gap l_i − l_j (`flip_gap`) is <= that bound, a plan within its tolerances
+    could have swapped them: a near-tie, excused (`near_ties`). If the gap exceeds the bound,
+    the flip fails. The gap to the test's pick is at least the reference's top1 − top2 margin
+    and equals it when the test picks the runner-up (the usual flip); using the gap means a
+    close runner-up never excuses a jump to a token far down the list."""
+    flipped, bound = _flip_bound(metrics, margin_bound)
+    gap = np.asarray(metrics["flip_gap"], dtype=np.float64)
+    return np.flatnonzero(flipped & ~(gap <= bound))
+
+
+def near_ties(metrics: dict[str, np.ndarray], margin_bound) -> np.ndarray:
+    """Positions whose top-token flip `flips` excuses (flip_gap <= margin_bound[t]): recorded,
+    not failed."""
+    flipped, bound = _flip_bound(metrics, margin_bound)
+    gap = np.asarray(metrics["flip_gap"], dtype=np.float64)
+    return np.flatnonzero(flipped & (gap <= bound))
+
+
+def gate(s: dict, failed_flips, max_mean_kld: float = 1e-4,
+         min_same_top: float = 0.99) -> tuple[bool, list[str]]:
+    """The model gate: (ok, reasons it failed). Passes when mean KLD <= `max_mean_kld`, same top
+    p >= `min_same_top` and no flip failed (`flips`). A NaN mean KLD (non-finite logits) fails.
+
+    Why 1e-4 and 99 % for an oracle-exact-rounding plan (its kernels round where the contracts
+    say, so it differs from the float64 reference only by f32 vs float64 arithmetic and by a
+    rounding point landing on the other side of a T boundary where the f32 value sits within
+    its own error of one):
+
+    * KLD of a logit perturbation δ: to second order KL(P ‖ softmax(l + δ)) = ½ Var_p(δ), the
+      p-weighted variance of δ (a shift common to all logits costs nothing). For independent
+      relative errors δ_i = ε_i·l_i of RMS ε this is ½ ε² Σ_i p_i (1 − p_i) l_i² <= ½ ε² L²,
+      L the magnitude of the logits that hold the probability mass. (Checked numerically on a
+      49152-token vocabulary: ½ Var_p(δ) matched the exact KL to a few percent.)
+    * Mean KLD 1e-4 is therefore Var_p(δ) = 2e-4: an RMS logit perturbation of 0.014 nats,
+      ε ≈ 7e-4 relative at L = 20. One round-to-nearest of every logit has an RMS relative error
+      of about spacing/√12 averaged over the binade: ≈ 1.6e-3 for bf16 (8-bit significand,
+      u = 2^-8) and ≈ 2e-4 for f16 (u = 2^-11). At L = 20 that is a KLD of ≈ 5e-4 (bf16,
+      fails) and ≈ 1e-5 (f16, passes with 10x room): 1e-4 sits between one bf16 and one f16
+      rounding of the logits.
+    * The exact-rounding plan's own sources are far below it: f32 accumulation (u = 6e-8,
+      √K growth, ~1e-6 relative at K = 576) gives ~1e-10; a rounding point flips in T on a
+      fraction ≈ 2·(f32 error)/(T spacing) of its elements (≈ 4e-4 for bf16), one ulp each,
+      i.e. a relative noise of ≈ √4e-4 · 2^-7 ≈ 1.6e-4 per bf16 rounding point (≈ 5e-5 for f16).
+      How those add up through 30 layers depends on the model's gains, which this estimate does
+      not know; the bound leaves them a factor ~4 in ε (~20 in KLD) for bf16, ~14 for f16.
+      A wrong kernel (a group's scale off by one) moves logits by O(0.1-1) nats: KLD 1e-2 or
+      more, orders of magnitude above the bound.
+    * Same top p >= 99 %: a perturbation of RMS σ flips the top token only where the reference's
+      top1 − top2 margin is below about √2·σ (the difference of two perturbed logits). At the
+      KLD bound (σ ≈ 0.014 nats) that is margins below ≈ 0.02 nats: a fraction f_m(0)·0.02 of
+      positions, f_m(0) the density of margins at 0 per nat; for margins spread over a few nats
+      (f_m(0) <= 0.5) it is <= 1 %, so 99 % is the same-top rate consistent with the KLD bound
+      (check f_m(0) on the text set with `ref_margin`). Note that on fewer than 100 positions
+      99 % allows no flip at all. Flips beyond the per-op tolerances fail regardless
+      (`flips`)."""
+    reasons = []
+    failed = np.asarray(failed_flips, dtype=np.int64)
+    kld, unc = s["mean_kld"], s["mean_kld_unc"]
+    if not kld <= max_mean_kld:
+        extra = f" ({s['nonfinite']} positions with non-finite KLD)" if s.get("nonfinite") else ""
+        reasons.append(f"mean KLD {kld:.3g} ± {unc:.2g} > {max_mean_kld:.3g}{extra}")
+    if not s["same_top_p"] >= min_same_top:
+        reasons.append(f"same top p {100 * s['same_top_p']:.2f} ± "
+                       f"{100 * s['same_top_p_unc']:.2f} % < {100 * min_same_top:.2f} %")
+    if failed.size:
+        shown = ", ".join(str(int(t)) for t in failed[:8]) + (", ..." if failed.size > 8 else "")
+        reasons.append(f"{failed.size} top-token flips beyond the margin bound at positions "
+                       f"{shown}")
+    return not reasons, reasons
