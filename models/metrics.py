@@ -176,7 +176,13 @@ def summary(metrics: dict[str, np.ndarray]) -> dict:
     0.5/RMS · unc(mean Δp²) (0 where RMS is 0: llama prints NaN). Same top p = n_same/n ±
     sqrt(p(1 − p)/(n − 1)), llama's formula with no n <= 10 rule (0 for n = 1). PPL = exp(mean
     nll) ± PPL·unc; ln ratio ± sqrt(σ_q² + σ_b² − 2 cov) (clamped at 0 against rounding);
-    Cor = cov/(σ_q σ_b), NaN where either σ is 0."""
+    Cor = cov/(σ_q σ_b), NaN where either σ is 0. Non-finite logits (a broken plan) give NaN or
+    inf statistics, counted in `nonfinite`, without warnings."""
+    with np.errstate(invalid="ignore", over="ignore"):  # inf − inf where a KLD is inf
+        return _summary(metrics)
+
+
+def _summary(metrics: dict[str, np.ndarray]) -> dict:
     kld = np.asarray(metrics["kld"], dtype=np.float64)
     dp = np.asarray(metrics["dp"], dtype=np.float64)
     nll_q = np.asarray(metrics["nll_test"], dtype=np.float64)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 
 import numpy as np
 import pytest
@@ -217,3 +218,16 @@ def test_bad_inputs_are_named():
         M.position_metrics(ref, ref, np.array([0, 1, 5]))
     with pytest.raises(ValueError, match="0 positions"):
         M.summary(M.position_metrics(ref[:0], ref[:0], np.zeros(0, dtype=int)))
+
+
+def test_nonfinite_test_logits_fail_the_gate_without_warnings():
+    ref = random_logits(120, 30, seed=12)
+    test = ref.copy()
+    test[3, 5], test[4, 7] = np.nan, -np.inf  # an unwritten element, a -inf logit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = M.position_metrics(ref, test, np.arange(120) % 30)
+        s = M.summary(m)
+    assert math.isnan(m["kld"][3]) and m["kld"][4] == math.inf and s["nonfinite"] == 2
+    ok, reasons = M.gate(s, M.flips(m, 0.1))
+    assert not ok and "2 positions with non-finite KLD" in reasons[0]
