@@ -27,19 +27,18 @@ DP_PERCENTILES = (("dp_99_9", 0.999), ("dp_99", 0.99), ("dp_95", 0.95), ("dp_90"
                   ("dp_75", 0.75), ("median_dp", 0.5), ("dp_25", 0.25), ("dp_10", 0.10),
                   ("dp_5", 0.05), ("dp_1", 0.01), ("dp_0_1", 0.001))
 
-# Summary key -> the line llama-perplexity prints it on (Δp lines print the value x 100 %).
+# Summary key -> llama-perplexity's label for it, alignment padding dropped (its Δp lines print
+# the value x 100 %). Each `*_unc` key is the ± of its value's line.
 LLAMA_NAMES = {
     "ppl_q": "Mean PPL(Q)", "ppl_base": "Mean PPL(base)",
     "cor_ln_ppl": "Cor(ln(PPL(Q)), ln(PPL(base)))",
     "ln_ppl_ratio": "Mean ln(PPL(Q)/PPL(base))", "ppl_ratio": "Mean PPL(Q)/PPL(base)",
     "ppl_diff": "Mean PPL(Q)-PPL(base)",
-    "mean_kld": "Mean    KLD", "max_kld": "Maximum KLD", "min_kld": "Minimum KLD",
-    **{k: ("Median  KLD" if k == "median_kld" else f"{100 * f:.1f}%   KLD")
-       for k, f in KLD_PERCENTILES},
-    "mean_dp": "Mean    Δp", "max_dp": "Maximum Δp", "min_dp": "Minimum Δp",
-    **{k: ("Median  Δp" if k == "median_dp" else f"{100 * f:.1f}%   Δp")
-       for k, f in DP_PERCENTILES},
-    "rms_dp": "RMS Δp    ", "same_top_p": "Same top p",
+    "mean_kld": "Mean KLD", "max_kld": "Maximum KLD", "min_kld": "Minimum KLD",
+    **{k: "Median KLD" if k == "median_kld" else f"{100 * f:.1f}% KLD" for k, f in KLD_PERCENTILES},
+    "mean_dp": "Mean Δp", "max_dp": "Maximum Δp", "min_dp": "Minimum Δp",
+    **{k: "Median Δp" if k == "median_dp" else f"{100 * f:.1f}% Δp" for k, f in DP_PERCENTILES},
+    "rms_dp": "RMS Δp", "same_top_p": "Same top p",
 }
 
 

@@ -121,6 +121,7 @@ def test_percentiles_are_linear_interpolation():
                            random_logits(t, 50, seed=4, scale=2.5), np.arange(t) % 50)
     s = M.summary(m)
     assert s["distribution"]
+    assert set(M.LLAMA_NAMES) <= set(s) and all(k + "_unc" in s for k in ("mean_kld", "rms_dp"))
     for values, table in ((m["kld"], M.KLD_PERCENTILES), (m["dp"], M.DP_PERCENTILES)):
         for key, f in table:
             assert s[key] == pytest.approx(np.percentile(values, 100 * f, method="linear"),
