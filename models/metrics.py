@@ -19,6 +19,8 @@ import numpy as np
 MIN_DISTRIBUTION = 100
 # Uncertainties of means are 0 at or below this many positions (llama's `count > 10`).
 MIN_UNCERTAINTY = 10
+# Rows per block in `position_metrics`.
+BLOCK_ROWS = 64
 
 KLD_PERCENTILES = (("kld_99_9", 0.999), ("kld_99", 0.99), ("kld_95", 0.95), ("kld_90", 0.90),
                    ("median_kld", 0.5), ("kld_10", 0.10), ("kld_5", 0.05), ("kld_1", 0.01),
@@ -76,7 +78,8 @@ def position_metrics(ref_logits: np.ndarray, test_logits: np.ndarray,
     `next_tokens[t]`. Returns arrays [T]:
 
     * `kld`: KL(P_ref ‖ Q_test) = Σ_i p_ref,i (log p_ref,i − log q_test,i), terms with
-      p_ref,i = 0 counted as 0, clamped at 0 (a negative value is float64 rounding only).
+      p_ref,i = 0 counted as 0, clamped at 0 as FFAI does (a negative value is float64
+      rounding only; llama does not clamp).
     * `same_top`: argmax ref == argmax test (`ref_top`, `test_top`; first max wins, as llama's
       strict `>` scan).
     * `dp`: p_test(next) − p_ref(next) (llama's Δp sign: positive where the test plan is more
@@ -91,11 +94,25 @@ def position_metrics(ref_logits: np.ndarray, test_logits: np.ndarray,
     The one deliberate difference from llama.cpp: its base log-probs are stored as uint16 over
     [max − 16, max] (about 2.4e-4 nats resolution) and its KLD sums only the tokens above
     max − 16; here the reference is held exactly, so the log-softmax of both sides is float64
-    and the KLD sums the whole vocabulary. Everything else follows its formulas."""
-    ref = np.asarray(ref_logits, dtype=np.float64)
-    test = np.asarray(test_logits, dtype=np.float64)
+    and the KLD sums the whole vocabulary. The per-token formulas are otherwise llama's
+    (`summary` lists the statistics' edge cases). Rows are processed BLOCK_ROWS at a time to
+    bound the float64 temporaries (a 49152-token vocabulary is 393 KB a row)."""
+    ref = np.asarray(ref_logits)
+    test = np.asarray(test_logits)
     nxt = np.asarray(next_tokens)
     _check(ref, test, nxt)
+    blocks = [_block_metrics(ref[i:i + BLOCK_ROWS], test[i:i + BLOCK_ROWS],
+                             nxt[i:i + BLOCK_ROWS]) for i in range(0, ref.shape[0], BLOCK_ROWS)]
+    if not blocks:
+        return _block_metrics(ref, test, nxt)
+    return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
+
+
+def _block_metrics(ref_logits: np.ndarray, test_logits: np.ndarray,
+                   nxt: np.ndarray) -> dict[str, np.ndarray]:
+    """`position_metrics` of a block of rows (inputs already checked)."""
+    ref = np.asarray(ref_logits, dtype=np.float64)
+    test = np.asarray(test_logits, dtype=np.float64)
     rows = np.arange(ref.shape[0])
 
     lp_ref, lp_test = log_softmax(ref), log_softmax(test)

@@ -117,9 +117,13 @@ def test_perplexity_lines_follow_llama():
 
 def test_percentiles_are_linear_interpolation():
     t = 137
-    m = M.position_metrics(random_logits(t, 50, seed=3),
-                           random_logits(t, 50, seed=4, scale=2.5), np.arange(t) % 50)
+    ref, test = random_logits(t, 50, seed=3), random_logits(t, 50, seed=4, scale=2.5)
+    m = M.position_metrics(ref, test, np.arange(t) % 50)
     s = M.summary(m)
+    # Rows span three blocks of 64: block edges' KLDs as computed here, one row at a time.
+    for i in (0, 63, 64, 136):
+        p, q = softmax_py(ref[i].tolist()), softmax_py(test[i].tolist())
+        assert m["kld"][i] == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q)))
     assert s["distribution"]
     assert set(M.LLAMA_NAMES) <= set(s) and all(k + "_unc" in s for k in ("mean_kld", "rms_dp"))
     for values, table in ((m["kld"], M.KLD_PERCENTILES), (m["dp"], M.DP_PERCENTILES)):
