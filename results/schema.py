@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
-#                     4: bench.pred_median_ns (the chain mode's subtracted predecessor)
+SCHEMA_VERSION = 5  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
+#                     4: bench.pred_median_ns (the chain mode's subtracted predecessor);
+#                     5: the model table (`kparity model`, issue 28)
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -165,5 +166,45 @@ ANNOTATIONS = pa.schema([
     ("host", pa.string()),
 ])
 
+# One row per (model, plan, text) of a `kparity model` run: the plan's logits against the
+# reference plan's (models/metrics.py: llama-perplexity's --kl-divergence statistics), the gate's
+# verdict, and its speed.
+MODEL = pa.schema([
+    ("schema_version", pa.int32()),
+    ("run_id", pa.string()),
+    ("model", pa.string()),            # e.g. smollm2-135m-instruct-q4_1, or a synthetic config
+    ("model_sha256", pa.string()),     # of the model file ("" for synthetic weights)
+    ("plan", pa.string()),             # reference | torch | mlx | cuda | a name with swaps
+    ("plan_json", pa.string()),        # JSON: op role -> impl id, swaps applied
+    ("backend", pa.string()),
+    ("device", pa.string()),
+    ("dtype", pa.string()),            # the activations' T
+    ("text", pa.string()),             # the evaluation text's name
+    ("positions", pa.int64()),         # scored positions (teacher-forced next tokens)
+    ("mean_kld", pa.float64()),
+    ("mean_kld_unc", pa.float64()),
+    ("median_kld", pa.float64()),      # the order statistics: null below 100 positions
+    ("kld_90", pa.float64()),
+    ("kld_95", pa.float64()),
+    ("kld_99", pa.float64()),
+    ("kld_99_9", pa.float64()),
+    ("max_kld", pa.float64()),
+    ("same_top_p", pa.float64()),
+    ("same_top_p_unc", pa.float64()),
+    ("rms_dp", pa.float64()),
+    ("rms_dp_unc", pa.float64()),
+    ("flips", pa.int64()),             # top-token flips beyond what the op tolerances can move
+    ("near_ties", pa.int64()),         # flips within it (excused)
+    ("gate", pa.string()),             # pass | fail | report (no gate for this plan)
+    ("gate_reasons", pa.string()),
+    ("prefill_tok_s", pa.float64()),
+    ("decode_tok_s", pa.float64()),    # batch 1, steady state, median over steps
+    ("ms_per_token", pa.float64()),
+    ("ms_per_token_spread", pa.float64()),  # (q3 - q1) / median of the per-step times
+    ("roofline_tok_s", pa.float64()),  # bytes read per step / the run's copy ceiling
+    ("summary_json", pa.string()),     # every field of models.metrics.summary
+    ("seconds", pa.float64()),
+])
+
 TABLES = {"runs": RUNS, "correctness": CORRECTNESS, "bench": BENCH, "ab": AB,
-          "ceilings": CEILINGS, "annotations": ANNOTATIONS}
+          "ceilings": CEILINGS, "annotations": ANNOTATIONS, "model": MODEL}
