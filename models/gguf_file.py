@@ -150,7 +150,7 @@ def fetch(cache_dir: str | Path | None = None, local: str | Path | None = None) 
 
 # ---- reading -------------------------------------------------------------------------------
 
-def _reader(path):
+def gguf_reader(path):
     """gguf's reader of `path` (a read-only memory map), shared by `read_config` and
     `load_weights` while the file is unchanged: parsing its metadata (the 49152 tokens and
     48900 merges) takes seconds."""
@@ -216,7 +216,7 @@ def _config(reader, path) -> LlamaConfig:
 def read_config(path) -> LlamaConfig:
     """The architecture numbers, every one read from the file's metadata (the rms eps is the f32
     the file stores, 1e-5 rounded to f32)."""
-    return _config(_reader(path), path)
+    return _config(gguf_reader(path), path)
 
 
 def _blocks(tensor, block_bytes: int) -> np.ndarray:
@@ -342,7 +342,7 @@ def _check_shapes(w: Weights) -> None:
 def load_weights(path) -> Weights:
     """Every tensor of the file in kparity's layouts (module docstring), exactly. A tied
     lm_head is the embedding object itself."""
-    reader = _reader(path)
+    reader = gguf_reader(path)
     cfg = _config(reader, path)
     tensors = _tensors(reader)
     embedding = quant_matrix(_get(tensors, "token_embd.weight", path))

@@ -7,8 +7,9 @@ Every projection is a `QuantMatrix` in MLX's affine layout (`oracle/quant.py`, t
 scales and biases [out, in / group_size] held as float64 values of `scale_dtype` (f16 for a Q4_1
 GGUF: its d and m are f16, so the conversion is exact; the decode loop stores them in the case
 dtype T and refuses a T that would round them). The embedding is a QuantMatrix too (rows =
-vocab, gathered per token); a tied lm_head is the same object. Norm weights are float64 values
-of their file dtype (f32 in a GGUF).
+vocab, gathered per token; 8-bit for a GGUF's Q8_0 embedding); a tied lm_head is the same object.
+Norm weights are float64 values of their file dtype (f32 in a GGUF). Q and K rows are in the
+Hugging Face order: rope pairs (x_i, x_{i + head_dim/2}), pairing "neox" (`source["rope_pairing"]`).
 """
 
 from __future__ import annotations
