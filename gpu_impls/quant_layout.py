@@ -42,3 +42,12 @@ def expert_slabs(case, inputs: dict) -> list[tuple[str, object, dict, object, di
         own = {**inputs, "expert_index": np.full_like(inputs["expert_index"], e)}
         out.append((f"expert {e}", case.replace(expert=e), own, plain, expert_slab(own)))
     return out
+
+# The same layout for a table gathered by rows (`quant_embedding`): rows of `hidden` codes.
+ROW_LAYOUT = (
+    *LAYOUT[:2],
+    Invariant("hidden % group_size == 0", lambda ns: ns["hidden"] % ns["group_size"] == 0,
+              "a row must be whole groups: the last partial group has no scale and bias",
+              lambda ns: f"hidden = {nearest_multiples(ns['hidden'], ns['group_size'])}",
+              {"hidden": 520}, ("hidden", "group_size")),
+)
