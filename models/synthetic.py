@@ -14,7 +14,8 @@ Scales follow the fan-in n so that activations stay O(1) through the layers:
                                                         neither one-hot nor flat
     embedding (untied)   s ≈ 1 / 4.6                    rows of RMS ~1
 
-each times U(0.7, 1.3) per group. Scales and biases are values exact in both f16 and bf16
+each times a per-group log-normal factor (`GROUP_SPREAD`: a kernel that takes a neighbouring
+group's scale is visibly wrong, as it would be on a real checkpoint). Scales and biases are values exact in both f16 and bf16
 (`both_exact`), so one synthetic model runs at either T; norm weights are 1 + N(0, 0.05²).
 """
 
@@ -42,6 +43,9 @@ CONFIGS = {c.name: c for c in (
 )}
 
 CODE_STD = 4.6  # std of q - 7.5 for q uniform on 0..15: sqrt((16^2 - 1) / 12)
+# Per-group scales spread log-normally (sigma 0.5: neighbouring groups differ by ~1.6x, as a
+# trained checkpoint's do across channels), divided by exp(sigma^2) so E[s^2] keeps the target.
+GROUP_SPREAD = 0.5
 
 
 def config(name: str) -> LlamaConfig:
@@ -69,7 +73,8 @@ def random_matrix(rng: np.random.Generator, out: int, n: int, scale: float, cfg:
                          f"bits={cfg.bits}")
     groups = n // cfg.group_size
     codes = rng.integers(0, 1 << 32, (out, n * cfg.bits // 32), dtype=np.uint32)
-    s = both_exact(scale * rng.uniform(0.7, 1.3, (out, groups)))
+    spread = np.exp(GROUP_SPREAD * rng.standard_normal((out, groups)) - GROUP_SPREAD ** 2)
+    s = both_exact(scale * spread)
     b = both_exact(-s * (7.5 + 0.5 * rng.standard_normal((out, groups))))
     return QuantMatrix(codes, s, b, cfg.bits, cfg.group_size, scale_dtype="f16")
 
