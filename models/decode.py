@@ -33,8 +33,15 @@ value crosses to another backend only where consecutive roles run on different o
 between torch and CuPy on one GPU, else through the host). The KV cache is kv_cache_update's
 aliased output, updated in place (MLX, functional, returns the updated cache).
 
-Prefill: token by token (each prompt token is a decode step at its position); teacher-forced:
-`logits(tokens)` returns the logits after each given token, whatever the model would predict.
+Teacher-forced: `logits(tokens, prefill=n)` returns the logits after each given token,
+whatever the model would predict. The first n tokens (a prompt, from position 0) go through
+one prefill pass: the same roles on n rows (norms rows=n, rope at positions 0..n-1, the n
+k and v rows appended to the cache by one kv_cache_update), except that each projection is a
+`qmm` over the n rows and attention is `sdpa_prefill_varlen`, causal over the prompt's own k
+and v (the cache is empty before it); its lm_head gives all n rows' logits. The rest are
+decode steps. prefill=0 (the default) decodes every token as a step; the reference plan's
+logits are the same either way (qmm's oracle is dequant_gemv's per row, the prefill
+attention's the decode's per query: the same float64 math).
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu_impls.backend import Backend
-from models.plan import ADAPTABLE, REFERENCE_IMPL, ROLES, ModelError, Plan, plan as builtin_plan
+from models.plan import ADAPTABLE, ALL_ROLES, REFERENCE_IMPL, ROLES, ModelError, Plan
+from models.plan import plan as builtin_plan
 from models.plan import resolve
 from models.weights import QuantMatrix, Weights
 from oracle.dtypes import FLOAT_DTYPES, round_to, storage_dtype
@@ -159,35 +167,53 @@ def matrix_layout(role: str, model, layer: int) -> tuple[int, int, int, int]:
     return (*shapes[role], c.bits, c.group_size)
 
 
-def role_case(role: str, model, layer: int, dtype: str, max_len: int, position: int = 0):
-    """The case role `role` runs at `layer` and `position` with the model's params (eps, θ,
-    pairing; the ops' defaults for the rounding conventions, `ADAPTABLE`). `model`: the
+def plan_role(role: str, prefill: bool) -> str:
+    """The plan role that picks the impl of loop role `role` (`models.plan.PREFILL_ROLES`)."""
+    if prefill and (role in GEMV_ROLES or role == "lm_head"):
+        return "prefill_proj"
+    if prefill and role == "attention":
+        return "prefill_attention"
+    return role
+
+
+def role_case(role: str, model, layer: int, dtype: str, max_len: int, position: int = 0,
+              prefill: int = 0):
+    """The case role `role` runs at `layer` with the model's params (eps, θ, pairing; the ops'
+    defaults for the rounding conventions, `ADAPTABLE`): a decode step's at `position`, or
+    with `prefill` = n, the prefill pass's over n tokens from position 0. `model`: the
     `Weights`, or their `LlamaConfig` (`matrix_layout`)."""
     cfg = model.config if isinstance(model, Weights) else model
-    norm = {"eps": cfg.rms_eps}
-    op = ROLES[role]
+    rows = prefill or 1
+    op = ALL_ROLES[plan_role(role, bool(prefill))]
     if role == "embed":
         vocab, hidden, bits, group = matrix_layout(role, model, layer)
-        return _case(op, {"tokens": 1, "vocab": vocab, "hidden": hidden, "bits": bits,
+        return _case(op, {"tokens": rows, "vocab": vocab, "hidden": hidden, "bits": bits,
                           "group_size": group}, dtype)
     if op in ("rms_norm", "add_rms_norm"):
-        return _case(op, {"rows": 1, "n": cfg.hidden}, dtype, norm)
-    if op == "dequant_gemv":
+        return _case(op, {"rows": rows, "n": cfg.hidden}, dtype, {"eps": cfg.rms_eps})
+    if op in ("dequant_gemv", "qmm"):
         out, n, bits, group = matrix_layout(role, model, layer)
-        return _case(op, {"out": out, "in": n, "bits": bits, "group_size": group}, dtype)
+        m = {"m": rows} if op == "qmm" else {}
+        return _case(op, {**m, "out": out, "in": n, "bits": bits, "group_size": group}, dtype)
     if role == "rope":
+        positions = tuple(range(prefill)) if prefill else (position,)
         return _case(op, {"heads_q": cfg.heads, "heads_kv": cfg.kv_heads,
                           "head_dim": cfg.head_dim}, dtype,
-                     {"positions": (position,), "theta": float(cfg.rope_theta),
+                     {"positions": positions, "theta": float(cfg.rope_theta),
                       "pairing": rope_pairing(cfg)})
     if role == "kv_update":
+        start = 0 if prefill else position
         return _case(op, {"heads": cfg.kv_heads, "head_dim": cfg.head_dim, "max_len": max_len},
-                     dtype, {"cache_lens": (position,), "new_lens": (1,)})
-    if role == "attention":
+                     dtype, {"cache_lens": (start,), "new_lens": (rows,)})
+    if op == "sdpa_decode":
         return _case(op, {"batch": 1, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
                           "head_dim": cfg.head_dim, "max_len": max_len}, dtype)
+    if op == "sdpa_prefill_varlen":
+        return _case(op, {"heads": cfg.heads, "kv_heads": cfg.kv_heads,
+                          "head_dim": cfg.head_dim}, dtype,
+                     {"q_lens": (prefill,), "k_lens": (prefill,)})
     if role == "silu_mul":
-        return _case(op, {"rows": 1, "n": cfg.intermediate}, dtype)
+        return _case(op, {"rows": rows, "n": cfg.intermediate}, dtype)
     raise KeyError(role)
 
 
@@ -207,26 +233,28 @@ def role_layers(role: str, layers: int) -> range:
 
 
 def resolve_role(plan: Plan, role: str, model, layer: int, dtype: str, max_len: int,
-                 here: bool = True):
+                 here: bool = True, prefill: int = 0):
     """(impl or None for the oracle, the case it runs): the plan's first candidate for `role`
-    that admits its case (`models.plan.resolve`), checked at the last position the cache
-    holds (rope's and kv_update's cases carry the position)."""
-    case = role_case(role, model, layer, dtype, max_len, position=max_len - 1)
-    impl, case, _ = resolve(plan.candidates(role), case, role, here)
+    (`plan_role`) that admits its case (`models.plan.resolve`); a decode step's checked at the
+    last position the cache holds (rope's and kv_update's cases carry the position)."""
+    case = role_case(role, model, layer, dtype, max_len, position=max_len - 1, prefill=prefill)
+    who = plan_role(role, bool(prefill))
+    impl, case, _ = resolve(plan.candidates(who), case, who, here)
     return impl, case
 
 
 def plan_impls(plan: Plan | str, model, dtype: str = "bf16", max_len: int = 256,
-               here: bool = True) -> dict[str, list[str]]:
-    """role -> the impl ids `plan` runs it with for `model` (`Weights` or a `LlamaConfig`),
-    without building a decoder: what `Decoder.impls` will be. `here=False` resolves the
-    contracts only (a CUDA plan on a machine without a GPU)."""
+               here: bool = True, prefill: int = 0) -> dict[str, list[str]]:
+    """role -> the impl ids `plan` runs it with for `model` (`Weights` or a `LlamaConfig`) in
+    a decode step (or, `prefill` = n, in the prefill pass over n tokens), without building a
+    decoder: what `Decoder.impls` will be. `here=False` resolves the contracts only (a CUDA
+    plan on a machine without a GPU)."""
     plan = builtin_plan(plan) if isinstance(plan, str) else plan
     layers = (model.config if isinstance(model, Weights) else model).layers
     out: dict[str, list[str]] = {}
     for role in ROLES:
         for layer in role_layers(role, layers):
-            impl, _ = resolve_role(plan, role, model, layer, dtype, max_len, here)
+            impl, _ = resolve_role(plan, role, model, layer, dtype, max_len, here, prefill)
             impl_id = REFERENCE_IMPL if impl is None else impl.id
             if impl_id not in out.setdefault(role, []):
                 out[role].append(impl_id)
@@ -238,15 +266,21 @@ def plan_impls(plan: Plan | str, model, dtype: str = "bf16", max_len: int = 256,
 @dataclass
 class RoleOp:
     """What runs role `role` at one layer: the impl (None: the oracle), its backend, its case
-    and launch per position (one entry for the roles whose case does not carry it), and the
-    outputs allocated once (in-place backends)."""
+    and launch per position (`launches`, shared by the layers whose impl and case agree; one
+    entry for the roles whose case does not carry the position), its inputs that never change
+    (`static`: weights, norm weights, on its backend), the outputs allocated once (in-place
+    backends), and `cross`: the inputs that arrive from another backend (found at the first
+    call; None before it)."""
 
     role: str
     impl: object
     backend: Backend
     base: object
     launches: dict = field(default_factory=dict)
+    static: dict = field(default_factory=dict)
     buffers: dict = field(default_factory=dict)
+    cross: tuple | None = None
+    moves: bool = False  # the case carries the step's position (decode's rope and kv_update)
 
     @property
     def impl_id(self) -> str:
@@ -254,7 +288,7 @@ class RoleOp:
 
     def at(self, position: int):
         """(case, launch) at `position`, built and contract-checked once."""
-        key = position if self.role in POSITION_ROLES else 0
+        key = position if self.moves else 0
         got = self.launches.get(key)
         if got is None:
             case = self.base
@@ -281,7 +315,8 @@ class Decoder:
     """The decode loop of `weights` under `plan` at case dtype `dtype`, with a KV cache of
     `max_len` positions (module docstring). `impls`: role -> the impl ids that run it (one per
     role unless layers differ); `adapted`: role -> the `ADAPTABLE` params its impl runs with,
-    where they differ from the reference's."""
+    where they differ from the reference's; `notes`: how values cross backends, where that
+    is not the direct way."""
 
     def __init__(self, weights: Weights, plan: Plan | str = "reference", dtype: str = "bf16",
                  max_len: int = 256):
@@ -290,31 +325,50 @@ class Decoder:
             int(max_len)
         check_dtype(weights, dtype)
         self.notes: list[str] = []
-        self.ops = {(role, layer): self._resolve(role, layer)
-                    for role in ROLES for layer in role_layers(role, self.config.layers)}
-        self.backends = {op.backend.name: op.backend for op in self.ops.values()}
-        self._direct = self._pick_transfer()
+        self.backends: dict[str, Backend] = {}
         self._device: dict = {}
-        self._allocate()
+        self._shared: dict = {}  # (impl, case id) -> launches: one per position, every layer
+        self._prefill: dict[int, dict] = {}  # prompt length -> the prefill pass's ops
+        self._direct = False
+        self.ops = self._build(0)
         self.reset()
+
+    def _build(self, prefill: int) -> dict:
+        """The ops of a decode step (`prefill` 0) or of the prefill pass over `prefill`
+        tokens: resolved (`resolve_role`), their static inputs and outputs allocated."""
+        ops = {}
+        for role in ROLES:
+            for layer in role_layers(role, self.config.layers):
+                impl, case = resolve_role(self.plan, role, self.weights, layer, self.dtype,
+                                          self.max_len, prefill=prefill)
+                key = (None if impl is None else impl.id, case.id)
+                op = RoleOp(role, impl, NUMPY if impl is None else backend_named(impl.backend),
+                            case, self._shared.setdefault(key, {}),
+                            moves=role in POSITION_ROLES and not prefill)
+                op.at(0)  # position 0's case is checked too
+                ops[(role, layer)] = op
+        for op in ops.values():
+            self.backends.setdefault(op.backend.name, op.backend)
+        self._direct = self._pick_transfer()
+        self._allocate(ops)
+        return ops
+
+    def prefill_ops(self, n: int) -> dict:
+        """The prefill pass's ops for an n-token prompt (built once per n)."""
+        if n not in self._prefill:
+            self._prefill[n] = self._build(n)
+        return self._prefill[n]
 
     # --- setup ------------------------------------------------------------------------------
 
-    def _resolve(self, role: str, layer: int) -> RoleOp:
-        impl, case = resolve_role(self.plan, role, self.weights, layer, self.dtype,
-                                  self.max_len)
-        backend = NUMPY if impl is None else backend_named(impl.backend)
-        op = RoleOp(role, impl, backend, case)
-        op.at(0)  # the launch at position 0 is checked too
-        return op
-
     @property
     def impls(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for (role, _), op in self.ops.items():
-            if op.impl_id not in out.setdefault(role, []):
-                out[role].append(op.impl_id)
-        return out
+        """role -> the impl ids of its decode-step ops (`prefill_impls` for a prefill)."""
+        return _impl_ids(self.ops)
+
+    def prefill_impls(self, n: int) -> dict[str, list[str]]:
+        """role -> the impl ids of the prefill pass over n tokens."""
+        return _impl_ids(self.prefill_ops(n))
 
     @property
     def adapted(self) -> dict[str, dict]:
@@ -327,16 +381,36 @@ class Decoder:
                 out[role] = diff
         return out
 
-    def _allocate(self) -> None:
-        """Outputs once per role and layer on the backends that write in place (the aliased
-        caches excepted: the loop passes the cache itself)."""
-        for op in self.ops.values():
-            if not op.backend.writes_in_place:
-                continue
-            case = op.base
-            op.buffers = {t.name: op.backend.to_device(np.zeros(t.shape_of(case),
-                                                                storage_dtype(t.dtype(case))))
-                          for t in case.spec.outputs if not t.aliases}
+    def _allocate(self, ops: dict) -> None:
+        """Each op's static inputs on its backend (uploaded once per backend, shared by the
+        ops that read them), and its outputs once per role and layer on the backends that
+        write in place (the aliased caches excepted: the loop passes the cache itself)."""
+        w = self.weights
+        for (role, layer), op in ops.items():
+            b = op.backend
+            if role == "embed":
+                op.static = self._weight(b, "embedding", w.embedding)
+            elif role in GEMV_ROLES or role == "lm_head":
+                key, m = ("lm_head", w.lm_head) if role == "lm_head" else \
+                    (f"L{layer}.{GEMV_ROLES[role]}", getattr(w.layers[layer], GEMV_ROLES[role]))
+                op.static = self._weight(b, "embedding" if m is w.embedding else key, m)
+            elif role in ("attn_norm", "attn_add_norm"):
+                op.static = {"w": self._norm(b, f"L{layer}.attn_norm", w.layers[layer].attn_norm)}
+            elif role == "ffn_add_norm":
+                op.static = {"w": self._norm(b, f"L{layer}.ffn_norm", w.layers[layer].ffn_norm)}
+            elif role == "final_add_norm":
+                op.static = {"w": self._norm(b, "final_norm", w.final_norm)}
+            elif role == "attention" and op.base.op == "sdpa_decode":
+                op.static = {"sinks": self.dev(b, "no_sinks", lambda: np.zeros(0, np.float32))}
+            elif role == "attention":  # prefill: one sequence of n rows
+                n = op.base.params["q_lens"][0]
+                cu = self.dev(b, f"cu_seqlens{n}", lambda: np.array([0, n], np.int32))
+                op.static = {"cu_seqlens_q": cu, "cu_seqlens_k": cu}
+            if b.writes_in_place:
+                case = op.base
+                op.buffers = {t.name: b.to_device(np.zeros(t.shape_of(case),
+                                                           storage_dtype(t.dtype(case))))
+                              for t in case.spec.outputs if not t.aliases}
 
     def dev(self, backend: Backend, key: str, host):
         """The host array `host()` on `backend`, uploaded once under `key`."""
@@ -365,11 +439,7 @@ class Decoder:
             backend = self.ops[("kv_update", layer)].backend
             self.k_cache.append(backend.to_device(zeros.copy()))
             self.v_cache.append(backend.to_device(zeros.copy()))
-        positions = np.arange(self.max_len, dtype=np.int32)
-        for backend in self.backends.values():
-            self.dev(backend, "positions", lambda: positions)
-            self.dev(backend, "lengths", lambda: positions + 1)
-            self.dev(backend, "no_sinks", lambda: np.zeros(0, np.float32))
+        self._tokens, self._ids = None, {}
 
     # --- moving values between backends --------------------------------------------------------
 
@@ -403,12 +473,17 @@ class Decoder:
 
     # --- the step ----------------------------------------------------------------------------
 
-    def _run(self, role: str, layer: int, position: int, inputs: dict) -> dict:
-        op = self.ops[(role, layer)]
+    def _run(self, op: RoleOp, position: int, inputs: dict) -> dict:
+        """`op` at `position` on `inputs` (its static inputs added): its outputs, device
+        arrays of its backend."""
         case, launch = op.at(position)
-        if len(self.backends) > 1:
-            inputs = {t.name: self._to(op.backend, inputs[t.name], t.dtype(case))
-                      for t in case.spec.inputs}
+        inputs = {**op.static, **inputs}
+        if op.cross is None:  # which inputs come from another backend: fixed by the plan
+            op.cross = tuple(t.name for t in case.spec.inputs
+                             if home(inputs[t.name]) != op.backend.name)
+        for t in case.spec.inputs:
+            if t.name in op.cross:
+                inputs[t.name] = self._to(op.backend, inputs[t.name], t.dtype(case))
         if op.impl is None:
             return run_oracle(case, inputs)
         outputs = None
@@ -418,68 +493,82 @@ class Decoder:
         got = op.impl.run(launch, inputs, outputs, case)
         return outputs if got is None else {**(outputs or {}), **got}
 
-    def _gemv(self, role: str, layer: int, x, n: int):
-        op = self.ops[(role, layer)]
-        if role == "lm_head":
-            key, m = "lm_head", self.weights.lm_head
-        else:
-            name = GEMV_ROLES[role]
-            key, m = f"L{layer}.{name}", getattr(self.weights.layers[layer], name)
-        if m is self.weights.embedding:
-            key = "embedding"
-        return self._run(role, layer, 0, {**self._weight(op.backend, key, m),
-                                           "x": x.reshape((n,))})["out"]
+    def _table(self, backend: Backend, name: str):
+        """Index tables on `backend`: "positions" (0..max_len-1, also the slots of sequence 0
+        in the contiguous cache), "lengths" (1..max_len), "ids" (the loaded tokens)."""
+        if name == "ids":
+            if backend.name not in self._ids:
+                self._ids[backend.name] = backend.to_device(self._tokens)
+            return self._ids[backend.name]
+        positions = np.arange(self.max_len, dtype=np.int32)
+        return self.dev(backend, name, lambda: positions + (name == "lengths"))
 
-    def _index(self, role: str, layer: int, name: str, position: int):
-        return self.dev(self.ops[(role, layer)].backend, name, None)[position:position + 1]
+    def _pass(self, ops: dict, p: int, n: int):
+        """The layers over n tokens at positions p..p+n-1 (module docstring): a decode step
+        (`self.ops`, n = 1) or the prefill pass (`prefill_ops(n)`, p = 0). The logits: a device
+        array of the lm_head's backend, [vocab] for a step, [n, vocab] for the prefill."""
+        cfg = self.config
+        hidden, hq, hkv, d, inter = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, \
+            cfg.intermediate
+        prefill = ops is not self.ops
+
+        def run(role, layer, inputs):
+            return self._run(ops[(role, layer)], p, inputs)
+
+        def rows(role, layer, name):
+            return self._table(ops[(role, layer)].backend, name)[p:p + n]
+
+        def proj(role, layer, x, width):
+            shape = (n, width) if prefill else (width,)
+            return run(role, layer, {"x": x.reshape(shape)})["out"]
+
+        h = run("embed", 0, {"ids": rows("embed", 0, "ids")})["out"]
+        r, y = h, None
+        for l in range(cfg.layers):
+            if l == 0:
+                x = run("attn_norm", 0, {"x": h})["out"]
+            else:
+                got = run("attn_add_norm", l, {"a": r, "b": y})
+                r, x = got["residual_out"], got["normed_out"]
+            q = proj("q_proj", l, x, hidden)
+            k = proj("k_proj", l, x, hidden)
+            v = proj("v_proj", l, x, hidden).reshape((n, hkv, d))
+            rot = run("rope", l, {"q": q.reshape((n, hq, d)), "k": k.reshape((n, hkv, d)),
+                                  "positions": rows("rope", l, "positions")})
+            kv = run("kv_update", l, {"k_cache": self.k_cache[l], "v_cache": self.v_cache[l],
+                                      "k": rot["k_out"], "v": v,
+                                      "slots": rows("kv_update", l, "positions")})
+            self.k_cache[l], self.v_cache[l] = kv["k_cache"], kv["v_cache"]
+            if prefill:  # causal over the prompt's own rows
+                a = run("attention", l, {"q": rot["q_out"], "k": rot["k_out"], "v": v})["out"]
+            else:
+                a = run("attention", l, {"lengths": self._table(
+                    ops[("attention", l)].backend, "lengths")[p:p + 1], "q": rot["q_out"],
+                    "k": self.k_cache[l], "v": self.v_cache[l]})["out"]
+            o = proj("o_proj", l, a, hq * d).reshape((n, hidden))
+            got = run("ffn_add_norm", l, {"a": r, "b": o})
+            r, x = got["residual_out"], got["normed_out"]
+            g = proj("gate_proj", l, x, hidden).reshape((n, inter))
+            u = proj("up_proj", l, x, hidden).reshape((n, inter))
+            s = run("silu_mul", l, {"gate": g, "up": u})["out"]
+            y = proj("down_proj", l, s, inter).reshape((n, hidden))
+        final = run("final_add_norm", 0, {"a": r, "b": y})
+        return proj("lm_head", 0, final["normed_out"], hidden)
 
     def forward(self, position: int):
         """One decode step at `position` for the token loaded there (`load`): the logits, a
-        device array [vocab] of the lm_head's backend (module docstring)."""
-        cfg, w, p = self.config, self.weights, position
-        hidden, hq, hkv, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
-        op = self.ops[("embed", 0)]
-        h = self._run("embed", 0, p, {**self._weight(op.backend, "embedding", w.embedding),
-                                      "ids": self._ids[op.backend.name][p:p + 1]})["out"]
-        r, y = h, None
-        for l, lw in enumerate(w.layers):
-            if l == 0:
-                x = self._run("attn_norm", 0, p, {"x": h, "w": self._norm(
-                    self.ops[("attn_norm", 0)].backend, "L0.attn_norm", lw.attn_norm)})["out"]
-            else:
-                got = self._run("attn_add_norm", l, p, {"a": r, "b": y, "w": self._norm(
-                    self.ops[("attn_add_norm", l)].backend, f"L{l}.attn_norm", lw.attn_norm)})
-                r, x = got["residual_out"], got["normed_out"]
-            q = self._gemv("q_proj", l, x, hidden)
-            k = self._gemv("k_proj", l, x, hidden)
-            v = self._gemv("v_proj", l, x, hidden)
-            rot = self._run("rope", l, p, {"q": q.reshape((1, hq, d)), "k": k.reshape((1, hkv, d)),
-                                           "positions": self._index("rope", l, "positions", p)})
-            kv = self._run("kv_update", l, p, {
-                "k_cache": self.k_cache[l], "v_cache": self.v_cache[l], "k": rot["k_out"],
-                "v": v.reshape((1, hkv, d)), "slots": self._index("kv_update", l, "positions", p)})
-            self.k_cache[l], self.v_cache[l] = kv["k_cache"], kv["v_cache"]
-            attn = self.ops[("attention", l)].backend
-            a = self._run("attention", l, p, {
-                "lengths": self._index("attention", l, "lengths", p), "q": rot["q_out"],
-                "k": self.k_cache[l], "v": self.v_cache[l],
-                "sinks": self.dev(attn, "no_sinks", None)})["out"]
-            o = self._gemv("o_proj", l, a, hq * d)
-            got = self._run("ffn_add_norm", l, p, {"a": r, "b": o.reshape((1, hidden)), "w": self._norm(
-                self.ops[("ffn_add_norm", l)].backend, f"L{l}.ffn_norm", lw.ffn_norm)})
-            r, x = got["residual_out"], got["normed_out"]
-            g = self._gemv("gate_proj", l, x, hidden)
-            u = self._gemv("up_proj", l, x, hidden)
-            n = cfg.intermediate
-            s = self._run("silu_mul", l, p, {"gate": g.reshape((1, n)), "up": u.reshape((1, n))})["out"]
-            y = self._gemv("down_proj", l, s, n).reshape((1, hidden))
-        final = self._run("final_add_norm", 0, p, {"a": r, "b": y, "w": self._norm(
-            self.ops[("final_add_norm", 0)].backend, "final_norm", w.final_norm)})
-        return self._gemv("lm_head", 0, final["normed_out"], hidden)
+        device array [vocab] of the lm_head's backend."""
+        return self._pass(self.ops, position, 1)
 
-    def load(self, tokens) -> None:
-        """Empty the caches and put the token ids on every backend (teacher forcing: token i
-        is fed at position i)."""
+    def prefill(self, n: int):
+        """The prefill pass over the first n loaded tokens (positions 0..n-1, after `load`):
+        their logits, a device array [n, vocab] of the prefill lm_head's backend."""
+        return self._pass(self.prefill_ops(n), 0, n)
+
+    def load(self, tokens, prefill: int = 0) -> None:
+        """Empty the caches, hold the token ids (teacher forcing: token i is fed at position
+        i), and build the cases of every position the loop will run (so a timed step builds
+        none) and the prefill pass's ops for its first `prefill` tokens."""
         ids = np.asarray(tokens)
         vocab = self.weights.embedding.shape[0]
         if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or not ids.size:
@@ -491,15 +580,30 @@ class Decoder:
         if ids.size > self.max_len:
             raise ModelError(f"tokens: {ids.size} tokens do not fit the KV cache of max_len="
                              f"{self.max_len}: raise max_len")
+        if not 0 <= prefill <= ids.size:
+            raise ModelError(f"prefill={prefill}: the prompt is a prefix of the {ids.size} "
+                             "tokens (0: decode every token as a step)")
         self.reset()
-        self._ids = {name: b.to_device(ids.astype(np.int32)) for name, b in self.backends.items()}
+        self._tokens = ids.astype(np.int32)  # on each backend at its first use (`_table`)
+        if prefill:
+            self.prefill_ops(prefill)
+        for (role, _), op in self.ops.items():
+            if op.moves:
+                for p in range(prefill, ids.size):
+                    op.at(p)
 
-    def logits(self, tokens) -> np.ndarray:
-        """Teacher-forced logits after each token: float64 [len(tokens), vocab]."""
-        self.load(tokens)
+    def logits(self, tokens, prefill: int = 0) -> np.ndarray:
+        """Teacher-forced logits after each token: float64 [len(tokens), vocab]; the first
+        `prefill` tokens in one prefill pass, the rest as decode steps (module docstring)."""
+        self.load(tokens, prefill)
+        rows = []
+        if prefill:
+            lm = self.prefill_ops(prefill)[("lm_head", 0)].backend
+            rows.append(lm.to_host(self.prefill(prefill), self.dtype).astype(np.float64))
         lm = self.ops[("lm_head", 0)].backend
-        return np.stack([lm.to_host(self.forward(p), self.dtype).astype(np.float64)
-                         for p in range(len(tokens))])
+        rows += [lm.to_host(self.forward(p), self.dtype).astype(np.float64)[None]
+                 for p in range(prefill, len(tokens))]
+        return np.concatenate(rows)
 
     def synchronize(self, value=None) -> None:
         """Wait for the work queued on every backend (MLX: evaluate `value` first)."""
@@ -509,6 +613,14 @@ class Decoder:
             mx.eval(value)
         for b in self.backends.values():
             b.synchronize()
+
+
+def _impl_ids(ops: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for (role, _), op in ops.items():
+        if op.impl_id not in out.setdefault(role, []):
+            out[role].append(op.impl_id)
+    return out
 
 
 def _dlpack(value, src: str, dst: str, dtype: str):
@@ -567,3 +679,40 @@ def time_decode(decoder: Decoder, tokens, warmup: int = 3) -> DecodeTiming:
     devices = sorted({b.device() for b in decoder.backends.values()})
     return DecodeTiming(decoder.plan.name, ", ".join(devices), decoder.dtype, len(samples),
                         warmup, median, q[0], q[-1], 1e3 / median, tuple(samples))
+
+
+@dataclass(frozen=True)
+class PrefillTiming:
+    """Wall time of the prefill pass over a prompt of `tokens` tokens (its lm_head over every
+    row included), between two synchronizes of every backend: the median and extremes over
+    `repeats` runs after `warmup` runs, each on empty caches."""
+
+    plan: str
+    device: str
+    dtype: str
+    tokens: int
+    repeats: int
+    warmup: int
+    ms: float
+    min_ms: float
+    max_ms: float
+    tokens_per_s: float
+    samples_ms: tuple[float, ...]
+
+
+def time_prefill(decoder: Decoder, tokens, repeats: int = 5, warmup: int = 1) -> PrefillTiming:
+    """The prefill pass over all of `tokens`, `warmup` + `repeats` times: see
+    `PrefillTiming`."""
+    samples = []
+    for i in range(warmup + repeats):
+        decoder.load(tokens, prefill=len(tokens))
+        decoder.synchronize()
+        t0 = time.perf_counter()
+        decoder.synchronize(decoder.prefill(len(tokens)))
+        if i >= warmup:
+            samples.append((time.perf_counter() - t0) * 1e3)
+    median = statistics.median(samples)
+    devices = sorted({b.device() for b in decoder.backends.values()})
+    return PrefillTiming(decoder.plan.name, ", ".join(devices), decoder.dtype, len(tokens),
+                         repeats, warmup, median, min(samples), max(samples),
+                         len(tokens) * 1e3 / median, tuple(samples))

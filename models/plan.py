@@ -16,7 +16,11 @@ Builtin plans (`plan(name, dtype)`):
     cuda       kparity's CUDA kernels where one admits the role (cuda:kp_rms_norm,
                cuda:kp_add_rms_norm, cuda:kp_qgemv_mma / kp_qgemv, cuda:kp_rope,
                cuda:kv_cache_update, cuda:kp_sdpa_decode, cuda:silu_mul), torch for the rest
-               (the embedding gather has no CUDA kernel)
+               (the embedding gather and prefill attention have no CUDA kernel;
+               cuda:kp_qmm takes prompts of up to 32 rows)
+
+Prefill (`PREFILL_ROLES`): a prompt in one pass runs the decode roles on its rows, except the
+projections (`prefill_proj`: qmm) and attention (`prefill_attention`: sdpa_prefill_varlen).
 
 `plan.swapped({"rms_norm": "cuda:kp_rms_norm"})` pins one impl: a key is a role (`q_proj`) or an
 op (`dequant_gemv`: every role of that op); the swapped role has that one candidate, and a
@@ -58,6 +62,15 @@ ROLES: dict[str, str] = {
     "lm_head": "dequant_gemv",
 }
 
+# The prefill pass (a whole prompt at once) runs the same roles, on rows of tokens, except
+# these two: every projection is a `qmm` over the prompt's rows (one role: the plan gives one
+# impl list for all of them) and attention is `sdpa_prefill_varlen` (causal over the prompt).
+PREFILL_ROLES: dict[str, str] = {
+    "prefill_proj": "qmm",
+    "prefill_attention": "sdpa_prefill_varlen",
+}
+ALL_ROLES: dict[str, str] = {**ROLES, **PREFILL_ROLES}
+
 # Params naming a rounding convention of the same function (module docstring).
 ADAPTABLE = ("rounding", "compute", "probs")
 
@@ -81,11 +94,11 @@ class Plan:
     impls: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
-        missing = [r for r in ROLES if not self.impls.get(r)]
-        extra = [r for r in self.impls if r not in ROLES]
+        missing = [r for r in ALL_ROLES if not self.impls.get(r)]
+        extra = [r for r in self.impls if r not in ALL_ROLES]
         if missing or extra:
             raise ModelError(f"plan {self.name}: roles without an impl {missing}, unknown "
-                             f"roles {extra}; the roles: {', '.join(ROLES)}")
+                             f"roles {extra}; the roles: {', '.join(ALL_ROLES)}")
 
     def candidates(self, role: str) -> tuple[str, ...]:
         return tuple(self.impls[role])
@@ -97,7 +110,7 @@ class Plan:
         impls = dict(self.impls)
         for key, impl_id in swaps.items():
             roles = swap_roles(key)
-            check_impl(impl_id, ROLES[roles[0]], key)
+            check_impl(impl_id, ALL_ROLES[roles[0]], key)
             for role in roles:
                 impls[role] = (impl_id,)
         suffix = "".join(f"+{k}={v}" for k, v in swaps.items())
@@ -105,16 +118,16 @@ class Plan:
 
     def describe(self) -> dict[str, str]:
         """role -> its candidates, " | "-joined (for a table)."""
-        return {role: " | ".join(self.impls[role]) for role in ROLES}
+        return {role: " | ".join(self.impls[role]) for role in ALL_ROLES}
 
 
 def swap_roles(key: str) -> list[str]:
     """The roles a swap key names: the role itself, or every role of that op."""
-    if key in ROLES:
+    if key in ALL_ROLES:
         return [key]
-    roles = [r for r, op in ROLES.items() if op == key]
+    roles = [r for r, op in ALL_ROLES.items() if op == key]
     if not roles:
-        valid = list(ROLES) + sorted(set(ROLES.values()))
+        valid = list(ALL_ROLES) + sorted(set(ALL_ROLES.values()))
         raise ModelError(f"swap {key!r}: not a role or an op of the decode loop; valid "
                          f"(closest first): {_closest(key, valid)}")
     return roles
@@ -137,18 +150,21 @@ def check_impl(impl_id: str, op: str, where: str) -> None:
 
 
 def _plan(name: str, by_op: Mapping[str, tuple[str, ...]]) -> Plan:
-    return Plan(name, {role: tuple(by_op[op]) for role, op in ROLES.items()})
+    return Plan(name, {role: tuple(by_op[op]) for role, op in ALL_ROLES.items()})
 
 
 TORCH = {"quant_embedding": ("torch:quant_embedding",), "rms_norm": ("torch:rms_norm",),
          "add_rms_norm": ("torch:add_rms_norm",), "dequant_gemv": ("torch:dequant_linear",),
          "rope": ("torch:rope_polar",), "kv_cache_update": ("torch:kv_cache_update",),
-         "sdpa_decode": ("torch:sdpa",), "silu_mul": ("torch:silu_mul",)}
+         "sdpa_decode": ("torch:sdpa",), "silu_mul": ("torch:silu_mul",),
+         "qmm": ("torch:qmm_dequant_linear",), "sdpa_prefill_varlen": ("torch:sdpa_varlen",)}
 MLX = {"quant_embedding": ("mlx:quant_embedding",), "rms_norm": ("mlx:rms_norm_f32",),
        "add_rms_norm": ("mlx:add_rms_norm",),
        "dequant_gemv": ("mlx:quantized_matmul", "mlx:quantized_matmul_half"),
        "rope": ("mlx:fast_rope_f32",), "kv_cache_update": ("mlx:kv_cache_update",),
-       "sdpa_decode": ("mlx:fast_sdpa",), "silu_mul": ("mlx:silu_mul",)}
+       "sdpa_decode": ("mlx:fast_sdpa",), "silu_mul": ("mlx:silu_mul",),
+       "qmm": ("mlx:qmm_quantized_matmul", "mlx:qmm_quantized_matmul_half"),
+       "sdpa_prefill_varlen": ("mlx:fast_sdpa_varlen",)}
 CUDA = {"quant_embedding": TORCH["quant_embedding"],
         "rms_norm": ("cuda:kp_rms_norm", *TORCH["rms_norm"]),
         "add_rms_norm": ("cuda:kp_add_rms_norm", *TORCH["add_rms_norm"]),
@@ -156,10 +172,12 @@ CUDA = {"quant_embedding": TORCH["quant_embedding"],
         "rope": ("cuda:kp_rope", *TORCH["rope"]),
         "kv_cache_update": ("cuda:kv_cache_update", *TORCH["kv_cache_update"]),
         "sdpa_decode": ("cuda:kp_sdpa_decode", *TORCH["sdpa_decode"]),
-        "silu_mul": ("cuda:silu_mul", *TORCH["silu_mul"])}
+        "silu_mul": ("cuda:silu_mul", *TORCH["silu_mul"]),
+        "qmm": ("cuda:kp_qmm", *TORCH["qmm"]),  # kp_qmm: up to 32 rows
+        "sdpa_prefill_varlen": TORCH["sdpa_prefill_varlen"]}
 
 PLANS = {
-    "reference": _plan("reference", {op: (REFERENCE_IMPL,) for op in set(ROLES.values())}),
+    "reference": _plan("reference", {op: (REFERENCE_IMPL,) for op in set(ALL_ROLES.values())}),
     "torch": _plan("torch", TORCH),
     "mlx": _plan("mlx", MLX),
     "cuda": _plan("cuda", CUDA),

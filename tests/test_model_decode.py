@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gpu_impls
-from models.decode import Decoder, plan_impls, time_decode
+from models.decode import Decoder, plan_impls, time_decode, time_prefill
 from models.plan import REFERENCE_IMPL, ModelError, plan
 from models.synthetic import config, random_weights
 from oracle.dtypes import round_to
@@ -108,6 +108,14 @@ def test_reference_plan_is_the_exact_composition(weights, reference):
     assert 1.0 < np.std(want) < 10.0  # O(1) logits: the synthetic scales keep them so
 
 
+def test_a_prefill_pass_is_the_same_composition(weights, reference):
+    """The first 5 tokens in one pass (qmm projections, sdpa_prefill_varlen, rows of norms),
+    the rest decoded: the reference's logits are the token-by-token ones, bit for bit."""
+    decoder = Decoder(weights, "reference", "bf16", MAX_LEN)
+    assert np.array_equal(decoder.logits(TOKENS, prefill=5), reference)
+    assert np.array_equal(decoder.logits(TOKENS, prefill=len(TOKENS)), reference)
+
+
 # --- impl plans against the reference ------------------------------------------------------
 
 # bf16's rounding noise in the logits alone (|Δ| ~ 2^-9 |logit|, logits of std ~3) is a KLD of
@@ -122,9 +130,11 @@ def test_impl_plans_are_within_a_small_kld_of_the_reference(weights, reference, 
     ok, why = impl.available(gpu_impls.backend(impl.backend))
     if not ok:
         pytest.skip(why)
-    got = Decoder(weights, name, "bf16", MAX_LEN).logits(TOKENS)
-    assert 0 < kld(reference, got).mean() < SMALL_KLD[name]
-    assert (got.argmax(-1) == reference.argmax(-1)).mean() >= 0.9
+    decoder = Decoder(weights, name, "bf16", MAX_LEN)
+    for prefill in (0, 5):
+        got = decoder.logits(TOKENS, prefill=prefill)
+        assert 0 < kld(reference, got).mean() < SMALL_KLD[name]
+        assert (got.argmax(-1) == reference.argmax(-1)).mean() >= 0.9
 
 
 def test_a_planted_wrong_gemv_moves_the_logits_by_orders_of_magnitude(weights, reference):
@@ -199,13 +209,14 @@ def test_a_dtype_that_would_round_the_scales_is_refused(weights):
         Decoder(weights, "reference", "f8", MAX_LEN)
 
 
-@pytest.mark.parametrize("tokens, message", [
-    ([3, 256], r"ids must lie in \[0, vocab=256\); got min 3, max 256"),
-    (list(range(MAX_LEN + 1)), r"17 tokens do not fit the KV cache of max_len=16"),
+@pytest.mark.parametrize("tokens, prefill, message", [
+    ([3, 256], 0, r"ids must lie in \[0, vocab=256\); got min 3, max 256"),
+    (list(range(MAX_LEN + 1)), 0, r"17 tokens do not fit the KV cache of max_len=16"),
+    ([1, 2], 3, r"prefill=3: the prompt is a prefix of the 2 tokens"),
 ])
-def test_bad_tokens_are_refused(weights, tokens, message):
+def test_bad_tokens_are_refused(weights, tokens, prefill, message):
     with pytest.raises(ModelError, match=message):
-        Decoder(weights, "reference", "bf16", MAX_LEN).logits(tokens)
+        Decoder(weights, "reference", "bf16", MAX_LEN).logits(tokens, prefill)
 
 
 @pytest.mark.parametrize("model, gemv", [("smollm2-135m", "cuda:kp_qgemv"),
@@ -221,6 +232,18 @@ def test_the_cuda_plan_runs_kparitys_kernels_at_the_models_shapes(model, gemv):
     assert impls["attention"] == ["cuda:kp_sdpa_decode"]
 
 
+def test_the_cuda_plans_prefill_runs_kp_qmm_up_to_32_rows():
+    """cuda:kp_qmm takes m <= 32 rows and in % 256 == 0 (int4): Llama-3-8B's 32-token prompt
+    runs it, its 512-token prompt falls back to torch, as SmolLM2's hidden 576 always does."""
+    cfg = config("llama3-8b")
+    assert plan_impls("cuda", cfg, "bf16", 1024, False, prefill=32)["q_proj"] == ["cuda:kp_qmm"]
+    long = plan_impls("cuda", cfg, "bf16", 1024, False, prefill=512)
+    assert long["q_proj"] == ["torch:qmm_dequant_linear"]
+    assert long["attention"] == ["torch:sdpa_varlen"] and long["rope"] == ["cuda:kp_rope"]
+    smol = plan_impls("cuda", config("smollm2-135m"), "bf16", 1024, False, prefill=32)
+    assert smol["q_proj"] == ["torch:qmm_dequant_linear"]
+
+
 def test_a_plan_never_falls_back_to_another_backend_silently(weights):
     ok, why = gpu_impls.backend("cuda").available()
     if ok:
@@ -234,3 +257,10 @@ def test_time_decode_times_the_steps_after_the_warmup(weights):
     assert timing.steps == len(timing.samples_ms) == 4 and timing.plan == "torch"
     assert 0 < timing.p10_ms <= timing.ms_per_token <= timing.p90_ms
     assert timing.tokens_per_s == pytest.approx(1e3 / timing.ms_per_token)
+
+
+def test_time_prefill_times_the_whole_prompt(weights):
+    timing = time_prefill(Decoder(weights, "torch", "bf16", MAX_LEN), TOKENS[:8], repeats=2)
+    assert timing.tokens == 8 and len(timing.samples_ms) == timing.repeats == 2
+    assert 0 < timing.min_ms <= timing.ms <= timing.max_ms
+    assert timing.tokens_per_s == pytest.approx(8e3 / timing.ms)
