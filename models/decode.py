@@ -281,6 +281,13 @@ class RoleOp:
     buffers: dict = field(default_factory=dict)
     cross: tuple | None = None
     moves: bool = False  # the case carries the step's position (decode's rope and kv_update)
+    inputs: tuple = ()   # (name, dtype) of the op's inputs
+    aliased: tuple = ()  # (output, the input it updates in place)
+
+    def __post_init__(self):
+        spec, case = self.base.spec, self.base
+        self.inputs = tuple((t.name, t.dtype(case)) for t in spec.inputs)
+        self.aliased = tuple((t.name, t.aliases) for t in spec.outputs if t.aliases)
 
     @property
     def impl_id(self) -> str:
@@ -479,17 +486,15 @@ class Decoder:
         case, launch = op.at(position)
         inputs = {**op.static, **inputs}
         if op.cross is None:  # which inputs come from another backend: fixed by the plan
-            op.cross = tuple(t.name for t in case.spec.inputs
-                             if home(inputs[t.name]) != op.backend.name)
-        for t in case.spec.inputs:
-            if t.name in op.cross:
-                inputs[t.name] = self._to(op.backend, inputs[t.name], t.dtype(case))
+            op.cross = tuple((name, dtype) for name, dtype in op.inputs
+                             if home(inputs[name]) != op.backend.name)
+        for name, dtype in op.cross:
+            inputs[name] = self._to(op.backend, inputs[name], dtype)
         if op.impl is None:
             return run_oracle(case, inputs)
         outputs = None
         if op.backend.writes_in_place:
-            outputs = {**op.buffers, **{t.name: inputs[t.aliases]
-                                        for t in case.spec.outputs if t.aliases}}
+            outputs = {**op.buffers, **{out: inputs[src] for out, src in op.aliased}}
         got = op.impl.run(launch, inputs, outputs, case)
         return outputs if got is None else {**(outputs or {}), **got}
 
@@ -562,8 +567,14 @@ class Decoder:
 
     def prefill(self, n: int):
         """The prefill pass over the first n loaded tokens (positions 0..n-1, after `load`):
-        their logits, a device array [n, vocab] of the prefill lm_head's backend."""
-        return self._pass(self.prefill_ops(n), 0, n)
+        their logits, a device array [n, vocab] of the prefill lm_head's backend. The caches
+        end on the decode step's kv_update backend (the prefill's may differ)."""
+        logits = self._pass(self.prefill_ops(n), 0, n)
+        for layer in range(self.config.layers):
+            home_ = self.ops[("kv_update", layer)].backend
+            self.k_cache[layer] = self._to(home_, self.k_cache[layer], self.dtype)
+            self.v_cache[layer] = self._to(home_, self.v_cache[layer], self.dtype)
+        return logits
 
     def load(self, tokens, prefill: int = 0) -> None:
         """Empty the caches, hold the token ids (teacher forcing: token i is fed at position
@@ -625,7 +636,9 @@ def _impl_ids(ops: dict) -> dict[str, list[str]]:
 
 def _dlpack(value, src: str, dst: str, dtype: str):
     """A torch tensor as a CuPy array or back, zero copy (CuPy holds f16/bf16 as uint16 bits,
-    and exchanges 16-bit floats through DLPack as int16)."""
+    and exchanges 16-bit floats through DLPack as int16). Both libraries launch on the legacy
+    default stream unless told otherwise (kparity's CUDA impls use CuPy's current stream,
+    torch's impls torch's): the kernels on either side run in order."""
     import cupy
     import torch
 
@@ -660,19 +673,22 @@ class DecodeTiming:
     samples_ms: tuple[float, ...]
 
 
-def time_decode(decoder: Decoder, tokens, warmup: int = 3) -> DecodeTiming:
-    """Teacher-forced decode over `tokens` (position i gets token i), timing each step after
-    the first `warmup`: see `DecodeTiming`."""
-    if len(tokens) <= warmup:
-        raise ModelError(f"time_decode: {len(tokens)} tokens leave no step after "
-                         f"{warmup} warm-up steps")
-    decoder.load(tokens)
+def time_decode(decoder: Decoder, tokens, warmup: int = 3, prefill: int = 0) -> DecodeTiming:
+    """Teacher-forced decode over `tokens` (position i gets token i), the first `prefill` of
+    them in one untimed prefill pass, timing each step after the first `warmup` steps: see
+    `DecodeTiming`."""
+    if len(tokens) - prefill <= warmup:
+        raise ModelError(f"time_decode: {len(tokens)} tokens, {prefill} of them prefilled, "
+                         f"leave no step after {warmup} warm-up steps")
+    decoder.load(tokens, prefill)
+    if prefill:
+        decoder.synchronize(decoder.prefill(prefill))
     samples = []
-    for p in range(len(tokens)):
+    for p in range(prefill, len(tokens)):
         decoder.synchronize()
         t0 = time.perf_counter()
         decoder.synchronize(decoder.forward(p))
-        if p >= warmup:
+        if p - prefill >= warmup:
             samples.append((time.perf_counter() - t0) * 1e3)
     q = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
     median = statistics.median(samples)

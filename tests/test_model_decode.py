@@ -156,6 +156,7 @@ def test_an_exact_swap_leaves_the_logits_unchanged(weights, reference):
     decoder = Decoder(weights, mixed, "bf16", MAX_LEN)
     assert decoder.impls["kv_update"] == ["torch:kv_cache_update"]
     assert np.array_equal(decoder.logits(TOKENS), reference)
+    assert np.array_equal(decoder.logits(TOKENS, prefill=5), reference)
 
 
 # --- plans, swaps and refusals -------------------------------------------------------------
@@ -252,11 +253,16 @@ def test_a_plan_never_falls_back_to_another_backend_silently(weights):
         Decoder(weights, "cuda", "bf16", MAX_LEN)
 
 
-def test_time_decode_times_the_steps_after_the_warmup(weights):
-    timing = time_decode(Decoder(weights, "torch", "bf16", MAX_LEN), TOKENS[:6], warmup=2)
-    assert timing.steps == len(timing.samples_ms) == 4 and timing.plan == "torch"
+@pytest.mark.parametrize("prefill, steps", [(0, 4), (3, 1)])
+def test_time_decode_times_the_steps_after_the_warmup(weights, prefill, steps):
+    timing = time_decode(Decoder(weights, "torch", "bf16", MAX_LEN), TOKENS[:6], warmup=2,
+                         prefill=prefill)
+    assert timing.steps == len(timing.samples_ms) == steps and timing.plan == "torch"
     assert 0 < timing.p10_ms <= timing.ms_per_token <= timing.p90_ms
     assert timing.tokens_per_s == pytest.approx(1e3 / timing.ms_per_token)
+    with pytest.raises(ModelError, match=r"6 tokens, 4 of them prefilled, leave no step after "
+                                         r"2 warm-up steps"):
+        time_decode(Decoder(weights, "torch", "bf16", MAX_LEN), TOKENS[:6], 2, prefill=4)
 
 
 def test_time_prefill_times_the_whole_prompt(weights):
