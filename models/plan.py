@@ -7,12 +7,13 @@ preference; the loop runs, per role, the first candidate whose contract admits t
 not, so the CUDA plan runs `cuda:kp_qgemv` there). `REFERENCE_IMPL` ("numpy:oracle") is the op's
 float64 oracle with its outputs rounded to their dtype, as `oracle/pipeline.py` composes stages.
 
-Builtin plans (`plan(name, dtype)`):
+Builtin plans (`plan(name)`; the dtype picks among candidates through their contracts):
 
     reference  every role the oracle: the exact composition, rounded to T at every op boundary
     torch      the torch impls (CPU here; CUDA where torch sees a GPU)
-    mlx        the MLX impls (mlx:quantized_matmul_half for f16/bf16 GEMVs: what an MLX user
-               runs; outside the f32-accumulation contract, see gpu_impls/mlx/gemv.py)
+    mlx        the MLX impls (mlx:quantized_matmul for f32, mlx:quantized_matmul_half for
+               f16/bf16 GEMVs: what an MLX user runs, outside the f32-accumulation contract,
+               gpu_impls/mlx/gemv.py; likewise qmm's for a prefill)
     cuda       kparity's CUDA kernels where one admits the role (cuda:kp_rms_norm,
                cuda:kp_add_rms_norm, cuda:kp_qgemv_mma / kp_qgemv, cuda:kp_rope,
                cuda:kv_cache_update, cuda:kp_sdpa_decode, cuda:silu_mul), torch for the rest

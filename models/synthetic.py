@@ -15,8 +15,9 @@ Scales follow the fan-in n so that activations stay O(1) through the layers:
     embedding (untied)   s ≈ 1 / 4.6                    rows of RMS ~1
 
 each times a per-group log-normal factor (`GROUP_SPREAD`: a kernel that takes a neighbouring
-group's scale is visibly wrong, as it would be on a real checkpoint). Scales and biases are values exact in both f16 and bf16
-(`both_exact`), so one synthetic model runs at either T; norm weights are 1 + N(0, 0.05²).
+group's scale is visibly wrong, as it would be on a real checkpoint). Scales and biases are
+values exact in both f16 and bf16 (`both_exact`), so one synthetic model runs at either T;
+norm weights are 1 + N(0, 0.05²).
 """
 
 from __future__ import annotations
