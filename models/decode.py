@@ -653,6 +653,20 @@ def _dlpack(value, src: str, dst: str, dtype: str):
     return torch.from_dlpack(value)
 
 
+def step_bytes(decoder: Decoder, position: int) -> int:
+    """Bytes one decode step at `position` moves by the ops' own models (`OpSpec.bytes`: each
+    input read once, each output written once: every weight, the activations), attention
+    charged for the position + 1 keys the step reads rather than the cache's capacity: the
+    numerator of a bandwidth roofline (÷ a copy ceiling in bytes/s: the step's lower bound)."""
+    total = 0
+    for (role, _), op in decoder.ops.items():
+        case, _ = op.at(position)
+        if role == "attention":
+            case = case.replace(max_len=position + 1)
+        total += int(case.spec.bytes(case))
+    return total
+
+
 # --- speed ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

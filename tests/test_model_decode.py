@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import gpu_impls
-from models.decode import Decoder, plan_impls, time_decode, time_prefill
+from models.decode import (Decoder, matrices, plan_impls, step_bytes, time_decode,
+                           time_prefill)
 from models.plan import REFERENCE_IMPL, ModelError, plan
 from models.synthetic import config, random_weights
 from oracle.dtypes import round_to
@@ -270,3 +271,16 @@ def test_time_prefill_times_the_whole_prompt(weights):
     assert timing.tokens == 8 and len(timing.samples_ms) == timing.repeats == 2
     assert 0 < timing.min_ms <= timing.ms <= timing.max_ms
     assert timing.tokens_per_s == pytest.approx(8e3 / timing.ms)
+
+
+def test_step_bytes_reads_every_weight_once_and_the_keys_the_step_attends(weights):
+    """The roofline's numerator: the codes and the T scales and biases of every matrix (the
+    embedding: one row), plus activations (a tenth more at this tiny hidden size); the keys
+    the step attends, not the cache's capacity: 2 (k and v) x layers x kv_heads x head_dim x 2
+    bytes per key."""
+    cfg, decoder = weights.config, Decoder(weights, "torch", "bf16", MAX_LEN)
+    table = {k: m for k, m in matrices(weights).items() if k != "embedding"}
+    weight_bytes = sum(m.codes.nbytes + 2 * 2 * m.scales.size for m in table.values())
+    assert weight_bytes < step_bytes(decoder, 0) < 1.25 * weight_bytes
+    per_key = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 2
+    assert step_bytes(decoder, 9) - step_bytes(decoder, 2) == 7 * per_key
