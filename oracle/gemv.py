@@ -48,10 +48,13 @@ def _layout(case) -> tuple[int, int]:
     return case.dims["bits"], case.dims["group_size"]
 
 
-def dequant_gemv(inputs: dict, case) -> dict:
-    """out[r] = sum_d (q[r,d] s[r,g] + b[r,g]) x[d], float64; see the module docstring."""
-    bits, group = _layout(case)
-    w_hat = dequantize(inputs["w"], inputs["scales"], inputs["biases"], bits, group)
+def dequant_gemv(inputs: dict, case, w_hat: np.ndarray | None = None) -> dict:
+    """out[r] = sum_d (q[r,d] s[r,g] + b[r,g]) x[d], float64; see the module docstring.
+    `w_hat`: `dequantize` of these w, scales and biases, computed once by a caller that applies
+    the same weights many times (the model gate's reference plan)."""
+    if w_hat is None:
+        bits, group = _layout(case)
+        w_hat = dequantize(inputs["w"], inputs["scales"], inputs["biases"], bits, group)
     return {"out": w_hat @ kernel_view({"x": inputs["x"]}, case)["x"]}
 
 

@@ -1,0 +1,165 @@
+"""The model-level gate (issue 28): a plan's teacher-forced logits against the reference plan's
+over the evaluation texts, llama-perplexity's statistics (`models/metrics.py`), the gate's
+verdict, and the speed; one `model` table row per (model, plan, text).
+
+    tokens   the text's token ids (the model's own tokenizer; a synthetic model: random ids
+             from the seed), the first `limit` of them
+    ref      Decoder(weights, "reference", T).logits(tokens)   float64 oracles, T between ops
+    test     Decoder(weights, plan, T).logits(tokens)          the plan's impls
+    scored   positions 0 .. n-2: the logits after token i against token i + 1
+
+The reference is the exact composition of the ops at the contracts' rounding points, so a plan
+whose kernels are correct differs from it only by f32-versus-float64 arithmetic and the roundings
+that arithmetic tips over: the gate's defaults (mean KLD <= 1e-4, same top >= 99 %, the reasoning
+in `models.metrics.gate`) hold for such a plan; a wrong kernel moves the KLD by orders of
+magnitude (tests/test_model_gate.py). A plan with a report-only impl (e.g. MLX's half-precision
+quantized matmul, `mlx:quantized_matmul_half`, which rounds inside its product by rules not yet
+modelled) computes another function: its row is `report`, not gated. Top-token flips are counted and reported; a flip fails the
+gate only beyond `margin_bound` (here 0: every flip counts against `same_top_p`, and none fails
+on its own; a bound from the composed op tolerances is not derived yet).
+
+Speed (`speed=True`): decode ms per token at batch 1 (median over the steps after a warm-up,
+`models.decode.time_decode`) and its tokens/s; the roofline beside it is the bytes a step reads
+(`models.decode.step_bytes`, the ops' own byte models, at the text's middle position) over the
+run's copy ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu_impls import impls
+from models import metrics
+from models.decode import Decoder, step_bytes, time_decode
+from models.plan import ModelError, Plan, plan as builtin_plan
+from models.weights import Weights
+
+SYNTHETIC = "synthetic:"
+REAL = "smollm2"
+
+
+@dataclass(frozen=True)
+class Model:
+    """The weights under test, their tokenizer (None: synthetic ids) and where they came from."""
+
+    name: str
+    weights: Weights
+    tokenizer: object | None
+    sha256: str
+    seed: int = 0
+
+
+def load_model(name: str, seed: int = 0) -> Model:
+    """`smollm2` (SmolLM2-135M-Instruct Q4_1, downloaded and cached) or `synthetic:CONFIG`
+    (random int4 weights of `models.synthetic.CONFIGS[CONFIG]`)."""
+    if name == REAL:
+        from models.gguf_file import SHA256, fetch, load_weights
+        from models.tokenizer import load_tokenizer
+
+        path = fetch()
+        return Model(name, load_weights(path), load_tokenizer(path), SHA256, seed)
+    if name.startswith(SYNTHETIC):
+        from models.synthetic import config, random_weights
+
+        try:
+            cfg = config(name[len(SYNTHETIC):])
+        except ValueError as e:
+            raise ModelError(str(e)) from e
+        return Model(name, random_weights(cfg, seed), None, "", seed)
+    from models.synthetic import CONFIGS
+
+    raise ModelError(f"unknown model {name!r}: {REAL}, or "
+                     + ", ".join(SYNTHETIC + c for c in CONFIGS))
+
+
+def text_tokens(model: Model, names: list[str] | None, limit: int) -> dict[str, np.ndarray]:
+    """{text name: its first `limit` token ids}; a synthetic model: one random sequence."""
+    if limit < 2:
+        raise ModelError(f"--tokens {limit}: at least 2 (the logits after token i are scored "
+                         "against token i + 1)")
+    if model.tokenizer is None:
+        rng = np.random.default_rng(model.seed)
+        return {f"random-{model.seed}": rng.integers(0, model.weights.config.vocab, limit)}
+    from models.texts import load_texts
+
+    texts = load_texts()
+    chosen = names or sorted(texts)
+    unknown = [n for n in chosen if n not in texts]
+    if unknown:
+        raise ModelError(f"unknown text {unknown[0]!r}; texts: {', '.join(sorted(texts))}")
+    return {n: np.asarray(model.tokenizer.encode(texts[n])[:limit]) for n in chosen}
+
+
+def evaluate(model: Model, plans: list[Plan | str], dtype: str,
+             tokens: dict[str, np.ndarray], speed: bool = False, ceiling=None,
+             max_mean_kld: float = 1e-4, min_same_top: float = 0.99) -> list[dict]:
+    """One row per (plan, text) (the `model` table's columns, run id left to the caller); the
+    reference logits computed once per text. With `speed`, `ceiling(backend name)` gives the
+    copy ceiling in GB/s for the roofline (None: no roofline)."""
+    plans = [builtin_plan(p) if isinstance(p, str) else p for p in plans]
+    longest = max(len(t) for t in tokens.values())
+    ref_dec = Decoder(model.weights, "reference", dtype, max_len=longest)
+    decoders = [Decoder(model.weights, p, dtype, max_len=longest) for p in plans]
+    rows = []
+    for text, ids in tokens.items():
+        start = time.perf_counter()
+        ref = ref_dec.logits(ids)
+        ref_seconds = time.perf_counter() - start
+        for plan, dec in zip(plans, decoders):
+            rows.append(_row(model, plan, dec, dtype, text, ids, ref, speed, ceiling,
+                             max_mean_kld, min_same_top, ref_seconds))
+    return rows
+
+
+def _row(model: Model, plan: Plan, dec: Decoder, dtype: str, text: str, ids: np.ndarray,
+         ref: np.ndarray, speed: bool, ceiling, max_mean_kld: float, min_same_top: float,
+         ref_seconds: float) -> dict:
+    start = time.perf_counter()
+    test = dec.logits(ids)
+    m = metrics.position_metrics(ref[:-1], test[:-1], ids[1:])
+    s = metrics.summary(m)
+    flipped = metrics.flips(m, 0.0)      # every top-token flip: no margin bound yet
+    ties = metrics.near_ties(m, 0.0)     # flips between exactly tied reference logits
+    ok, reasons = metrics.gate(s, [], max_mean_kld, min_same_top)
+    ungated = sorted({i for ids_ in dec.impls.values() for i in ids_
+                      if i in impls() and impls()[i].report_only})
+    if ungated:  # not the oracle-exact-rounding plan the gate's defaults are for
+        reasons = [f"report only: {', '.join(ungated)} compute(s) another function than the "
+                   "op's contract (`Impl.report_only`)", *reasons]
+    row = {"model": model.name, "model_sha256": model.sha256, "plan": plan.name,
+           "plan_json": json.dumps(dec.impls, sort_keys=True),
+           "backend": ", ".join(sorted(dec.backends)),
+           "device": ", ".join(sorted({b.device() for b in dec.backends.values()})),
+           "dtype": dtype, "text": text, "positions": int(s["n"]),
+           **{k: _num(s.get(k)) for k in
+              ("mean_kld", "mean_kld_unc", "median_kld", "kld_90", "kld_95", "kld_99",
+               "kld_99_9", "max_kld", "same_top_p", "same_top_p_unc", "rms_dp", "rms_dp_unc")},
+           "flips": int(len(flipped)), "near_ties": int(len(ties)),
+           "gate": "report" if plan.name == "reference" or ungated else
+                   ("pass" if ok else "fail"),
+           "gate_reasons": "; ".join(reasons),
+           "prefill_tok_s": None, "decode_tok_s": None, "ms_per_token": None,
+           "ms_per_token_spread": None, "roofline_tok_s": None,
+           "summary_json": json.dumps(s, sort_keys=True, default=_num)}
+    if speed:
+        timing = time_decode(dec, ids)
+        row.update(decode_tok_s=timing.tokens_per_s, ms_per_token=timing.ms_per_token,
+                   ms_per_token_spread=(timing.p90_ms - timing.p10_ms) / timing.ms_per_token)
+        timed = [b for b in sorted(dec.backends) if b != "numpy"]  # oracles run untimed
+        if ceiling and timed:
+            gbps = ceiling(timed[0])
+            row["roofline_tok_s"] = gbps * 1e9 / step_bytes(dec, len(ids) // 2)
+    row["seconds"] = time.perf_counter() - start + ref_seconds
+    return row
+
+
+def _num(v):
+    """A summary value as a plain float (None for NaN: the table's null)."""
+    if v is None:
+        return None
+    v = float(v)
+    return None if np.isnan(v) else v

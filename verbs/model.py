@@ -1,0 +1,152 @@
+"""`kparity model`: the model-level gate (issue 28, `models/gate.py`): a real model's decode
+loop made of kparity's ops, a plan's logits against the float64 reference plan's, llama-
+perplexity's KLD statistics, the gate's verdict, and (with --speed) tokens/s beside the
+bandwidth roofline; one `model` table row per (model, plan, text).
+
+    kparity model --plan torch --dtype f16 --tokens 48              # SmolLM2-135M, every text
+    kparity model --plan cuda --swap rms_norm=cuda:kp_rms_norm      # one kernel lever
+    kparity model --model synthetic:tiny --plan mlx                 # random int4 weights
+
+Exit 0 when every row passes its gate (the reference plan is report-only), 1 when one fails,
+2 for bad input, 3 when the plan's backends are not here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from results.runinfo import new_run_id, run_row
+from results.store import Store
+from verbs.common import UsageError, _backend, console, global_flags
+
+ORDER = 3  # after check, repro, bench and ab in `kparity --help`
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("model", help="model-level gate: a plan's logits against the reference, "
+                                     "KLD statistics, tokens/s")
+    p.add_argument("--model", default="smollm2",
+                   help="smollm2 (SmolLM2-135M-Instruct Q4_1, downloaded once and cached) or "
+                        "synthetic:CONFIG (tiny, smollm2-135m, llama3-8b: random int4 weights)")
+    p.add_argument("--plan", default="torch",
+                   help="reference, torch, mlx or cuda: which impl runs each op; several, "
+                        "comma-separated, share one reference run (e.g. torch,mlx)")
+    p.add_argument("--swap", action="append", default=[], metavar="OP=IMPL",
+                   help="run one op (or role) with another impl, e.g. rms_norm=cuda:kp_rms_norm "
+                        "(repeatable)")
+    p.add_argument("--dtype", default="f16",
+                   help="activation dtype T (f16 keeps a Q4_1 file's f16 scales exact; bf16 "
+                        "would round them and is refused for it)")
+    p.add_argument("--text", action="append", default=None, metavar="NAME",
+                   help="evaluation text (repeatable; default: every text in models/texts/)")
+    p.add_argument("--tokens", type=int, default=64, metavar="N",
+                   help="the first N tokens of each text (64)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic weights' and ids' seed")
+    p.add_argument("--speed", action="store_true",
+                   help="also time the decode steps (ms per token, tokens/s, roofline)")
+    p.add_argument("--max-mean-kld", type=float, default=1e-4, metavar="X",
+                   help="the gate's mean KLD limit (1e-4: models.metrics.gate says why)")
+    p.add_argument("--min-same-top", type=float, default=0.99, metavar="P",
+                   help="the gate's same-top-token fraction (0.99)")
+
+
+def _swaps(given: list[str]) -> dict[str, str]:
+    out = {}
+    for item in given:
+        key, sep, impl = item.partition("=")
+        if not sep or not key or not impl:
+            raise UsageError(f"--swap {item!r}: write OP=IMPL, e.g. rms_norm=cuda:kp_rms_norm")
+        out[key] = impl
+    return out
+
+
+def cmd_model(args) -> int:
+    from models.gate import evaluate, load_model, text_tokens
+    from models.plan import ModelError, plan as builtin_plan
+    from runners.bench import ceilings_row
+
+    try:
+        swaps = _swaps(args.swap)
+        plans = [builtin_plan(name) for name in args.plan.split(",") if name]
+        if swaps:
+            plans = [p.swapped(swaps) for p in plans]
+        model = load_model(args.model, args.seed)
+        tokens = text_tokens(model, args.text, args.tokens)
+    except ModelError as e:
+        raise UsageError(str(e)) from e
+    store = Store(args.store)
+    store.ensure_writable()
+    run_id = new_run_id()
+    ceilings = []
+
+    def ceiling(backend: str) -> float:
+        row = ceilings_row(run_id, backend, _backend(backend))
+        ceilings.append(row)
+        return row["copy_gbps"]
+
+    try:
+        with console.status(f"{model.name}: reference and {args.plan} over "
+                            f"{len(tokens)} text(s)"):
+            rows = evaluate(model, plans, args.dtype, tokens, speed=args.speed,
+                            ceiling=ceiling, max_mean_kld=args.max_mean_kld,
+                            min_same_top=args.min_same_top)
+    except ModelError as e:
+        raise UsageError(str(e)) from e
+    except RuntimeError as e:  # a backend the plan needs is not here
+        console.print(f"[red]nothing could run[/red]: {e}")
+        return 3
+    devices = {r["backend"]: r["device"] for r in rows}
+    filters = {k: getattr(args, k) for k in ("model", "plan", "swap", "dtype", "text", "tokens",
+                                             "seed", "speed")}
+    store.write("runs", [run_row(run_id, "model", devices, {}, filters)], run_id, 0)
+    if ceilings:
+        store.write("ceilings", ceilings, run_id, 0)
+    store.write("model", [{**r, "run_id": run_id} for r in rows], run_id, 1)
+    for name in dict.fromkeys(r["plan"] for r in rows):
+        _print([r for r in rows if r["plan"] == name], args.speed)
+    for r in rows:
+        if r["gate"] == "report" and r["gate_reasons"]:
+            console.print(f"report {r['plan']} on {r['text']}: {r['gate_reasons']}")
+    failing = [r for r in rows if r["gate"] == "fail"]
+    for r in failing:
+        text = "" if args.model.startswith("synthetic:") else f" --text {r['text']}"
+        console.print(f"[red]FAIL[/red] {r['plan']} on {r['text']}: {r['gate_reasons']}\n"
+                      f"repro: kparity{global_flags(args)} model --model {args.model} "
+                      f"--plan {args.plan}" + "".join(f" --swap {s}" for s in args.swap)
+                      + f" --dtype {args.dtype}{text} --tokens {args.tokens} --seed {args.seed}")
+    verdict = "FAIL" if failing else "OK"
+    console.print(f"{verdict}: {len(rows)} (plan, text) rows, {len(failing)} failing the gate "
+                  f"(mean KLD <= {args.max_mean_kld:g}, same top >= {args.min_same_top:.0%}); "
+                  f"rows in {store.root}/")
+    return 1 if failing else 0
+
+
+def _fmt(v, spec: str = ".3g") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _print(rows: list[dict], speed: bool) -> None:
+    table = Table(title=f"{rows[0]['model']}: plan {rows[0]['plan']} against the reference "
+                        f"({rows[0]['dtype']}, {rows[0]['device']})")
+    cols = ["text", "n", "mean KLD", "median", "99 %", "max", "same top", "RMS Δp", "flips",
+            "gate"]
+    if speed:
+        cols += ["ms/token", "tok/s", "roofline tok/s"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("text", "gate") else "right")
+    for r in rows:
+        cells = [r["text"], str(r["positions"]),
+                 f"{_fmt(r['mean_kld'])} ± {_fmt(r['mean_kld_unc'], '.2g')}",
+                 _fmt(r["median_kld"]), _fmt(r["kld_99"]), _fmt(r["max_kld"]),
+                 f"{_fmt(100 * r['same_top_p'], '.2f')} %", _fmt(r["rms_dp"]), str(r["flips"]),
+                 r["gate"]]
+        if speed:
+            cells += [_fmt(r["ms_per_token"], ".2f"), _fmt(r["decode_tok_s"], ".1f"),
+                      _fmt(r["roofline_tok_s"], ".0f")]
+        table.add_row(*cells)
+    console.print(table)
+
+
+VERBS = {"model": cmd_model}
