@@ -334,7 +334,15 @@ def _check_shapes(w: Weights) -> None:
 
 def load_weights(path) -> Weights:
     """Every tensor of the file in kparity's layouts (module docstring), exactly. A tied
-    lm_head is the embedding object itself."""
+    lm_head is the embedding object itself. Converted once per process while the file is
+    unchanged (3-8 s; the weights are read-only arrays, shared by every caller)."""
+    path = Path(path).resolve()
+    st = path.stat()
+    return _load_weights(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _load_weights(path: str, mtime_ns: int, size: int) -> Weights:
     reader = gguf_reader(path)
     cfg = _config(reader, path)
     tensors = _tensors(reader)
