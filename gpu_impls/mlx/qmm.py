@@ -17,6 +17,7 @@ from __future__ import annotations
 from gpu_impls import register
 from gpu_impls.contract import Contract
 from gpu_impls.impl import Impl
+from gpu_impls.mlx.gemv import HALF_PRODUCT
 from gpu_impls.quant_layout import LAYOUT
 
 
@@ -38,6 +39,4 @@ register(Impl("qmm", "mlx", "qmm_quantized_matmul_half", _quantized_matmul_rows,
               Contract(invariants=LAYOUT, dtypes=("f16", "bf16")),
               doc="mx.quantized_matmul over M rows of f16/bf16 x: what an MLX user runs at the "
                   "speed target's dtype (a prefill's projections)",
-              report_only="MLX rounds inside the half-precision product by rules not yet "
-                          "identified (gpu_impls/mlx/gemv.py): not the f32-accumulation "
-                          "contract, a speed baseline only"))
+              report_only=HALF_PRODUCT))
