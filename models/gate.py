@@ -18,6 +18,11 @@ modelled) computes another function: its row is `report`, not gated. Top-token f
 gate only beyond `margin_bound` (here 0: every flip counts against `same_top_p`, and none fails
 on its own; a bound from the composed op tolerances is not derived yet).
 
+Arms (`Arm`): each row compares one arm with the reference. A plan is one (`PlanArm`, its
+`Decoder`); a baseline (`models/baseline_hf.py`: hf-bf16, hf-f32, hf-bf16-compiled, the same
+GGUF run by `transformers`) is another, always `report`: it computes another function (bf16 or
+f32 weights and activations). Its row's dtype is its own, not the reference's T.
+
 Speed (`speed=True`): decode ms per token at batch 1 (median over the steps after a warm-up,
 `models.decode.time_decode`) and its tokens/s; the roofline beside it is the bytes a step reads
 (`models.decode.step_bytes`, the ops' own byte models, at the text's middle position) over the
@@ -29,13 +34,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from gpu_impls import impls
 from models import metrics
 from models.decode import Decoder, step_bytes, time_decode
-from models.plan import ModelError, Plan, plan as builtin_plan
+from models.decode import DecodeTiming
+from models.plan import PLANS, ModelError, Plan, plan as builtin_plan
 from models.weights import Weights
 
 SYNTHETIC = "synthetic:"
@@ -51,6 +59,7 @@ class Model:
     tokenizer: object | None
     sha256: str
     seed: int = 0
+    path: Path | None = None  # the GGUF file (None: synthetic), for the transformers baselines
 
 
 def load_model(name: str, seed: int = 0) -> Model:
@@ -61,7 +70,7 @@ def load_model(name: str, seed: int = 0) -> Model:
         from models.tokenizer import load_tokenizer
 
         path = fetch()
-        return Model(name, load_weights(path), load_tokenizer(path), SHA256, seed)
+        return Model(name, load_weights(path), load_tokenizer(path), SHA256, seed, path)
     if name.startswith(SYNTHETIC):
         from models.synthetic import config, random_weights
 
@@ -94,65 +103,141 @@ def text_tokens(model: Model, names: list[str] | None, limit: int) -> dict[str, 
     return {n: np.asarray(model.tokenizer.encode(texts[n])[:limit]) for n in chosen}
 
 
-def evaluate(model: Model, plans: list[Plan | str], dtype: str,
+class Arm(Protocol):
+    """One arm compared with the reference: a plan's decode loop (`PlanArm`) or a baseline
+    (`models.baseline_hf.HFArm`). `gated`: its row gets pass/fail (else `report`); `notes`:
+    why not, shown as the row's first reasons; `backend` / `device`: the row's columns;
+    `timed_backend`: the kparity backend whose copy ceiling bounds it (None: untimed)."""
+
+    name: str
+    dtype: str
+    backend: str
+    device: str
+    timed_backend: str | None
+    gated: bool
+    notes: list[str]
+
+    def describe(self) -> dict: ...
+
+    def logits(self, ids: np.ndarray) -> np.ndarray: ...
+
+    def time(self, ids: np.ndarray) -> DecodeTiming: ...
+
+    def step_bytes(self, position: int) -> int: ...
+
+
+class PlanArm:
+    """A plan run by kparity's decode loop (`models.decode.Decoder`) as an `Arm`."""
+
+    def __init__(self, model: Model, plan: Plan, dtype: str, max_len: int):
+        self.plan, self.name, self.dtype = plan, plan.name, dtype
+        self.decoder = dec = Decoder(model.weights, plan, dtype, max_len=max_len)
+        self.backend = ", ".join(sorted(dec.backends))
+        self.device = ", ".join(sorted({b.device() for b in dec.backends.values()}))
+        self.timed_backend = next((b for b in sorted(dec.backends) if b != "numpy"), None)
+        ungated = sorted({i for ids_ in dec.impls.values() for i in ids_
+                          if i in impls() and impls()[i].report_only})
+        # not the oracle-exact-rounding plan the gate's defaults are for
+        self.notes = [f"report only: {', '.join(ungated)} compute(s) another function than "
+                      "the op's contract (`Impl.report_only`)"] if ungated else []
+        self.gated = plan.name != "reference" and not ungated
+
+    def describe(self) -> dict:
+        return self.decoder.impls
+
+    def logits(self, ids):
+        return self.decoder.logits(ids)
+
+    def time(self, ids):
+        return time_decode(self.decoder, ids)
+
+    def step_bytes(self, position):
+        return step_bytes(self.decoder, position)
+
+
+def is_baseline(name: str) -> bool:
+    from models.baseline_hf import BASELINES
+
+    return name in BASELINES
+
+
+def plan_or_baseline(name: str) -> Plan | str:
+    """A builtin plan (`models.plan.PLANS`) or a baseline's name (`models.baseline_hf`), else
+    ModelError listing both, closest first."""
+    from models.baseline_hf import BASELINES
+    from models.plan import _closest
+
+    if name in BASELINES:
+        return name
+    if name in PLANS:
+        return builtin_plan(name)
+    raise ModelError(f"unknown plan {name!r}; plans and baselines (closest first): "
+                     f"{_closest(name, [*PLANS, *BASELINES])}")
+
+
+def make_arm(model: Model, given: Plan | str | Arm, dtype: str, max_len: int) -> Arm:
+    """The arm of a plan, a plan's or a baseline's name, or an arm as it is."""
+    if isinstance(given, str) and is_baseline(given):
+        from models.baseline_hf import baseline, hf_arm
+
+        return hf_arm(baseline(given), model.path, max_len)
+    if isinstance(given, (Plan, str)):
+        return PlanArm(model, builtin_plan(given) if isinstance(given, str) else given, dtype,
+                       max_len)
+    return given
+
+
+def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
              tokens: dict[str, np.ndarray], speed: bool = False, ceiling=None,
              max_mean_kld: float = 1e-4, min_same_top: float = 0.99) -> list[dict]:
-    """One row per (plan, text) (the `model` table's columns, run id left to the caller); the
-    reference logits computed once per text. With `speed`, `ceiling(backend name)` gives the
-    copy ceiling in GB/s for the roofline (None: no roofline)."""
-    plans = [builtin_plan(p) if isinstance(p, str) else p for p in plans]
+    """One row per (arm, text) (the `model` table's columns, run id left to the caller); the
+    reference logits computed once per text. `plans`: plans, their names or baselines' names
+    (`make_arm`). With `speed`, `ceiling(backend name)` gives the copy ceiling in GB/s for the
+    roofline (None: no roofline)."""
     longest = max(len(t) for t in tokens.values())
     ref_dec = Decoder(model.weights, "reference", dtype, max_len=longest)
-    decoders = [Decoder(model.weights, p, dtype, max_len=longest) for p in plans]
+    arms = [make_arm(model, p, dtype, longest) for p in plans]
     rows = []
     for text, ids in tokens.items():
         start = time.perf_counter()
         ref = ref_dec.logits(ids)
         ref_seconds = time.perf_counter() - start
-        for plan, dec in zip(plans, decoders):
-            rows.append(_row(model, plan, dec, dtype, text, ids, ref, speed, ceiling,
-                             max_mean_kld, min_same_top, ref_seconds))
+        for arm in arms:
+            rows.append(_row(model, arm, text, ids, ref, speed, ceiling, max_mean_kld,
+                             min_same_top, ref_seconds))
     return rows
 
 
-def _row(model: Model, plan: Plan, dec: Decoder, dtype: str, text: str, ids: np.ndarray,
-         ref: np.ndarray, speed: bool, ceiling, max_mean_kld: float, min_same_top: float,
-         ref_seconds: float) -> dict:
+def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray, speed: bool,
+         ceiling, max_mean_kld: float, min_same_top: float, ref_seconds: float) -> dict:
     start = time.perf_counter()
-    test = dec.logits(ids)
+    test = arm.logits(ids)
     m = metrics.position_metrics(ref[:-1], test[:-1], ids[1:])
     s = metrics.summary(m)
     flipped = metrics.flips(m, 0.0)      # every top-token flip: no margin bound yet
     ties = metrics.near_ties(m, 0.0)     # flips between exactly tied reference logits
     ok, reasons = metrics.gate(s, [], max_mean_kld, min_same_top)
-    ungated = sorted({i for ids_ in dec.impls.values() for i in ids_
-                      if i in impls() and impls()[i].report_only})
-    if ungated:  # not the oracle-exact-rounding plan the gate's defaults are for
-        reasons = [f"report only: {', '.join(ungated)} compute(s) another function than the "
-                   "op's contract (`Impl.report_only`)", *reasons]
-    row = {"model": model.name, "model_sha256": model.sha256, "plan": plan.name,
-           "plan_json": json.dumps(dec.impls, sort_keys=True),
-           "backend": ", ".join(sorted(dec.backends)),
-           "device": ", ".join(sorted({b.device() for b in dec.backends.values()})),
-           "dtype": dtype, "text": text, "positions": int(s["n"]),
+    reasons = [*arm.notes, *reasons]
+    row = {"model": model.name, "model_sha256": model.sha256, "plan": arm.name,
+           "plan_json": json.dumps(arm.describe(), sort_keys=True),
+           "backend": arm.backend, "device": arm.device,
+           "dtype": arm.dtype, "text": text, "positions": int(s["n"]),
            **{k: _num(s.get(k)) for k in
               ("mean_kld", "mean_kld_unc", "median_kld", "kld_90", "kld_95", "kld_99",
                "kld_99_9", "max_kld", "same_top_p", "same_top_p_unc", "rms_dp", "rms_dp_unc")},
            "flips": int(len(flipped)), "near_ties": int(len(ties)),
-           "gate": "report" if plan.name == "reference" or ungated else
-                   ("pass" if ok else "fail"),
+           "gate": ("pass" if ok else "fail") if arm.gated else "report",
            "gate_reasons": "; ".join(reasons),
            "prefill_tok_s": None, "decode_tok_s": None, "ms_per_token": None,
            "ms_per_token_spread": None, "roofline_tok_s": None,
            "summary_json": json.dumps(s, sort_keys=True, default=_num)}
     if speed:
-        timing = time_decode(dec, ids)
+        timing = arm.time(ids)
         row.update(decode_tok_s=timing.tokens_per_s, ms_per_token=timing.ms_per_token,
                    ms_per_token_spread=(timing.p90_ms - timing.p10_ms) / timing.ms_per_token)
-        timed = [b for b in sorted(dec.backends) if b != "numpy"]  # oracles run untimed
-        if ceiling and timed:
-            gbps = ceiling(timed[0])
-            row["roofline_tok_s"] = gbps * 1e9 / step_bytes(dec, len(ids) // 2)
+        if ceiling and arm.timed_backend:  # the reference's oracles run untimed
+            gbps = ceiling(arm.timed_backend)
+            row["roofline_tok_s"] = gbps * 1e9 / arm.step_bytes(len(ids) // 2)
     row["seconds"] = time.perf_counter() - start + ref_seconds
     return row
 

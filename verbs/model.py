@@ -6,6 +6,11 @@ bandwidth roofline; one `model` table row per (model, plan, text).
     kparity model --plan torch --dtype f16 --tokens 48              # SmolLM2-135M, every text
     kparity model --plan cuda --swap rms_norm=cuda:kp_rms_norm      # one kernel lever
     kparity model --model synthetic:tiny --plan mlx                 # random int4 weights
+    kparity model --plan torch,hf-bf16 --speed                      # beside transformers
+
+The transformers baselines (`models/baseline_hf.py`: hf-bf16, hf-f32, hf-bf16-compiled) stand
+in --plan beside the plans: the same GGUF run by transformers, in its own dtype, reported
+(never gated); --swap changes the plans only.
 
 Exit 0 when every row passes its gate (the reference plan is report-only), 1 when one fails,
 2 for bad input, 3 when the plan's backends are not here.
@@ -31,8 +36,9 @@ def add_parsers(sub) -> None:
                    help="smollm2 (SmolLM2-135M-Instruct Q4_1, downloaded once and cached) or "
                         "synthetic:CONFIG (tiny, smollm2-135m, llama3-8b: random int4 weights)")
     p.add_argument("--plan", default="torch",
-                   help="reference, torch, mlx or cuda: which impl runs each op; several, "
-                        "comma-separated, share one reference run (e.g. torch,mlx)")
+                   help="reference, torch, mlx or cuda: which impl runs each op; or a "
+                        "transformers baseline: hf-bf16, hf-f32, hf-bf16-compiled (CUDA); "
+                        "several, comma-separated, share one reference run (e.g. torch,hf-bf16)")
     p.add_argument("--swap", action="append", default=[], metavar="OP=IMPL",
                    help="run one op (or role) with another impl, e.g. rms_norm=cuda:kp_rms_norm "
                         "(repeatable)")
@@ -63,15 +69,21 @@ def _swaps(given: list[str]) -> dict[str, str]:
 
 
 def cmd_model(args) -> int:
-    from models.gate import evaluate, load_model, text_tokens
-    from models.plan import ModelError, plan as builtin_plan
+    from models.baseline_hf import baseline
+    from models.gate import evaluate, load_model, plan_or_baseline, text_tokens
+    from models.plan import ModelError
     from runners.bench import ceilings_row
 
     try:
         swaps = _swaps(args.swap)
-        plans = [builtin_plan(name) for name in args.plan.split(",") if name]
-        if swaps:
-            plans = [p.swapped(swaps) for p in plans]
+        plans = [plan_or_baseline(name) for name in args.plan.split(",") if name]
+        if swaps:  # a baseline (its name) has no ops to swap
+            plans = [p if isinstance(p, str) else p.swapped(swaps) for p in plans]
+        for name in (p for p in plans if isinstance(p, str)):  # before the model loads
+            ok, why = baseline(name).available()
+            if not ok:
+                console.print(f"[red]nothing could run[/red]: {name}: {why}")
+                return 3
         model = load_model(args.model, args.seed)
         tokens = text_tokens(model, args.text, args.tokens)
     except ModelError as e:
