@@ -41,8 +41,7 @@ import numpy as np
 
 from gpu_impls import impls
 from models import metrics
-from models.decode import Decoder, step_bytes, time_decode
-from models.decode import DecodeTiming
+from models.decode import DecodeTiming, Decoder, step_bytes, time_decode
 from models.plan import PLANS, ModelError, Plan, plan as builtin_plan
 from models.weights import Weights
 
@@ -164,15 +163,15 @@ def is_baseline(name: str) -> bool:
 def plan_or_baseline(name: str) -> Plan | str:
     """A builtin plan (`models.plan.PLANS`) or a baseline's name (`models.baseline_hf`), else
     ModelError listing both, closest first."""
+    from cases.casefile import closest
     from models.baseline_hf import BASELINES
-    from models.plan import _closest
 
     if name in BASELINES:
         return name
     if name in PLANS:
         return builtin_plan(name)
     raise ModelError(f"unknown plan {name!r}; plans and baselines (closest first): "
-                     f"{_closest(name, [*PLANS, *BASELINES])}")
+                     f"{closest(name, [*PLANS, *BASELINES])}")
 
 
 def make_arm(model: Model, given: Plan | str | Arm, dtype: str, max_len: int) -> Arm:
