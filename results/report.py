@@ -8,6 +8,9 @@
     regressions.html  regressions against the last N runs (`results.history.regressions`),
                       accepted changes, the annotations table
     ab.html           every A/B verdict, and B/A with its 95 % interval per case
+    model.html        the model gate (`kparity model`): the newest run's row per (model, plan,
+                      text), and mean KLD and decode tok/s over runs per (model, plan); written
+                      and linked only when the store has `model` rows
 
 Which runs. `kparity repro` runs (`runs.verb`) rerun a few cases without the known-issues
 ledger: they are listed with the runs (marked) but are never the headline nor a point of any
@@ -42,6 +45,7 @@ BENCH_COLUMNS = ["run_id", "case_id", "impl", "op", "backend", "device", "dtype"
                  "label", "mode", "status", "arm", "median_ns", "q1_ns", "q3_ns",
                  "pct_copy_ceiling"]
 AB_DROPPED = {"schema_version"}
+MODEL_DROPPED = {"schema_version", "plan_json", "summary_json"}  # long JSON the page never shows
 
 
 @dataclass
@@ -54,14 +58,15 @@ class ReportData:
     annotations: list[dict]
     alerts: list                       # results.history.Alert
     baseline: int
+    model: list[dict] = field(default_factory=list)  # `model` table rows (kparity model)
     judged: tuple[int, int] = (0, 0)   # series judged, series with too little history
     order: list[str] = field(default_factory=list)  # every run id seen, oldest first
     by_impl: dict[str, dict[str, list[dict]]] = field(default_factory=dict)  # impl -> table -> rows
     repro_rows: Counter = field(default_factory=Counter)  # repro run -> its correctness rows
 
     def __post_init__(self):
-        seen = set(self.runs) | {r["run_id"] for t in (self.correctness, self.bench, self.ab)
-                                 for r in t}
+        seen = set(self.runs) | {r["run_id"] for t in (self.correctness, self.bench, self.ab,
+                                                       self.model) for r in t}
         self.order = sorted(seen, key=lambda run_id: (self.started(run_id), run_id))
         self.repro_rows = Counter(r["run_id"] for r in self.correctness
                                   if self.is_repro(r["run_id"]))
@@ -138,11 +143,13 @@ def load(store: Store, baseline: int) -> ReportData:
 
     runs = {r["run_id"]: r for r in _rows(store, "runs")}
     ab = [{k: v for k, v in r.items() if k not in AB_DROPPED} for r in _rows(store, "ab")]
+    model = [{k: v for k, v in r.items() if k not in MODEL_DROPPED}
+             for r in _rows(store, "model")]
     alerts, judged, short = scan(store, baseline=baseline)
     return ReportData(runs=runs, correctness=_rows(store, "correctness", CORRECTNESS_COLUMNS),
                       bench=_rows(store, "bench", BENCH_COLUMNS), ab=ab,
                       annotations=_rows(store, "annotations"), alerts=alerts,
-                      baseline=baseline, judged=(judged, short))
+                      baseline=baseline, model=model, judged=(judged, short))
 
 
 def copy_assets(out: Path) -> None:
@@ -162,7 +169,7 @@ def copy_assets(out: Path) -> None:
 def write_report(store: Store, out: str | Path, baseline: int = 20) -> list[Path]:
     """Writes every page under `out` (created); returns the page paths, index first."""
     from results.report_impl import impl_page
-    from results.report_pages import ab_page, index_page, regressions_page
+    from results.report_pages import ab_page, index_page, model_page, regressions_page
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,6 +180,8 @@ def write_report(store: Store, out: str | Path, baseline: int = 20) -> list[Path
         pages[impl_page_name(impl)] = impl_page(data, impl)
     pages["regressions.html"] = regressions_page(data)
     pages["ab.html"] = ab_page(data)
+    if data.model:
+        pages["model.html"] = model_page(data)
     written = []
     for name, text in pages.items():
         path = out / name

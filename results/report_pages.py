@@ -1,4 +1,4 @@
-"""The overview, regressions and A/B pages of `kparity report` (impl pages: `report_impl.py`).
+"""The overview, regressions, A/B and model pages of `kparity report` (impl pages: `report_impl.py`).
 Each page function takes the `ReportData` and returns the page's HTML; an empty table gives a
 page that says so."""
 
@@ -96,7 +96,8 @@ def _impl_index(data: ReportData) -> str:
 
 
 def _runs_table(data: ReportData) -> str:
-    n = Counter(r["run_id"] for t in (data.correctness, data.bench, data.ab) for r in t)
+    n = Counter(r["run_id"] for t in (data.correctness, data.bench, data.ab, data.model)
+                for r in t)
     n.update(data.repro_rows)
     rows = []
     for run_id in reversed(data.order):
@@ -127,7 +128,9 @@ def index_page(data: ReportData) -> str:
                   table(["status", "rows"], [list(kv) for kv in counts], numeric={"rows"}),
                   "<h3>op &times; impl &times; dtype</h3>", _matrix(rows)]
     parts += ["<h2>pages</h2><p>" + link("regressions.html", "regressions and accepted changes")
-              + " &middot; " + link("ab.html", "A/B results") + "</p>", _impl_index(data),
+              + " &middot; " + link("ab.html", "A/B results")
+              + (" &middot; " + link("model.html", "model gate") if data.model else "")
+              + "</p>", _impl_index(data),
               f"<h2>runs ({len(data.order)})</h2>", _runs_table(data)]
     return page("kparity report", "\n".join(parts))
 
@@ -235,3 +238,95 @@ def ab_page(data: ReportData) -> str:
                    for r in reversed(rows)],
                   numeric={"A µs", "B µs", "B/A", "95% CI", "δ"})]
     return page("A/B results", "\n".join(body))
+
+
+# --- model -------------------------------------------------------------------------------------
+
+GATE_CLASS = {"pass": "ok", "fail": "bad"}  # `report` rows are not gated: no colour
+
+
+def _plus_minus(value, unc, spec: str = ".3g", scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    return f"{fmt(value * scale, spec)} ± {fmt(None if unc is None else unc * scale, spec)}"
+
+
+def _newest_model_rows(rows: list[dict]) -> list[dict]:
+    """The newest run's row of each (model, plan, text); `rows` are oldest first."""
+    newest = {(r["model"], r["plan"], r["text"]): r for r in rows}
+    return [newest[k] for k in sorted(newest)]
+
+
+def _model_table(data: ReportData, rows: list[dict]) -> str:
+    heads = ["model", "plan", "text", "run", "positions", "mean KLD", "median KLD", "KLD 99 %",
+             "max KLD", "same top %", "RMS Δp %", "flips", "gate", "decode tok/s",
+             "ms/token", "roofline tok/s"]
+    body = []
+    for r in rows:
+        reasons = f": {r['gate_reasons']}" if r.get("gate_reasons") else ""
+        body.append([esc(r["model"]), esc(r["plan"]), esc(r["text"]), esc(r["run_id"]),
+                     (fmt(r["positions"], "d"), "num"),
+                     (esc(_plus_minus(r["mean_kld"], r["mean_kld_unc"])), "num"),
+                     *[(fmt(r[k], ".3g"), "num") for k in ("median_kld", "kld_99", "max_kld")],
+                     (esc(_plus_minus(r["same_top_p"], r["same_top_p_unc"], ".4g", 100)), "num"),
+                     (esc(_plus_minus(r["rms_dp"], r["rms_dp_unc"], ".3g", 100)), "num"),
+                     (fmt(r["flips"], "d"), "num"),
+                     (esc((r["gate"] or "-") + reasons), GATE_CLASS.get(r["gate"], "")),
+                     *[(fmt(r[k], ".4g"), "num")
+                       for k in ("decode_tok_s", "ms_per_token", "roofline_tok_s")]])
+    return table(heads, body, raw=True)
+
+
+def _model_figure(data: ReportData, rows: list[dict], title: str):
+    """One (model, plan) over runs: mean KLD (log, with its ±) per text on the left axis,
+    decode tok/s per text (dashed, where the run timed it) on the right."""
+    import plotly.graph_objects as go
+
+    by_text = defaultdict(dict)
+    for r in rows:  # oldest first: a run's last row of a text wins
+        by_text[r["text"]][r["run_id"]] = r
+    # KLD spans orders of magnitude between plans and runs; a log axis draws no 0 (the
+    # reference plan against itself), so an all-zero series keeps a linear axis.
+    log = any((r["mean_kld"] or 0) > 0 for r in rows)
+    y_title = "mean KLD" + (" (log)" if log else "")
+    fig = go.Figure(layout=layout(title, y_title,
+                                  yaxis={"type": "log" if log else "linear",
+                                         "title": {"text": y_title}, "gridcolor": "#eee"},
+                                  yaxis2={"title": {"text": "decode tok/s"}, "overlaying": "y",
+                                          "side": "right", "rangemode": "tozero"},
+                                  margin={"l": 70, "r": 70, "t": 50, "b": 40}))
+    for i, (text, per_run) in enumerate(sorted(by_text.items())):
+        pts = sorted(per_run.values(), key=lambda r: (data.started(r["run_id"]), r["run_id"]))
+        x = [when(data.started(p["run_id"])) for p in pts]
+        runs = [p["run_id"] for p in pts]
+        fig.add_trace(go.Scatter(
+            x=x, y=[p["mean_kld"] for p in pts], name=f"mean KLD {text}", mode="lines+markers",
+            line={"color": colour(i)}, customdata=runs,
+            error_y={"type": "data", "array": [p["mean_kld_unc"] or 0.0 for p in pts]},
+            hovertemplate="run %{customdata}<br>%{x}<br>mean KLD %{y:.3g}"))
+        if any(p["decode_tok_s"] for p in pts):
+            fig.add_trace(go.Scatter(
+                x=x, y=[p["decode_tok_s"] for p in pts], name=f"decode tok/s {text}",
+                mode="lines+markers", yaxis="y2", line={"color": colour(i), "dash": "dash"},
+                customdata=runs, hovertemplate="run %{customdata}<br>%{x}<br>%{y:.4g} tok/s"))
+    return fig
+
+
+def model_page(data: ReportData) -> str:
+    rows = sorted(data.model, key=lambda r: (data.started(r["run_id"]), r["run_id"]))
+    body = ["<p>The model gate (<code>kparity model</code>): each plan's logits against the "
+            "float64 reference plan over the committed texts, llama-perplexity's KLD "
+            "statistics; gate: mean KLD &le; 1e-4 and same top &ge; 99 % "
+            "(<code>models.metrics.gate</code>); <code>report</code> rows are not gated.</p>",
+            "<h2>newest run of each model, plan and text</h2>",
+            _model_table(data, _newest_model_rows(rows)),
+            "<h2>over runs</h2>"]
+    plans = defaultdict(list)
+    for r in rows:
+        plans[(r["model"], r["plan"])].append(r)
+    for i, ((model, plan), rs) in enumerate(sorted(plans.items())):
+        title = f"{model}: plan {plan}"
+        body += [f"<h3>{esc(title)}</h3>", figure(f"fig-model-{i}", _model_figure(data, rs, title))]
+    if not rows:
+        body.append(f'<p class="empty">{NO_ROWS}: run `kparity model`</p>')
+    return page("model gate", "\n".join(body))

@@ -194,6 +194,52 @@ def test_empty_store_gives_pages_that_say_so(tmp_path, capsys):
     assert "3 pages in" in out and str(tmp_path / "site" / "index.html") in out
     for name in ("index.html", "regressions.html", "ab.html"):
         assert "no rows yet" in (tmp_path / "site" / name).read_text()
+    assert not (tmp_path / "site" / "model.html").exists()
+    assert "model.html" not in (tmp_path / "site" / "index.html").read_text()
+
+
+def _model_row(run_id: str, plan: str, mean_kld: float, gate: str, reasons: str = "",
+               tok_s: float | None = None) -> dict:
+    """A `model` table row as `kparity model` writes it (results/schema.py MODEL); 64
+    positions, so the order statistics below 100 are null as models.metrics leaves them."""
+    return {"run_id": run_id, "model": "smollm2-135m-instruct-q4_1", "model_sha256": "ab" * 32,
+            "plan": plan, "plan_json": "{}", "backend": plan.split("+")[0], "device": "cpu",
+            "dtype": "f32", "text": "gettysburg", "positions": 64, "mean_kld": mean_kld,
+            "mean_kld_unc": mean_kld / 10, "median_kld": None, "kld_90": None, "kld_95": None,
+            "kld_99": None, "kld_99_9": None, "max_kld": 20 * mean_kld, "same_top_p": 0.984375,
+            "same_top_p_unc": 0.0156, "rms_dp": 0.0123, "rms_dp_unc": 0.001, "flips": 1,
+            "near_ties": 0, "gate": gate, "gate_reasons": reasons, "prefill_tok_s": None,
+            "decode_tok_s": tok_s, "ms_per_token": tok_s and 1e3 / tok_s,
+            "ms_per_token_spread": tok_s and 0.05, "roofline_tok_s": tok_s and 4 * tok_s,
+            "summary_json": "{}", "seconds": 1.0}
+
+
+def test_model_page_shows_the_newest_run_per_plan_and_its_history(tmp_path):
+    store = Store(tmp_path / "store")
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    runs = [_run_id(now - timedelta(hours=2 - i), f"m{i:05d}") for i in range(2)]
+    mutant = "torch+dequant_gemv=mutant:group_off_by_one"
+    for i, run_id in enumerate(runs):
+        store.write("runs", [_runs_row(run_id, now - timedelta(hours=2 - i), "model", "{}")],
+                    run_id, 0)
+        store.write("model", [_model_row(run_id, "torch", 1e-6 * (i + 1), "pass",
+                                         tok_s=100.0 + i),
+                              _model_row(run_id, mutant, 0.5 + i, "fail",
+                                         f"mean KLD {0.5 + i} > 1e-4")], run_id, 0)
+    assert report(tmp_path / "store", tmp_path / "site") == 0
+    out = tmp_path / "site"
+    assert "model.html" in local_refs(out / "index.html")
+    for ref in local_refs(out / "model.html"):
+        assert (out / ref.split("#")[0]).is_file(), f"model.html: broken link {ref}"
+    text = (out / "model.html").read_text()
+    table = text[text.index("<h2>newest run"):text.index("<h2>over runs")]
+    assert runs[1] in table and runs[0] not in table  # the newest run's rows only
+    assert '<td class="ok">pass</td>' in table
+    assert '<td class="bad">fail: mean KLD 1.5 &gt; 1e-4</td>' in table and mutant in table
+    assert "2e-06 ± 2e-07" in table and "98.44 ± 1.56" in table
+    assert table.count("<td class=\"num\">-</td>") == 2 * 2 + 3  # null KLD order stats; untimed
+    assert text.count("Plotly.newPlot(") == 2  # one figure per (model, plan)
+    assert '"name":"decode tok/s gettysburg"' in text and runs[0] in text
 
 
 def test_unwritable_out_exits_2(tmp_path, capsys):
