@@ -81,6 +81,11 @@ class ModelError(ValueError):
     names it and the fix. The CLI reports it as a usage error (exit code 2)."""
 
 
+class NotHere(RuntimeError):
+    """A plan's impl whose backend is not on this machine: nothing wrong with the input, it
+    cannot run here (the CLI's exit code 3, as for `kparity check` with no backend)."""
+
+
 def _closest(given: str, valid) -> str:
     from cases.casefile import closest
 
@@ -242,8 +247,8 @@ def resolve(candidates: tuple[str, ...], case, role: str, here: bool = True):
         # the impl that would run must run here: no silent fallback to another backend
         ok, why = impl.available(gpu_impls.backend(impl.backend)) if here else (True, "")
         if not ok:
-            raise ModelError(f"role {role}: {impl_id} is not available here ({why}); run "
-                             "another plan, or swap the role to an impl of this machine")
+            raise NotHere(f"role {role}: {impl_id} is not available here ({why}); run "
+                          "another plan, or swap the role to an impl of this machine")
         return impl, got[0], got[1]
     raise ModelError(f"role {role} ({case.short()}): no candidate runs it: "
                      + "; ".join(refusals)

@@ -318,3 +318,12 @@ def test_nvcc_check_twice_compiles_nothing_the_second_time(fake_nvcc, capsys):
     assert main(["--arch", "sm_90"]) == 0
     out = capsys.readouterr().out
     assert fake_nvcc() == compiles and out.count(" cached)") == out.count("ok  "), out
+
+
+def test_names_nvrtc_lacks_are_found_outside_comments():
+    """nvcc compiles INFINITY (its implicit math.h); NVRTC, which CuPy uses on the GPU, does
+    not: the first kp_sdpa_decode.cu passed nvcc_check and failed to compile on the H100."""
+    from gpu_impls.cuda.nvcc_check import nvrtc_missing
+
+    assert nvrtc_missing("float m = -INFINITY; // not NAN\n/* FLT_MAX */") == ["INFINITY"]
+    assert nvrtc_missing("#define KP_INF __int_as_float(0x7f800000)\nfloat m = -KP_INF;") == []

@@ -13,7 +13,7 @@ import pytest
 import gpu_impls
 from models.decode import (Decoder, matrices, plan_impls, step_bytes, time_decode,
                            time_prefill)
-from models.plan import REFERENCE_IMPL, ModelError, plan
+from models.plan import REFERENCE_IMPL, ModelError, NotHere, plan
 from models.synthetic import config, random_weights
 from oracle.dtypes import round_to
 
@@ -250,7 +250,7 @@ def test_a_plan_never_falls_back_to_another_backend_silently(weights):
     ok, why = gpu_impls.backend("cuda").available()
     if ok:
         pytest.skip("CUDA is here")
-    with pytest.raises(ModelError, match=r"cuda:kp_rms_norm is not available here"):
+    with pytest.raises(NotHere, match=r"cuda:kp_rms_norm is not available here"):
         Decoder(weights, "cuda", "bf16", MAX_LEN)
 
 

@@ -46,6 +46,15 @@ def test_bad_input_is_refused_by_name(tmp_path, argv, capsys):
     assert "error:" in capsys.readouterr().out
 
 
+def test_a_plan_whose_backend_is_missing_exits_3(tmp_path, capsys):
+    import gpu_impls
+
+    if gpu_impls.backend("cuda").available()[0]:
+        pytest.skip("CUDA is here")
+    assert main(["--store", str(tmp_path / "s"), *TINY, "--plan", "cuda"]) == 3
+    assert "cuda:kp_rms_norm is not available here" in capsys.readouterr().out
+
+
 def test_smollm2_torch_plan_passes_on_a_short_text(tmp_path):
     """The real model (the MLX plan runs ~3 s a token on this CPU: the tiny model covers it)."""
     pytest.importorskip("gguf")

@@ -201,6 +201,19 @@ def _version_of(path: str, mtime_ns: int, size: int) -> str:
     return f"{path}\n{proc.stdout}{proc.stderr}"
 
 
+# Names nvcc's implicit host headers (<math.h>, <cfloat>) define but NVRTC, CuPy's compiler,
+# does not: a kernel using one passes nvcc here and fails to compile on the GPU machine (seen:
+# INFINITY in kp_sdpa_decode.cu). Spell them without headers (`__int_as_float(0x7f800000)`).
+NVRTC_MISSING = ("INFINITY", "NAN", "HUGE_VAL", "HUGE_VALF", "M_PI", "FLT_MAX", "FLT_MIN",
+                 "FLT_EPSILON", "DBL_MAX")
+
+
+def nvrtc_missing(text: str) -> list[str]:
+    """The `NVRTC_MISSING` names `text` uses outside comments."""
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+    return [n for n in NVRTC_MISSING if re.search(rf"\b{n}\b", code)]
+
+
 def check_file(path: Path, kernels: list[Kernel], arch: str,
                pool: ThreadPoolExecutor | None = None) -> tuple[bool, str]:
     """Compile `path`'s unit once per variant (no define, then each mutant define it reads), on
@@ -217,6 +230,10 @@ def check_file(path: Path, kernels: list[Kernel], arch: str,
                                         for u, d in zip(units, defines)]]
     errors = [f"  [{define or 'no defines'}]\n{r.log}"
               for define, r in zip(defines, results) if not r.ok]
+    texts = {path.name: path.read_text(), **local_includes(path.read_text(), path.parent)}
+    errors += [f"  {name} uses {', '.join(missing)}: NVRTC (CuPy's compiler) has no math.h or "
+               "cfloat; nvcc here does, so it compiled (`NVRTC_MISSING`)"
+               for name, text in texts.items() if (missing := nvrtc_missing(text))]
     names = ", ".join(name if args == ((),) else f"{name} ({len(args)} configs)"
                       for name, args in kernels)
     cached = sum(r.cached for r in results)
