@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpu_impls import impls
 from models import metrics
 from models.decode import Decoder, time_decode
+from models.gate import PlanArm, verdict
 from models.plan import ModelError, Plan, plan as builtin_plan
 from oracle.dtypes import ulp_distance
 from runners.abstats import compare_runs
@@ -72,23 +72,6 @@ class Arm:
     reasons: tuple[str, ...]
     summary: dict
     devices: dict  # backend name -> its device, for the runs row
-
-
-def arm_gate(plan: Plan, dec: Decoder, summary: dict, max_mean_kld: float,
-             min_same_top: float) -> tuple[str, list[str]]:
-    """(gate, reasons) as `kparity model` gives a plan's row (`models/gate.py`): `report` for
-    the reference and for a plan running a report-only impl (it computes another function than
-    the contracts', so the oracle-exact defaults do not apply), else pass or fail by
-    `metrics.gate` (every top-token flip counts against same-top; none fails on its own)."""
-    ok, reasons = metrics.gate(summary, [], max_mean_kld, min_same_top)
-    ungated = sorted({i for ids in dec.impls.values() for i in ids
-                      if i in impls() and impls()[i].report_only})
-    if ungated:
-        reasons = [f"report only: {', '.join(ungated)} compute(s) another function than the "
-                   "op's contract (`Impl.report_only`)", *reasons]
-    if plan.name == "reference" or ungated:
-        return "report", reasons
-    return ("pass" if ok else "fail"), reasons
 
 
 def arm_text(arm: Arm) -> str:
@@ -142,20 +125,19 @@ def model_ab(model, plan_a: Plan, plan_b: Plan, dtype: str, text: str, ids: np.n
            "impl_b": plan_b.name, "op": "model", "dtype": dtype,
            "dims": json.dumps(dims, sort_keys=True), "label": text, "mode": MODE,
            "status": "error", "message": "", "runs_a_ns": [], "runs_b_ns": []}
-    decoders = {"A": Decoder(model.weights, plan_a, dtype, max_len=len(ids)),
-                "B": Decoder(model.weights, plan_b, dtype, max_len=len(ids))}
-    plans = {"A": plan_a, "B": plan_b}
+    plan_arms = {"A": PlanArm(model, plan_a, dtype, len(ids)),
+                 "B": PlanArm(model, plan_b, dtype, len(ids))}
     arms: dict[str, Arm] = {}
     try:
         ref = Decoder(model.weights, "reference", dtype, max_len=len(ids)).logits(ids)
         logits = {}
-        for letter, dec in decoders.items():
-            logits[letter] = dec.logits(ids)
+        for letter, pa in plan_arms.items():
+            logits[letter] = pa.logits(ids)
             s = metrics.summary(metrics.position_metrics(ref[:-1], logits[letter][:-1],
                                                          ids[1:]))
-            gate, reasons = arm_gate(plans[letter], dec, s, max_mean_kld, min_same_top)
-            arms[letter] = Arm(plans[letter].name, gate, tuple(reasons), s,
-                               {n: b.device() for n, b in dec.backends.items()})
+            gate, reasons = verdict(pa, s, max_mean_kld, min_same_top)
+            arms[letter] = Arm(pa.name, gate, tuple(reasons), s,
+                               {n: b.device() for n, b in pa.decoder.backends.items()})
         row["correct_a"], row["correct_b"] = arms["A"].gate, arms["B"].gate
         row["ab_max_abs"], row["ab_max_ulp"] = logit_agreement(logits["A"], logits["B"], dtype)
         wrong = [f"{letter} = {arm.plan} not timed: it fails the model gate "
@@ -166,8 +148,8 @@ def model_ab(model, plan_a: Plan, plan_b: Plan, dtype: str, text: str, ids: np.n
             return row, arms
         medians = {"A": [], "B": []}
         for rep in range(runs):
-            for letter, dec in decoders.items():  # interleaved: A B A B ...
-                ms = time_decode(dec, ids, warmup=warmup).ms_per_token
+            for letter, pa in plan_arms.items():  # interleaved: A B A B ...
+                ms = time_decode(pa.decoder, ids, warmup=warmup).ms_per_token
                 medians[letter].append(ms * 1e6)
                 if on_run is not None:
                     on_run(letter, rep, ms)

@@ -207,6 +207,16 @@ def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
     return rows
 
 
+def verdict(arm: Arm, summary: dict, max_mean_kld: float = 1e-4,
+            min_same_top: float = 0.99) -> tuple[str, list[str]]:
+    """(gate, reasons) of an arm's summary: pass or fail by `metrics.gate` (every top-token
+    flip counts against same-top; none fails on its own), `report` for an arm that is not
+    gated (the reference, a plan with a report-only impl, a baseline), its notes first."""
+    ok, reasons = metrics.gate(summary, [], max_mean_kld, min_same_top)
+    gate = ("pass" if ok else "fail") if arm.gated else "report"
+    return gate, [*arm.notes, *reasons]
+
+
 def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray, speed: bool,
          ceiling, max_mean_kld: float, min_same_top: float, ref_seconds: float) -> dict:
     start = time.perf_counter()
@@ -215,8 +225,7 @@ def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray, sp
     s = metrics.summary(m)
     flipped = metrics.flips(m, 0.0)      # every top-token flip: no margin bound yet
     ties = metrics.near_ties(m, 0.0)     # flips between exactly tied reference logits
-    ok, reasons = metrics.gate(s, [], max_mean_kld, min_same_top)
-    reasons = [*arm.notes, *reasons]
+    gate, reasons = verdict(arm, s, max_mean_kld, min_same_top)
     row = {"model": model.name, "model_sha256": model.sha256, "plan": arm.name,
            "plan_json": json.dumps(arm.describe(), sort_keys=True),
            "backend": arm.backend, "device": arm.device,
@@ -225,7 +234,7 @@ def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray, sp
               ("mean_kld", "mean_kld_unc", "median_kld", "kld_90", "kld_95", "kld_99",
                "kld_99_9", "max_kld", "same_top_p", "same_top_p_unc", "rms_dp", "rms_dp_unc")},
            "flips": int(len(flipped)), "near_ties": int(len(ties)),
-           "gate": ("pass" if ok else "fail") if arm.gated else "report",
+           "gate": gate,
            "gate_reasons": "; ".join(reasons),
            "prefill_tok_s": None, "decode_tok_s": None, "ms_per_token": None,
            "ms_per_token_spread": None, "roofline_tok_s": None,

@@ -216,3 +216,20 @@ def _seed(p: argparse.ArgumentParser) -> None:
                    help="fresh data: add N to every generated case's seed (sources give 0, so it "
                         "becomes N), which changes each case's id and inputs; 0 (default) keeps "
                         "the usual ids. Not with --cases (a file's cases keep their seeds)")
+
+
+# --- the model verbs (`kparity model`, `kparity model-ab`) --------------------------------------
+
+def model_args(p: argparse.ArgumentParser) -> None:
+    """The model under test and the gate's limits, shared by `model` and `model-ab`."""
+    p.add_argument("--model", default="smollm2",
+                   help="smollm2 (SmolLM2-135M-Instruct Q4_1, downloaded once and cached) or "
+                        "synthetic:CONFIG (tiny, smollm2-135m, llama3-8b: random int4 weights)")
+    p.add_argument("--dtype", default="f16",
+                   help="activation dtype T (f16 keeps a Q4_1 file's f16 scales exact; bf16 "
+                        "would round them and is refused for it)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic weights' and ids' seed")
+    p.add_argument("--max-mean-kld", type=float, default=1e-4, metavar="X",
+                   help="the gate's mean KLD limit (1e-4: models.metrics.gate says why)")
+    p.add_argument("--min-same-top", type=float, default=0.99, metavar="P",
+                   help="the gate's same-top-token fraction (0.99)")

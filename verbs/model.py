@@ -24,7 +24,7 @@ from rich.table import Table
 
 from results.runinfo import new_run_id, run_row
 from results.store import Store
-from verbs.common import UsageError, _backend, console, global_flags
+from verbs.common import UsageError, _backend, console, global_flags, model_args
 
 ORDER = 3  # after check, repro, bench and ab in `kparity --help`
 
@@ -32,9 +32,7 @@ ORDER = 3  # after check, repro, bench and ab in `kparity --help`
 def add_parsers(sub) -> None:
     p = sub.add_parser("model", help="model-level gate: a plan's logits against the reference, "
                                      "KLD statistics, tokens/s")
-    p.add_argument("--model", default="smollm2",
-                   help="smollm2 (SmolLM2-135M-Instruct Q4_1, downloaded once and cached) or "
-                        "synthetic:CONFIG (tiny, smollm2-135m, llama3-8b: random int4 weights)")
+    model_args(p)
     p.add_argument("--plan", default="torch",
                    help="reference, torch, mlx or cuda: which impl runs each op; or a "
                         "transformers baseline: hf-bf16, hf-f32, hf-bf16-compiled (CUDA); "
@@ -42,20 +40,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--swap", action="append", default=[], metavar="OP=IMPL",
                    help="run one op (or role) with another impl, e.g. rms_norm=cuda:kp_rms_norm "
                         "(repeatable)")
-    p.add_argument("--dtype", default="f16",
-                   help="activation dtype T (f16 keeps a Q4_1 file's f16 scales exact; bf16 "
-                        "would round them and is refused for it)")
     p.add_argument("--text", action="append", default=None, metavar="NAME",
                    help="evaluation text (repeatable; default: every text in models/texts/)")
     p.add_argument("--tokens", type=int, default=64, metavar="N",
                    help="the first N tokens of each text (64)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic weights' and ids' seed")
     p.add_argument("--speed", action="store_true",
                    help="also time the decode steps (ms per token, tokens/s, roofline)")
-    p.add_argument("--max-mean-kld", type=float, default=1e-4, metavar="X",
-                   help="the gate's mean KLD limit (1e-4: models.metrics.gate says why)")
-    p.add_argument("--min-same-top", type=float, default=0.99, metavar="P",
-                   help="the gate's same-top-token fraction (0.99)")
 
 
 def _swaps(given: list[str]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from results.runinfo import new_run_id, run_row
 from results.store import Store
-from verbs.common import UsageError, _backend, console, global_flags
+from verbs.common import UsageError, _backend, console, global_flags, model_args
 
 ORDER = 3  # beside `kparity model` in `kparity --help`
 
@@ -33,24 +33,16 @@ def add_parsers(sub) -> None:
         p.add_argument(name, metavar=name.upper(),
                        help=f"{role}: reference, torch, mlx or cuda, each swap appended as "
                             "+ROLE=IMPL (e.g. cuda+rms_norm=cuda:kp_rms_norm)")
-    p.add_argument("--model", default="smollm2",
-                   help="smollm2 (SmolLM2-135M-Instruct Q4_1, cached) or synthetic:CONFIG "
-                        "(tiny, smollm2-135m, llama3-8b: random int4 weights)")
-    p.add_argument("--dtype", default="f16", help="activation dtype T (f16)")
+    model_args(p)
     p.add_argument("--text", action="append", default=None, metavar="NAME",
                    help="evaluation text, one A/B each (repeatable; default: the first text "
                         "in models/texts/: teacher-forced, the text changes the values, not "
                         "the work)")
     p.add_argument("--tokens", type=int, default=64, metavar="N",
                    help="the first N tokens of each text, one decode step each (64)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic weights' and ids' seed")
     p.add_argument("--runs", type=int, default=5, help="interleaved runs per arm (>= 5)")
     p.add_argument("--warmup", type=int, default=3, metavar="STEPS",
                    help="untimed decode steps at the start of each run (3)")
-    p.add_argument("--max-mean-kld", type=float, default=1e-4, metavar="X",
-                   help="the gate's mean KLD limit (1e-4, as kparity model)")
-    p.add_argument("--min-same-top", type=float, default=0.99, metavar="P",
-                   help="the gate's same-top-token fraction (0.99)")
     p.add_argument("--require", choices=("faster", "not-slower", "same"),
                    help="exit 1 unless B's verdict against A on every text is this")
 
