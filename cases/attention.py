@@ -21,7 +21,7 @@ from cases.distributions import values as distribution_values
 from cases.inits import init
 from cases.model import Case
 from cases.registry import bench_cases, gate_cases
-from oracle.attention import attended
+from oracle.attention import attended, cache_len
 from oracle.dtypes import FLOAT_DTYPES
 
 # (preset, model, params): the decode attention of each model; GPT-OSS's sliding-window layers
@@ -47,16 +47,11 @@ def heads(model: str) -> dict:
 
 # --- inits ---------------------------------------------------------------------------------------
 
-def _max_len(case) -> int:
-    d = case.dims
-    return d["max_len"] if "max_len" in d else d["max_pages"] * d["page_size"]
-
-
 @init("seq_lens")
 def seq_lens(shape, dtype, rng, case, drawn):
     """Per-sequence lengths: every sequence full (param ragged=0), else max_len, 1, 17, then
     (paged) a page and one past it, then uniform in [1, max_len]."""
-    n = _max_len(case)
+    n = cache_len(case.dims)
     if not case.params["ragged"]:
         return np.full(shape, n)
     page = case.dims.get("page_size", 0)

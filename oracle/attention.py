@@ -162,9 +162,13 @@ def _sinks(inputs: dict, case) -> np.ndarray | None:
     return np.asarray(inputs["sinks"]).astype(np.float64)
 
 
+def cache_len(dims) -> int:
+    """Keys the cache holds per sequence: max_len, or max_pages pages of page_size."""
+    return dims["max_len"] if "max_len" in dims else dims["max_pages"] * dims["page_size"]
+
+
 def _max_len(case) -> int:
-    d = case.dims
-    return d["max_len"] if "max_len" in d else d["max_pages"] * d["page_size"]
+    return cache_len(case.dims)
 
 
 # --- the oracle ----------------------------------------------------------------------------------
@@ -274,11 +278,17 @@ PARAMS = {"scale": 0.0, "sinks": 0, "window": 0, "sink_end": 0, "probs": "f32", 
 PARAM_VALUES = {"sinks": (0, 1), "probs": PROBS, "ragged": (0, 1)}
 
 
+def keys_read(dims, params) -> int:
+    """Keys a full sequence attends: all `cache_len` of them, or with a window at most the
+    window and sink tokens (the work model's, and the split-KV kernels' split counts)."""
+    n = cache_len(dims)
+    return min(n, params["window"] + params["sink_end"]) if params["window"] else n
+
+
 def kv_read(case) -> int:
-    """Keys read per sequence in the work model: all `max_len` of a full sequence, or the
-    window and sink tokens (a ragged case's shorter sequences read fewer: GB/s is a bound)."""
-    n, p = _max_len(case), case.params
-    return min(n, p["window"] + p["sink_end"]) if p["window"] else n
+    """Keys read per sequence in the work model (`keys_read`; a ragged case's shorter
+    sequences read fewer: GB/s is a bound)."""
+    return keys_read(case.dims, case.params)
 
 
 def _bytes(case) -> int:

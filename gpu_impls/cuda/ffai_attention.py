@@ -77,7 +77,7 @@ from gpu_impls.contract import NO_CONTRACT, Contract, Invariant, Launch, nearest
     param_is
 from gpu_impls.cuda._module import cuda_impl, kernel
 from gpu_impls.torch.attention import GQA, HEAD_DIM
-from oracle.attention import HEAD_DIMS, scale_of
+from oracle.attention import HEAD_DIMS, keys_read, scale_of
 from oracle.numerics import Numerics
 
 SINGLE = "ffai_sdpa_decode.cu"
@@ -100,13 +100,6 @@ ONLINE_32 = Numerics(softmax_block=32)
 
 # --- the seed's block count ---------------------------------------------------------------------
 
-def attended_keys(dims, params) -> int:
-    """The most keys a sequence of the case attends: max_len, or with a window at most
-    window + sink_end of them."""
-    n = dims["max_len"]
-    return min(n, params["window"] + params["sink_end"]) if params["window"] else n
-
-
 def recommended_blocks(keys: int) -> int:
     """`recommended_blocks_m5_max` with its n_simds > 4 test taken as true (module docstring)."""
     if keys <= 1024:
@@ -119,7 +112,7 @@ def recommended_blocks(keys: int) -> int:
 
 def block_count(dims, params) -> int:
     """The case's `splits` where it pins one, else the seed's count."""
-    return int(params.get("splits", 0)) or recommended_blocks(attended_keys(dims, params))
+    return int(params.get("splits", 0)) or recommended_blocks(keys_read(dims, params))
 
 
 # --- contracts ---------------------------------------------------------------------------------

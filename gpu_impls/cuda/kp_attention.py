@@ -44,7 +44,7 @@ from gpu_impls import register
 from gpu_impls.contract import NO_CONTRACT, Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.torch.attention import GQA, HEAD_DIM
-from oracle.attention import HEAD_DIMS, scale_of
+from oracle.attention import HEAD_DIMS, keys_read, scale_of
 from oracle.numerics import Numerics
 
 SOURCE = "kp_sdpa_decode.cu"
@@ -102,7 +102,7 @@ def _geometry(dims, params, splits: int | None = None, epl: int = EPL):
     G = group_size(g)
     chunks = -(-g // G)
     base = dims["batch"] * dims["kv_heads"] * chunks
-    keys = _keys(dims, params)
+    keys = keys_read(dims, params)
     sms = sm_count()
     count = splits or params.get("splits") or split_count(base, keys, sms, RESIDENT[epl])
     derived = {"group": G, "chunks": chunks, "splits": count, "sms": sms, "epl": epl}
@@ -110,12 +110,6 @@ def _geometry(dims, params, splits: int | None = None, epl: int = EPL):
                            block=(THREADS, 1, 1),
                            shared_bytes=ring_bytes(dims["head_dim"], params["dtype"], epl),
                            extra=derived)
-
-
-def _keys(dims, params) -> int:
-    """Keys a full sequence attends (`oracle.attention.kv_read`)."""
-    length = dims["max_len"] if "max_len" in dims else dims["max_pages"] * dims["page_size"]
-    return min(length, params["window"] + params["sink_end"]) if params["window"] else length
 
 
 def ring_bytes(head_dim: int, dtype: str, epl: int = EPL) -> int:

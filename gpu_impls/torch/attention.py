@@ -43,7 +43,7 @@ import math
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch
 from gpu_impls.impl import Impl
-from oracle.attention import HEAD_DIMS, PAGE_SIZES, scale_of
+from oracle.attention import HEAD_DIMS, PAGE_SIZES, cache_len, scale_of
 from oracle.numerics import Numerics
 
 FLASH = Numerics(softmax_block=64)
@@ -182,8 +182,7 @@ def split_partials(q, k, v, mask, splits: int, scale: float):
 
 def split_count(dims: dict) -> int:
     """One split per KEYS_PER_SPLIT keys of the longest sequence, 1 to MAX_SPLITS."""
-    length = dims["max_len"] if "max_len" in dims else dims["max_pages"] * dims["page_size"]
-    return max(1, min(MAX_SPLITS, -(-length // KEYS_PER_SPLIT)))
+    return max(1, min(MAX_SPLITS, -(-cache_len(dims) // KEYS_PER_SPLIT)))
 
 
 def split_kv_run(splits: int | None = None):
