@@ -297,3 +297,40 @@ def test_every_bound_term_is_needed(family, term):
     ops = FAMILIES[family]
     budget, where = _max_budget_shrunk(ops, term)
     assert budget > 1.0, f"{term} shrunk by 10 %: nothing fails (max budget {budget:.4f} at {where})"
+
+
+# --- under flush-to-zero (CuPy compiles every kernel with -ftz) -------------------------------
+
+# Known gap (found when this test was written, 2026-11-26, not yet fixed): under FTZ the worst
+# admissible kernel the greedy search finds exceeds the bound on the `tiny` corners of these
+# ops (rope bf16 1.94, attn_combine f32 sequential 4610, sdpa_decode f32 sequential 10.1):
+# a flush the interval model does not charge. Strict: the test turns red once it is fixed.
+FTZ_GAP = pytest.mark.xfail(strict=True, reason="the FTZ bound misses a flush the worst "
+                                                "admissible kernel makes (see FTZ_OPS)")
+FTZ_OPS = [pytest.param("rope", marks=FTZ_GAP), pytest.param("attn_combine", marks=FTZ_GAP),
+           pytest.param("sdpa_decode", marks=FTZ_GAP), "dequant_gemv", "rms_norm"]
+
+
+def _ftz_corners(op: str, dtype: str):
+    """The corners whose values reach the subnormal range, with param ftz=1: inputs below
+    2^-126 read as 0 and every f32 result there may flush (`oracle.numerics.Model.ftz`)."""
+    for label, case, inputs in corners(op, dtype):
+        if "tiny" in label or "subnormal" in label:
+            yield f"{label} ftz", case.replace(ftz=1), inputs
+
+
+@pytest.mark.parametrize("op", FTZ_OPS)
+def test_under_ftz_correct_and_worst_admissible_kernels_pass(op):
+    """The FTZ charges (a result whose interval straddles 2^-126, a sum's partial that may
+    cancel below it: found by the H100 gate's tiny cases) keep both corners within budget."""
+    failures = []
+    for dtype in FLOAT_DTYPES:
+        for label, case, inputs in _ftz_corners(op, dtype):
+            exact = case.spec.reference(inputs, case)[0]
+            for nname, numerics in NUMERICS.items():
+                bound = _bound(case, inputs, exact, numerics)
+                for name, budget in _candidates(case, inputs, exact, bound, numerics):
+                    if not budget <= 1.0:
+                        failures.append(f"{op} {dtype} {label} [{nname}] {name}: {budget:.4f}")
+    assert not failures, "\n".join(failures[:8])
+
