@@ -242,11 +242,10 @@ def _bound(case: Case, inputs: dict, exact: dict, numerics: Numerics, shrink=Non
         return {t.name: arith.store(values[t.name], t.dtype(case)) for t in spec.outputs}
 
 
-@pytest.mark.parametrize("op", MODELLED)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_correct_and_worst_admissible_kernels_pass(op, dtype):
+def _over_budget(corner_cases) -> list[str]:
+    """Each (corner, declared order, candidate) whose budget exceeds 1, as a line."""
     failures = []
-    for label, case, inputs in corners(op, dtype):
+    for label, case, inputs in corner_cases:
         exact = case.spec.reference(inputs, case)[0]
         for nname, numerics in NUMERICS.items():
             bound = _bound(case, inputs, exact, numerics)
@@ -254,6 +253,13 @@ def test_correct_and_worst_admissible_kernels_pass(op, dtype):
                 if not budget <= 1.0:
                     failures.append(f"{label} [{nname}] {name}: budget {budget:.4f} "
                                     f"({case.to_json()})")
+    return failures
+
+
+@pytest.mark.parametrize("op", MODELLED)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_correct_and_worst_admissible_kernels_pass(op, dtype):
+    failures = _over_budget(corners(op, dtype))
     assert not failures, "\n".join(failures[:8])
 
 
@@ -323,14 +329,7 @@ def _ftz_corners(op: str, dtype: str):
 def test_under_ftz_correct_and_worst_admissible_kernels_pass(op):
     """The FTZ charges (a result whose interval straddles 2^-126, a sum's partial that may
     cancel below it: found by the H100 gate's tiny cases) keep both corners within budget."""
-    failures = []
-    for dtype in FLOAT_DTYPES:
-        for label, case, inputs in _ftz_corners(op, dtype):
-            exact = case.spec.reference(inputs, case)[0]
-            for nname, numerics in NUMERICS.items():
-                bound = _bound(case, inputs, exact, numerics)
-                for name, budget in _candidates(case, inputs, exact, bound, numerics):
-                    if not budget <= 1.0:
-                        failures.append(f"{op} {dtype} {label} [{nname}] {name}: {budget:.4f}")
+    failures = [f"{op} {dtype} {f}" for dtype in FLOAT_DTYPES
+                for f in _over_budget(_ftz_corners(op, dtype))]
     assert not failures, "\n".join(failures[:8])
 
