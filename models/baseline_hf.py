@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.decode import DecodeTiming
+from models.decode import DecodeTiming, PrefillTiming
 from models.plan import ModelError
 
 TORCH_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
@@ -161,6 +161,33 @@ class HFArm:
         return DecodeTiming(self.name, self.device, self.dtype, len(samples), warmup, median,
                             q[0], q[-1], 1e3 / median, tuple(samples))
 
+    def time_eager(self, ids):
+        """None: `time` is the arm's own way (the compiled arm's graphs are inductor's)."""
+        return None
+
+    def time_prefill(self, ids, repeats: int = 5, warmup: int = 1) -> PrefillTiming:
+        """One forward over all of `ids` as a prompt with a fresh cache (eager for the compiled
+        arm too: generate compiles the decode step only), `warmup` + `repeats` times."""
+        import torch
+
+        ids = self._checked(ids)
+        sync = torch.cuda.synchronize if self.torch_device.type == "cuda" else (lambda: None)
+        x = torch.as_tensor(ids, device=self.torch_device)[None]
+        samples = []
+        with torch.no_grad():
+            for i in range(warmup + repeats):
+                cache = self._new_cache()
+                sync()
+                t0 = time.perf_counter()
+                self.model(input_ids=x, use_cache=True, **self._cache_kw(cache))
+                sync()
+                if i >= warmup:
+                    samples.append((time.perf_counter() - t0) * 1e3)
+        median = statistics.median(samples)
+        return PrefillTiming(self.name, self.device, self.dtype, len(ids), repeats, warmup,
+                             median, min(samples), max(samples), len(ids) * 1e3 / median,
+                             tuple(samples))
+
     def step_bytes(self, position: int) -> int:
         """Bytes a decode step at `position` reads at least: every weight once (the tied
         embedding once, as the lm_head reads it), the K and V of positions 0..position."""
@@ -179,6 +206,15 @@ class HFArm:
             raise ModelError(f"{self.name}: token ids must be a 1-D sequence of 1..{self.max_len} "
                              f"ids, got shape {ids.shape}")
         return ids
+
+    def _cache_kw(self, cache) -> dict:
+        """The cache as the forward's keyword: `cache` (transformers >= 5.2x) or
+        `past_key_values` (earlier; an unknown keyword would be swallowed by **kwargs and
+        every step would run without its past)."""
+        import inspect
+
+        params = inspect.signature(type(self.model).forward).parameters
+        return {"cache" if "cache" in params else "past_key_values": cache}
 
     def _new_cache(self):
         from transformers import DynamicCache, StaticCache
@@ -205,7 +241,7 @@ class HFArm:
                 step = compiled if compiled is not None and p > 0 else self.model
                 sync()
                 t0 = time.perf_counter()
-                out = step(input_ids=x, cache=cache, use_cache=True)
+                out = step(input_ids=x, use_cache=True, **self._cache_kw(cache))
                 sync()
                 samples.append((time.perf_counter() - t0) * 1e3)
                 if keep:  # copied out now: a CUDA graph's replay overwrites its output

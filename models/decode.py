@@ -337,7 +337,7 @@ class Decoder:
     is not the direct way."""
 
     def __init__(self, weights: Weights, plan: Plan | str = "reference", dtype: str = "bf16",
-                 max_len: int = 256):
+                 max_len: int = 256, graph: bool = False):
         self.plan = builtin_plan(plan) if isinstance(plan, str) else plan
         self.weights, self.config, self.dtype, self.max_len = weights, weights.config, dtype, \
             int(max_len)
@@ -350,6 +350,10 @@ class Decoder:
         self._prefill: dict[int, dict] = {}  # prompt length -> the prefill pass's ops
         self._direct = False
         self.ops = self._build(0)
+        self.graph = False
+        self._graph = self._graph_out = self._step = None
+        if graph:
+            self.use_graph()
         self.reset()
 
     def _build(self, prefill: int) -> dict:
@@ -459,6 +463,7 @@ class Decoder:
             self.k_cache.append(backend.to_device(zeros.copy()))
             self.v_cache.append(backend.to_device(zeros.copy()))
         self._tokens, self._ids = None, {}
+        self._graph = self._graph_out = None  # it holds the old caches' addresses
 
     # --- moving values between backends --------------------------------------------------------
 
@@ -533,7 +538,7 @@ class Decoder:
             return self._run(ops[(role, layer)], p, inputs)
 
         def rows(role, layer, name):
-            return self._table(ops[(role, layer)].backend, name)[p:p + n]
+            return self._rows(ops[(role, layer)].backend, name, p, n, prefill)
 
         def proj(role, layer, x, width):
             shape = (n, width) if prefill else (width,)
@@ -559,9 +564,9 @@ class Decoder:
             if prefill:  # causal over the prompt's own rows
                 a = run("attention", l, {"q": rot["q_out"], "k": rot["k_out"], "v": v})["out"]
             else:
-                a = run("attention", l, {"lengths": self._table(
-                    ops[("attention", l)].backend, "lengths")[p:p + 1], "q": rot["q_out"],
-                    "k": self.k_cache[l], "v": self.v_cache[l]})["out"]
+                a = run("attention", l, {"lengths": rows("attention", l, "lengths"),
+                                         "q": rot["q_out"], "k": self.k_cache[l],
+                                         "v": self.v_cache[l]})["out"]
             o = proj("o_proj", l, a, hq * d).reshape((n, hidden))
             got = run("ffn_add_norm", l, {"a": r, "b": o})
             r, x = got["residual_out"], got["normed_out"]
@@ -572,10 +577,101 @@ class Decoder:
         final = run("final_add_norm", 0, {"a": r, "b": y})
         return proj("lm_head", 0, final["normed_out"], hidden)
 
+    def _rows(self, backend: Backend, name: str, p: int, n: int, prefill: bool):
+        """Rows p..p+n-1 of the index table `name` (`_table`) on `backend`; a decode step in
+        graph mode reads the step's own one-row tables instead (`use_graph`)."""
+        if self.graph and not prefill:
+            return self._step[backend.name][name]
+        return self._table(backend, name)[p:p + n]
+
     def forward(self, position: int):
         """One decode step at `position` for the token loaded there (`load`): the logits, a
-        device array [vocab] of the lm_head's backend."""
-        return self._pass(self.ops, position, 1)
+        device array [vocab] of the lm_head's backend. In graph mode (`use_graph`) the step
+        is a CUDA graph, recorded at the first step after each `load` and replayed."""
+        if not self.graph:
+            return self._pass(self.ops, position, 1)
+        self._set_step(position)
+        if self._graph is None:
+            self._pass(self.ops, position, 1)  # compiles and allocates outside the capture
+            self._graph, self._graph_out = self._capture(position)
+        self._graph.replay()
+        return self._graph_out
+
+    # --- the decode step as a CUDA graph -------------------------------------------------------
+
+    def graph_refusal(self) -> str | None:
+        """Why this plan's decode step cannot be a CUDA graph (None: it can): every op must run
+        on the GPU, through CuPy (kparity's kernels) or torch."""
+        off = sorted(f"{b.name} on {b.device()}" for b in self.backends.values()
+                     if b.name not in ("cuda", "torch") or not b.device().startswith("cuda"))
+        if off:
+            return (f"plan {self.plan.name}: a CUDA graph needs every op on the GPU through "
+                    f"CuPy or torch; this plan runs on {', '.join(off)}")
+        try:
+            import torch
+        except ImportError:
+            return "a CUDA graph is recorded with torch.cuda.graph: torch is not installed"
+        if not torch.cuda.is_available():
+            return "a CUDA graph is recorded with torch.cuda.graph: torch sees no GPU"
+        return None
+
+    def use_graph(self, on: bool = True) -> None:
+        """Run each decode step as a CUDA graph (the issue's "CUDA plans capture the decode
+        step"): the step's launches recorded once per `load` by `torch.cuda.graph` (kparity's
+        CuPy kernels on the same capturing stream, their programmatic dependent launches kept
+        as programmatic edges) and replayed, one launch for ~15 kernels per layer instead of
+        one Python call each.
+
+        A graph bakes in every address it reads, so a step's position, length and token
+        cannot be slices of the index tables (another address per position): they live in one
+        int32 device buffer [position, position + 1, token] that every step reads, written
+        from pinned host memory before each replay (`_set_step`; torch and CuPy see it through
+        DLPack). The caches, weights, outputs and workspaces are allocated before the capture
+        and stay; `reset` (a new `load`) drops the graph, since it allocates new caches.
+        ModelError where the plan cannot (`graph_refusal`). `on=False`: eager steps again."""
+        self._graph = self._graph_out = None
+        self.graph = False
+        if not on or self._step is not None:
+            self.graph = on
+            return
+        why = self.graph_refusal()
+        if why:
+            raise ModelError(why)
+        import torch
+
+        self._step_host = torch.zeros(3, dtype=torch.int32).pin_memory()
+        step = torch.zeros(3, dtype=torch.int32, device="cuda")
+        self._step_dev, self._step_event = step, torch.cuda.Event()
+        views = {"positions": step[0:1], "lengths": step[1:2], "ids": step[2:3]}
+        self._step = {"torch": views}
+        if "cuda" in self.backends:
+            import cupy
+
+            self._step["cuda"] = {k: cupy.from_dlpack(v) for k, v in views.items()}
+        self.graph = True
+
+    def _set_step(self, position: int) -> None:
+        """The step buffer [position, position + 1, token], copied from pinned memory on the
+        stream the graph replays on (the copy before it in stream order). The pinned buffer is
+        rewritten only once the previous copy has read it."""
+        self._step_event.synchronize()
+        self._step_host.copy_(self._step_host.new_tensor(
+            [position, position + 1, int(self._tokens[position])]))
+        self._step_dev.copy_(self._step_host, non_blocking=True)
+        self._step_event.record()
+
+    def _capture(self, position: int):
+        """Record the decode step at `position` (its inputs already in the step buffer): the
+        graph and its logits (the lm_head's output, at a fixed address)."""
+        import torch
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            with _cupy_on(stream):
+                out = self._pass(self.ops, position, 1)
+        return graph, out
 
     def prefill(self, n: int):
         """The prefill pass over the first n loaded tokens (positions 0..n-1, after `load`):
@@ -644,6 +740,27 @@ def _impl_ids(ops: dict) -> dict[str, list[str]]:
         if op.impl_id not in out.setdefault(role, []):
             out[role].append(op.impl_id)
     return out
+
+
+class _cupy_on:
+    """CuPy's current stream set to torch stream `stream` (where CuPy is installed), so that
+    kparity's kernels launch on the stream torch captures."""
+
+    def __init__(self, stream):
+        self.stream, self.ctx = stream, None
+
+    def __enter__(self):
+        try:
+            import cupy
+        except ImportError:
+            return self
+        self.ctx = cupy.cuda.ExternalStream(self.stream.cuda_stream)
+        self.ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
 
 
 def _dlpack(value, src: str, dst: str, dtype: str):

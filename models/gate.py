@@ -41,7 +41,8 @@ import numpy as np
 
 from gpu_impls import impls
 from models import metrics
-from models.decode import DecodeTiming, Decoder, step_bytes, time_decode
+from models.decode import DecodeTiming, Decoder, PrefillTiming, step_bytes, time_decode
+from models.decode import time_prefill
 from models.plan import PLANS, ModelError, Plan, plan as builtin_plan
 from models.weights import Weights
 
@@ -122,15 +123,28 @@ class Arm(Protocol):
 
     def time(self, ids: np.ndarray) -> DecodeTiming: ...
 
+    def time_eager(self, ids: np.ndarray) -> DecodeTiming | None:
+        """The eager step's timing where `time` replays a CUDA graph (None: `time` is eager)."""
+
+    def time_prefill(self, ids: np.ndarray) -> PrefillTiming | None:
+        """The prefill pass over all of `ids` as one prompt (None: not timed)."""
+
     def step_bytes(self, position: int) -> int: ...
 
 
 class PlanArm:
-    """A plan run by kparity's decode loop (`models.decode.Decoder`) as an `Arm`."""
+    """A plan run by kparity's decode loop (`models.decode.Decoder`) as an `Arm`. `graph`:
+    its decode steps (logits and timing) as a CUDA graph (`Decoder.use_graph`); None: where
+    the plan can be (`Decoder.graph_refusal`: every op on the GPU), the reference excepted."""
 
-    def __init__(self, model: Model, plan: Plan, dtype: str, max_len: int):
+    def __init__(self, model: Model, plan: Plan, dtype: str, max_len: int,
+                 graph: bool | None = None):
         self.plan, self.name, self.dtype = plan, plan.name, dtype
         self.decoder = dec = Decoder(model.weights, plan, dtype, max_len=max_len)
+        if graph is None:
+            graph = plan.name != "reference" and dec.graph_refusal() is None
+        if graph:
+            dec.use_graph()
         self.backend = ", ".join(sorted(dec.backends))
         self.device = ", ".join(sorted({b.device() for b in dec.backends.values()}))
         self.timed_backend = next((b for b in sorted(dec.backends) if b != "numpy"), None)
@@ -149,6 +163,18 @@ class PlanArm:
 
     def time(self, ids):
         return time_decode(self.decoder, ids)
+
+    def time_eager(self, ids):
+        if not self.decoder.graph:
+            return None
+        self.decoder.use_graph(False)
+        try:
+            return time_decode(self.decoder, ids)
+        finally:
+            self.decoder.use_graph(True)
+
+    def time_prefill(self, ids):
+        return time_prefill(self.decoder, ids)
 
     def step_bytes(self, position):
         return step_bytes(self.decoder, position)
@@ -188,23 +214,41 @@ def make_arm(model: Model, given: Plan | str | Arm, dtype: str, max_len: int) ->
 
 def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
              tokens: dict[str, np.ndarray], speed: bool = False, ceiling=None,
-             max_mean_kld: float = 1e-4, min_same_top: float = 0.99) -> list[dict]:
+             max_mean_kld: float = 1e-4, min_same_top: float = 0.99, prefill: int = 0,
+             compare: bool = True) -> list[dict]:
     """One row per (arm, text) (the `model` table's columns, run id left to the caller); the
     reference logits computed once per text. `plans`: plans, their names or baselines' names
     (`make_arm`). With `speed`, `ceiling(backend name)` gives the copy ceiling in GB/s for the
-    roofline (None: no roofline)."""
+    roofline (None: no roofline) and `prefill` > 0 times a prefill pass over a prompt of that
+    many tokens (`prompt_tokens`). `compare=False` (speed only: a model too large for the
+    float64 reference, e.g. synthetic:llama3-8b) skips the reference and the logits: the rows
+    carry the speed, no statistics, gate `report`."""
     longest = max(len(t) for t in tokens.values())
-    ref_dec = Decoder(model.weights, "reference", dtype, max_len=longest)
-    arms = [make_arm(model, p, dtype, longest) for p in plans]
+    max_len = max(longest, prefill if speed else 0)
+    ref_dec = Decoder(model.weights, "reference", dtype, max_len=longest) if compare else None
+    arms = [make_arm(model, p, dtype, max_len) for p in plans]
+    prompt = prompt_tokens(model, prefill) if speed and prefill else None
     rows = []
     for text, ids in tokens.items():
         start = time.perf_counter()
-        ref = ref_dec.logits(ids)
+        ref = ref_dec.logits(ids) if compare else None
         ref_seconds = time.perf_counter() - start
         for arm in arms:
             rows.append(_row(model, arm, text, ids, ref, speed, ceiling, max_mean_kld,
-                             min_same_top, ref_seconds))
+                             min_same_top, ref_seconds, prompt))
     return rows
+
+
+def prompt_tokens(model: Model, n: int) -> np.ndarray:
+    """A prompt of n tokens for the prefill timing: every evaluation text's tokens, one after
+    the other, repeated to length n (a synthetic model: random ids from its seed)."""
+    if model.tokenizer is None:
+        return np.random.default_rng(model.seed + 1).integers(0, model.weights.config.vocab, n)
+    from models.texts import load_texts
+
+    texts = load_texts()
+    ids = np.concatenate([model.tokenizer.encode(texts[k]) for k in sorted(texts)])
+    return np.resize(ids, n)
 
 
 def verdict(arm: Arm, summary: dict, max_mean_kld: float = 1e-4,
@@ -217,36 +261,59 @@ def verdict(arm: Arm, summary: dict, max_mean_kld: float = 1e-4,
     return gate, [*arm.notes, *reasons]
 
 
-def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray, speed: bool,
-         ceiling, max_mean_kld: float, min_same_top: float, ref_seconds: float) -> dict:
+def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray | None,
+         speed: bool, ceiling, max_mean_kld: float, min_same_top: float, ref_seconds: float,
+         prompt: np.ndarray | None = None) -> dict:
     start = time.perf_counter()
-    test = arm.logits(ids)
-    m = metrics.position_metrics(ref[:-1], test[:-1], ids[1:])
-    s = metrics.summary(m)
-    flipped = metrics.flips(m, 0.0)      # every top-token flip: no margin bound yet
-    ties = metrics.near_ties(m, 0.0)     # flips between exactly tied reference logits
-    gate, reasons = verdict(arm, s, max_mean_kld, min_same_top)
     row = {"model": model.name, "model_sha256": model.sha256, "plan": arm.name,
            "plan_json": json.dumps(arm.describe(), sort_keys=True),
-           "backend": arm.backend, "device": arm.device,
-           "dtype": arm.dtype, "text": text, "positions": int(s["n"]),
-           **{k: _num(s.get(k)) for k in
-              ("mean_kld", "mean_kld_unc", "median_kld", "kld_90", "kld_95", "kld_99",
-               "kld_99_9", "max_kld", "same_top_p", "same_top_p_unc", "rms_dp", "rms_dp_unc")},
-           "flips": int(len(flipped)), "near_ties": int(len(ties)),
-           "gate": gate,
-           "gate_reasons": "; ".join(reasons),
-           "prefill_tok_s": None, "decode_tok_s": None, "ms_per_token": None,
-           "ms_per_token_spread": None, "roofline_tok_s": None,
-           "summary_json": json.dumps(s, sort_keys=True, default=_num)}
+           "backend": arm.backend, "device": arm.device, "dtype": arm.dtype, "text": text,
+           **dict.fromkeys(SPEED_FIELDS)}
+    if ref is None:  # speed only
+        row.update({"positions": 0, "flips": 0, "near_ties": 0, "gate": "report",
+                    "gate_reasons": "speed only: not compared with the reference",
+                    "summary_json": "{}", **dict.fromkeys(STATISTICS)})
+    else:
+        test = arm.logits(ids)
+        m = metrics.position_metrics(ref[:-1], test[:-1], ids[1:])
+        s = metrics.summary(m)
+        flipped = metrics.flips(m, 0.0)      # every top-token flip: no margin bound yet
+        ties = metrics.near_ties(m, 0.0)     # flips between exactly tied reference logits
+        gate, reasons = verdict(arm, s, max_mean_kld, min_same_top)
+        row.update({"positions": int(s["n"]), **{k: _num(s.get(k)) for k in STATISTICS},
+                    "flips": int(len(flipped)), "near_ties": int(len(ties)), "gate": gate,
+                    "gate_reasons": "; ".join(reasons),
+                    "summary_json": json.dumps(s, sort_keys=True, default=_num)})
     if speed:
-        timing = arm.time(ids)
-        row.update(decode_tok_s=timing.tokens_per_s, ms_per_token=timing.ms_per_token,
-                   ms_per_token_spread=(timing.p90_ms - timing.p10_ms) / timing.ms_per_token)
-        if ceiling and arm.timed_backend:  # the reference's oracles run untimed
-            gbps = ceiling(arm.timed_backend)
-            row["roofline_tok_s"] = gbps * 1e9 / arm.step_bytes(len(ids) // 2)
+        row.update(speed_row(arm, ids, ceiling, prompt))
     row["seconds"] = time.perf_counter() - start + ref_seconds
+    return row
+
+
+STATISTICS = ("mean_kld", "mean_kld_unc", "median_kld", "kld_90", "kld_95", "kld_99",
+              "kld_99_9", "max_kld", "same_top_p", "same_top_p_unc", "rms_dp", "rms_dp_unc")
+SPEED_FIELDS = ("prefill_tok_s", "prefill_tokens", "decode_tok_s", "decode_mode", "eager_tok_s",
+                "ms_per_token", "ms_per_token_spread", "roofline_tok_s")
+
+
+def speed_row(arm: Arm, ids: np.ndarray, ceiling=None, prompt: np.ndarray | None = None
+              ) -> dict:
+    """The speed fields of an arm's row (`SPEED_FIELDS`): its decode over `ids` at batch 1 (a
+    CUDA graph where the arm replays one, `decode_mode`; then the eager step's tokens/s
+    beside it), the roofline at the text's middle position over `ceiling(backend)` GB/s, and
+    the prefill pass over `prompt` (None: not timed)."""
+    timing = arm.time(ids)
+    eager = arm.time_eager(ids)
+    row = {"decode_tok_s": timing.tokens_per_s, "ms_per_token": timing.ms_per_token,
+           "ms_per_token_spread": (timing.p90_ms - timing.p10_ms) / timing.ms_per_token,
+           "decode_mode": "eager" if eager is None else "graph",
+           "eager_tok_s": (eager or timing).tokens_per_s}
+    if ceiling and arm.timed_backend:  # the reference's oracles run untimed
+        row["roofline_tok_s"] = ceiling(arm.timed_backend) * 1e9 / arm.step_bytes(len(ids) // 2)
+    if prompt is not None:
+        pre = arm.time_prefill(prompt)
+        if pre is not None:
+            row.update(prefill_tok_s=pre.tokens_per_s, prefill_tokens=pre.tokens)
     return row
 
 

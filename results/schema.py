@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 5  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
+SCHEMA_VERSION = 6  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
 #                     4: bench.pred_median_ns (the chain mode's subtracted predecessor);
-#                     5: the model table (`kparity model`, issue 28)
+#                     5: the model table (`kparity model`, issue 28);
+#                     6: model.prefill_tokens, decode_mode, eager_tok_s
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -197,8 +198,11 @@ MODEL = pa.schema([
     ("near_ties", pa.int64()),         # flips within it (excused)
     ("gate", pa.string()),             # pass | fail | report (no gate for this plan)
     ("gate_reasons", pa.string()),
-    ("prefill_tok_s", pa.float64()),
+    ("prefill_tok_s", pa.float64()),   # one prefill pass over a prompt of prefill_tokens
+    ("prefill_tokens", pa.int64()),
     ("decode_tok_s", pa.float64()),    # batch 1, steady state, median over steps
+    ("decode_mode", pa.string()),      # graph (the step replayed as a CUDA graph) | eager
+    ("eager_tok_s", pa.float64()),     # the eager step's (= decode_tok_s when eager)
     ("ms_per_token", pa.float64()),
     ("ms_per_token_spread", pa.float64()),  # (q3 - q1) / median of the per-step times
     ("roofline_tok_s", pa.float64()),  # bytes read per step / the run's copy ceiling

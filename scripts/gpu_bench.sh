@@ -42,6 +42,10 @@
 #     the seed ports, torch SDPA and flex_attention; RoPE at decode (B=1, 32) against torch eager
 #     and torch.compile; then the A/Bs of kp_sdpa_decode against torch SDPA and of kp_rope against
 #     both RoPE baselines, all in `chain`
+#   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
+#     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
+#     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
+#     (after scripts/model_carry.sh)
 # Logs go to $OUT/<stage>.log; the store is packed as $OUT/store-<stage>.tgz.
 set -u
 STAGE=${1:?stage: aa, eager, compiled or family}
@@ -161,6 +165,15 @@ attention)
   run ab torch:sdpa cuda:kp_sdpa_decode $A --min-time 0.1
   run ab torch:rope_hf_compiled cuda:kp_rope $R --min-time 0.1
   run ab torch:rope_hf cuda:kp_rope $R --min-time 0.1
+  ;;
+model)
+  # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)
+  echo "\$ pytest -m gpu tests/test_gpu_model.py" >> "$LOG"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_model.py >> "$LOG" 2>&1
+  echo "rc=$?" >> "$LOG"
+  run model --plan cuda,torch,hf-bf16,hf-bf16-compiled --dtype f16 --tokens 64 --speed
+  run model --model synthetic:llama3-8b --plan cuda --dtype bf16 --tokens 64 --speed-only
+  run model-ab cuda cuda+rms_norm=torch:rms_norm --dtype f16 --tokens 64
   ;;
 history)
   CHECK_IMPLS=cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:mt_rms_norm,cuda:mt_rms_norm_wide,cuda:dequant_gemv,cuda:dequant_gemv_int4_fast,cuda:kp_qgemv,cuda:kp_qgemv_mma,torch:rms_norm,torch:rms_norm_per_head,torch:dequant_linear

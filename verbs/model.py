@@ -45,7 +45,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--tokens", type=int, default=64, metavar="N",
                    help="the first N tokens of each text (64)")
     p.add_argument("--speed", action="store_true",
-                   help="also time the decode steps (ms per token, tokens/s, roofline)")
+                   help="also time the decode steps (ms per token, tokens/s, roofline; a CUDA "
+                        "plan's steps as a CUDA graph, the eager step beside it) and a prefill")
+    p.add_argument("--prefill", type=int, default=512, metavar="N",
+                   help="with --speed: time a prefill pass over a prompt of N tokens (512; "
+                        "0: none)")
+    p.add_argument("--speed-only", action="store_true",
+                   help="time only, no reference and no gate (a model too large for the "
+                        "float64 reference: --model synthetic:llama3-8b); implies --speed")
 
 
 def _swaps(given: list[str]) -> dict[str, str]:
@@ -74,6 +81,9 @@ def cmd_model(args) -> int:
             if not ok:
                 console.print(f"[red]nothing could run[/red]: {name}: {why}")
                 return 3
+        if args.prefill < 0:
+            raise ModelError(f"--prefill {args.prefill}: a prompt length, or 0 for none")
+        speed = args.speed or args.speed_only
         model = load_model(args.model, args.seed)
         tokens = text_tokens(model, args.text, args.tokens)
     except ModelError as e:
@@ -89,11 +99,12 @@ def cmd_model(args) -> int:
         return row["copy_gbps"]
 
     try:
-        with console.status(f"{model.name}: reference and {args.plan} over "
-                            f"{len(tokens)} text(s)"):
-            rows = evaluate(model, plans, args.dtype, tokens, speed=args.speed,
+        what = args.plan if args.speed_only else f"reference and {args.plan}"
+        with console.status(f"{model.name}: {what} over {len(tokens)} text(s)"):
+            rows = evaluate(model, plans, args.dtype, tokens, speed=speed,
                             ceiling=ceiling, max_mean_kld=args.max_mean_kld,
-                            min_same_top=args.min_same_top)
+                            min_same_top=args.min_same_top, prefill=args.prefill,
+                            compare=not args.speed_only)
     except ModelError as e:
         raise UsageError(str(e)) from e
     except RuntimeError as e:  # a backend the plan needs is not here
@@ -101,13 +112,13 @@ def cmd_model(args) -> int:
         return 3
     devices = {r["backend"]: r["device"] for r in rows}
     filters = {k: getattr(args, k) for k in ("model", "plan", "swap", "dtype", "text", "tokens",
-                                             "seed", "speed")}
+                                             "seed", "speed", "prefill", "speed_only")}
     store.write("runs", [run_row(run_id, "model", devices, {}, filters)], run_id, 0)
     if ceilings:
         store.write("ceilings", ceilings, run_id, 0)
     store.write("model", [{**r, "run_id": run_id} for r in rows], run_id, 1)
     for name in dict.fromkeys(r["plan"] for r in rows):
-        _print([r for r in rows if r["plan"] == name], args.speed)
+        _print([r for r in rows if r["plan"] == name], speed, not args.speed_only)
     for r in rows:
         if r["gate"] == "report" and r["gate_reasons"]:
             console.print(f"report {r['plan']} on {r['text']}: {r['gate_reasons']}")
@@ -129,24 +140,33 @@ def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def _print(rows: list[dict], speed: bool) -> None:
-    table = Table(title=f"{rows[0]['model']}: plan {rows[0]['plan']} against the reference "
-                        f"({rows[0]['dtype']}, {rows[0]['device']})")
-    cols = ["text", "n", "mean KLD", "median", "99 %", "max", "same top", "RMS Δp", "flips",
-            "gate"]
+def _print(rows: list[dict], speed: bool, compared: bool = True) -> None:
+    r0 = rows[0]
+    title = f"{r0['model']}: plan {r0['plan']}" + (" against the reference" if compared else "")
+    table = Table(title=f"{title} ({r0['dtype']}, {r0['device']})")
+    cols = ["text"]
+    if compared:
+        cols += ["n", "mean KLD", "median", "99 %", "max", "same top", "RMS Δp", "flips", "gate"]
     if speed:
-        cols += ["ms/token", "tok/s", "roofline tok/s"]
+        cols += ["ms/token", "tok/s", "step", "eager tok/s", "roofline tok/s", "% roofline",
+                 "prefill tok/s"]
     for c in cols:
-        table.add_column(c, justify="left" if c in ("text", "gate") else "right")
+        table.add_column(c, justify="left" if c in ("text", "gate", "step") else "right")
     for r in rows:
-        cells = [r["text"], str(r["positions"]),
-                 f"{_fmt(r['mean_kld'])} ± {_fmt(r['mean_kld_unc'], '.2g')}",
-                 _fmt(r["median_kld"]), _fmt(r["kld_99"]), _fmt(r["max_kld"]),
-                 f"{_fmt(100 * r['same_top_p'], '.2f')} %", _fmt(r["rms_dp"]), str(r["flips"]),
-                 r["gate"]]
+        cells = [r["text"]]
+        if compared:
+            cells += [str(r["positions"]),
+                      f"{_fmt(r['mean_kld'])} ± {_fmt(r['mean_kld_unc'], '.2g')}",
+                      _fmt(r["median_kld"]), _fmt(r["kld_99"]), _fmt(r["max_kld"]),
+                      f"{_fmt(100 * r['same_top_p'], '.2f')} %", _fmt(r["rms_dp"]),
+                      str(r["flips"]), r["gate"]]
         if speed:
-            cells += [_fmt(r["ms_per_token"], ".2f"), _fmt(r["decode_tok_s"], ".1f"),
-                      _fmt(r["roofline_tok_s"], ".0f")]
+            roof = r["roofline_tok_s"]
+            cells += [_fmt(r["ms_per_token"], ".3f"), _fmt(r["decode_tok_s"], ".1f"),
+                      r["decode_mode"] or "-", _fmt(r["eager_tok_s"], ".1f"), _fmt(roof, ".0f"),
+                      _fmt(roof and 100 * r["decode_tok_s"] / roof, ".1f"),
+                      "-" if r["prefill_tok_s"] is None else
+                      f"{r['prefill_tok_s']:.0f} ({r['prefill_tokens']})"]
         table.add_row(*cells)
     console.print(table)
 

@@ -1,0 +1,79 @@
+"""The model-level gate on the GPU (issue 28, `models/decode.py`): the CUDA plan's decode step
+as a CUDA graph computes the eager step's logits bit for bit (the step's position, length and
+token read from the step buffer, not baked into the graph), after a prefill too; the CUDA plan
+passes the gate and a CUDA GEMV mutant swapped in fails it; the real SmolLM2-135M where its
+file is here (`KPARITY_GGUF` or the cache: the GPU machine gets it by carry).
+
+`pytest -m gpu` selects it; without an accelerator the conftest guard fails the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+import gpu_impls
+from models.decode import Decoder
+from models.synthetic import config, random_weights
+from verbs.cli import main
+
+pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
+MUTANTS = str(Path(__file__).with_name("mutants.py"))
+SMOL = ["model", "--model", "synthetic:smollm2-135m", "--dtype", "f16", "--tokens", "16"]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    ok, why = gpu_impls.backend("cuda").available()
+    if not ok:
+        pytest.skip(why)
+    return random_weights(config("smollm2-135m"), seed=0)
+
+
+def _rows(store: Path) -> list[dict]:
+    return ds.dataset(store / "model", format="parquet").to_table().to_pylist()
+
+
+@pytest.mark.parametrize("prefill", [0, 7])
+def test_the_graph_step_is_the_eager_step_bit_for_bit(smol, prefill):
+    ids = np.random.default_rng(1).integers(0, smol.config.vocab, 20)
+    dec = Decoder(smol, "cuda", "f16", max_len=24)
+    eager = dec.logits(ids, prefill=prefill)
+    dec.use_graph()
+    graph = dec.logits(ids, prefill=prefill)
+    assert dec._graph is not None  # the steps were replayed from a graph
+    assert np.isfinite(graph).all() and np.array_equal(eager, graph)
+    # replayed again from another load: the same logits (a new graph on the new caches)
+    assert np.array_equal(dec.logits(ids, prefill=prefill), graph)
+
+
+def test_the_cuda_plan_passes_and_a_cuda_gemv_mutant_fails(smol, tmp_path):
+    store = tmp_path / "store"
+    assert main(["--store", str(store), *SMOL, "--plan", "cuda"]) == 0
+    (good,) = _rows(store)
+    assert good["gate"] == "pass" and good["mean_kld"] < 1e-4
+    assert "cuda:kp_qgemv" in good["plan_json"]
+    bad = tmp_path / "bad"
+    assert main(["--store", str(bad), "--plugin", MUTANTS, *SMOL, "--plan", "cuda", "--swap",
+                 "dequant_gemv=cuda:mutant_kp_qgemv_group_off_by_one"]) == 1
+    (row,) = _rows(bad)
+    assert row["gate"] == "fail" and row["mean_kld"] > 100 * max(good["mean_kld"], 1e-9)
+
+
+def test_smollm2_cuda_plan_passes_on_a_short_text(tmp_path):
+    from models.gguf_file import ENV, FILENAME, model_cache_dir
+
+    import os
+
+    if not (os.environ.get(ENV) or (model_cache_dir() / FILENAME).is_file()):
+        pytest.skip(f"the SmolLM2 GGUF is not here (set {ENV}); nothing is downloaded here")
+    store = tmp_path / "store"
+    assert main(["--store", str(store), "model", "--plan", "cuda", "--dtype", "f16",
+                 "--tokens", "24", "--text", "lincoln_gettysburg", "--speed",
+                 "--prefill", "64"]) == 0
+    (row,) = _rows(store)
+    assert row["gate"] == "pass" and row["decode_mode"] == "graph"
+    assert row["decode_tok_s"] > 0 and row["prefill_tokens"] == 64
