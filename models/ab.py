@@ -34,9 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models import metrics
 from models.decode import Decoder, time_decode
-from models.gate import PlanArm, verdict
+from models.gate import PlanArm, judge
 from models.plan import ModelError, Plan, plan as builtin_plan
 from oracle.dtypes import ulp_distance
 from runners.abstats import compare_runs
@@ -133,9 +132,8 @@ def model_ab(model, plan_a: Plan, plan_b: Plan, dtype: str, text: str, ids: np.n
         logits = {}
         for letter, pa in plan_arms.items():
             logits[letter] = pa.logits(ids)
-            s = metrics.summary(metrics.position_metrics(ref[:-1], logits[letter][:-1],
-                                                         ids[1:]))
-            gate, reasons = verdict(pa, s, max_mean_kld, min_same_top)
+            s, _, _, gate, reasons = judge(pa, ref, logits[letter], ids, max_mean_kld,
+                                           min_same_top)
             arms[letter] = Arm(pa.name, gate, tuple(reasons), s,
                                {n: b.device() for n, b in pa.decoder.backends.items()})
         row["correct_a"], row["correct_b"] = arms["A"].gate, arms["B"].gate

@@ -350,7 +350,7 @@ class Decoder:
         self._prefill: dict[int, dict] = {}  # prompt length -> the prefill pass's ops
         self._direct = False
         self.ops = self._build(0)
-        self.graph = False
+        self.graph = self.graph_failed = False
         self._graph = self._graph_out = self._step = None
         if graph:
             self.use_graph()
@@ -592,8 +592,14 @@ class Decoder:
             return self._pass(self.ops, position, 1)
         self._set_step(position)
         if self._graph is None:
-            self._pass(self.ops, position, 1)  # compiles and allocates outside the capture
-            self._graph, self._graph_out = self._capture(position)
+            out = self._pass(self.ops, position, 1)  # compiles and allocates outside the capture
+            try:
+                self._graph, self._graph_out = self._capture(position)
+            except Exception as e:  # an op that cannot be captured (a host sync, an allocation)
+                self.notes.append(f"graph capture failed ({type(e).__name__}: {e}): eager steps")
+                self.use_graph(False)
+                self.graph_failed = True
+                return out
         self._graph.replay()
         return self._graph_out
 
@@ -628,9 +634,13 @@ class Decoder:
         from pinned host memory before each replay (`_set_step`; torch and CuPy see it through
         DLPack). The caches, weights, outputs and workspaces are allocated before the capture
         and stay; `reset` (a new `load`) drops the graph, since it allocates new caches.
-        ModelError where the plan cannot (`graph_refusal`). `on=False`: eager steps again."""
+        ModelError where the plan cannot (`graph_refusal`); where the capture itself fails
+        (an impl that synchronizes with the host, say), the steps run eagerly from then on,
+        `graph_failed` set and the error in `notes`. `on=False`: eager steps again."""
         self._graph = self._graph_out = None
         self.graph = False
+        if on and self.graph_failed:
+            return
         if not on or self._step is not None:
             self.graph = on
             return

@@ -13,6 +13,8 @@ teacher-forced text). "ref" is the reference plan (llama's "base"), "test" the p
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # llama-perplexity skips its final block of statistics below this many scored tokens.
@@ -292,10 +294,34 @@ def near_ties(metrics: dict[str, np.ndarray], margin_bound) -> np.ndarray:
     return np.flatnonzero(flipped & (gap <= bound))
 
 
+# The near-tie band of the model gate, in standard deviations of the logit-difference
+# perturbation the gate's KLD bound admits (`margin_bound`).
+MARGIN_SIGMAS = 4.0
+
+
+def margin_bound(max_mean_kld: float = 1e-4) -> float:
+    """How far a plan that the gate's KLD bound admits may move the difference of two logits:
+    the `margin_bound` of `flips` for the model gate (a scalar, the same at every position).
+
+    By `gate`'s second-order relation KLD = ½ Var_p(δ), the bound admits a logit perturbation
+    of RMS σ = √(2·max_mean_kld) (0.014 nats at 1e-4); the difference of two perturbed logits
+    then has RMS √2·σ, and a flip between tokens whose reference gap is within MARGIN_SIGMAS
+    of those (4·√2·σ = 8·√max_mean_kld: 0.08 nats at 1e-4) is what such a perturbation does:
+    a near tie, excused. A wider gap flipped means a perturbation 4 σ beyond what the gate
+    admits at that position: it fails, whatever the mean KLD says.
+
+    Not a bound composed from the per-op tolerances: those bound each op given its inputs,
+    and how their errors grow through 30 layers depends on the model's gains, which nothing
+    here bounds; the KLD bound is the perturbation the gate already accepts."""
+    return MARGIN_SIGMAS * math.sqrt(2.0) * math.sqrt(2.0 * max_mean_kld)
+
+
 def gate(s: dict, failed_flips, max_mean_kld: float = 1e-4,
-         min_same_top: float = 0.99) -> tuple[bool, list[str]]:
+         min_same_top: float = 0.99, near_ties: int = 0) -> tuple[bool, list[str]]:
     """The model gate: (ok, reasons it failed). Passes when mean KLD <= `max_mean_kld`, same top
-    p >= `min_same_top` and no flip failed (`flips`). A NaN mean KLD (non-finite logits) fails.
+    p >= `min_same_top` with the `near_ties` flips (`near_ties`: within `margin_bound`)
+    counted as agreeing, and no flip failed (`flips`). A NaN mean KLD (non-finite logits)
+    fails. The reported same top p is llama-perplexity's, every flip counted.
 
     Why 1e-4 and 99 % for an oracle-exact-rounding plan (its kernels round where the contracts
     say, so it differs from the float64 reference only by f32 vs float64 arithmetic and by a
@@ -326,8 +352,9 @@ def gate(s: dict, failed_flips, max_mean_kld: float = 1e-4,
       KLD bound (σ ≈ 0.014 nats) that is margins below ≈ 0.02 nats: a fraction f_m(0)·0.02 of
       positions, f_m(0) the density of margins at 0 per nat; for margins spread over a few nats
       (f_m(0) <= 0.5) it is <= 1 %, so 99 % is the same-top rate consistent with the KLD bound
-      (check f_m(0) on the text set with `ref_margin`). Note that on fewer than 100 positions
-      99 % allows no flip at all. Flips beyond the per-op tolerances fail regardless
+      (check f_m(0) on the text set with `ref_margin`). On fewer than 100 positions 99 %
+      would allow no flip at all, and a correct plan meets a near tie sooner or later: the
+      near ties (`margin_bound`) count as agreeing, every other flip fails regardless
       (`flips`)."""
     reasons = []
     failed = np.asarray(failed_flips, dtype=np.int64)
@@ -335,9 +362,11 @@ def gate(s: dict, failed_flips, max_mean_kld: float = 1e-4,
     if not kld <= max_mean_kld:
         extra = f" ({s['nonfinite']} positions with non-finite KLD)" if s.get("nonfinite") else ""
         reasons.append(f"mean KLD {kld:.3g} ± {unc:.2g} > {max_mean_kld:.3g}{extra}")
-    if not s["same_top_p"] >= min_same_top:
-        reasons.append(f"same top p {100 * s['same_top_p']:.2f} ± "
-                       f"{100 * s['same_top_p_unc']:.2f} % < {100 * min_same_top:.2f} %")
+    same = s["same_top_p"] + (near_ties / s["n"] if s.get("n") else 0.0)
+    if not same >= min_same_top:
+        excused = f" ({near_ties} near ties counted as agreeing)" if near_ties else ""
+        reasons.append(f"same top p {100 * same:.2f} ± {100 * s['same_top_p_unc']:.2f} % < "
+                       f"{100 * min_same_top:.2f} %{excused}")
     if failed.size:
         shown = ", ".join(str(int(t)) for t in failed[:8]) + (", ..." if failed.size > 8 else "")
         reasons.append(f"{failed.size} top-token flips beyond the margin bound at positions "

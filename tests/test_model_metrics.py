@@ -236,3 +236,27 @@ def test_nonfinite_test_logits_fail_the_gate_without_warnings():
     assert math.isnan(m["kld"][3]) and m["kld"][4] == math.inf and s["nonfinite"] == 2
     ok, reasons = M.gate(s, M.flips(m, 0.1))
     assert not ok and "2 positions with non-finite KLD" in reasons[0]
+
+
+def test_the_model_gates_margin_bound_excuses_near_ties_only():
+    """`margin_bound`: 4·√2·σ with σ = √(2·KLD bound), 0.08 nats at 1e-4. A plan whose only
+    flip is a near tie passes on 15 positions (93 % raw same top); the same flip on a gap the
+    bound does not cover fails, whatever the mean KLD."""
+    assert M.margin_bound(1e-4) == pytest.approx(0.08)
+    bound = M.margin_bound(1e-4)
+    s = {"n": 15, "mean_kld": 2e-5, "mean_kld_unc": 1e-6, "same_top_p": 14 / 15,
+         "same_top_p_unc": 0.067}
+    ref = np.array([[1.0, 1.0 - 0.07, 0.0]] + [[2.0, 0.0, 0.0]] * 14)
+    test = ref.copy()
+    test[0] = [0.96, 0.965, 0.0]  # a 0.07-nat gap flipped by a 0.075-nat perturbation
+    m = M.position_metrics(ref, test, np.zeros(15, dtype=int))
+    ties, failed = M.near_ties(m, bound), M.flips(m, bound)
+    assert ties.tolist() == [0] and failed.size == 0
+    assert M.gate(s, failed, near_ties=len(ties)) == (True, [])
+    assert not M.gate(s, failed)[0]  # without counting the near tie: 93 % < 99 %
+    ref[0, 1] = 1.0 - 0.09  # a gap beyond the band: the flip fails
+    test[0] = [0.95, 0.96, 0.0]
+    m = M.position_metrics(ref, test, np.zeros(15, dtype=int))
+    assert M.flips(m, bound).tolist() == [0] and M.near_ties(m, bound).size == 0
+    ok, reasons = M.gate(s, M.flips(m, bound))
+    assert not ok and any("beyond the margin bound" in r for r in reasons)
