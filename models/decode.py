@@ -351,7 +351,7 @@ class Decoder:
         self._direct = False
         self.ops = self._build(0)
         self.graph = self.graph_failed = False
-        self._graph = self._graph_out = self._step = None
+        self._graph = self._graph_out = self._step = self._captured_at = None
         if graph:
             self.use_graph()
         self.reset()
@@ -596,12 +596,40 @@ class Decoder:
             try:
                 self._graph, self._graph_out = self._capture(position)
             except Exception as e:  # an op that cannot be captured (a host sync, an allocation)
-                self.notes.append(f"graph capture failed ({type(e).__name__}: {e}): eager steps")
-                self.use_graph(False)
-                self.graph_failed = True
-                return out
+                return self._graph_refused(f"graph capture failed ({type(e).__name__}: {e})",
+                                           out)
+            self._captured_at = position
+            return out
+        if self._captured_at is not None and position != self._captured_at:
+            return self._verify_replay(position)
         self._graph.replay()
         return self._graph_out
+
+    def _graph_refused(self, why: str, out):
+        self.notes.append(f"{why}: eager steps")
+        self.use_graph(False)
+        self.graph_failed = True
+        return out
+
+    def _verify_replay(self, position: int):
+        """The first replay at another position than the capture's, checked against the eager
+        step bit for bit: an impl that took the position from its case's params (a Python
+        number, baked into the graph) instead of the step buffer would replay the captured
+        position. On a mismatch the steps up to `position` are rerun eagerly (the graph may
+        have written the captured position's cache slot) and the decoder stays eager."""
+        lm = self.ops[("lm_head", 0)].backend
+        eager = lm.to_host(self._pass(self.ops, position, 1), self.dtype).copy()
+        self._graph.replay()
+        if lm.to_host(self._graph_out, self.dtype).tobytes() == eager.tobytes():
+            self._captured_at = None  # verified
+            return self._graph_out
+        captured = self._captured_at
+        self.use_graph(False)
+        self._pass(self.ops, captured, 1)
+        out = self._pass(self.ops, position, 1)
+        return self._graph_refused(f"the graph replayed at position {position} differs from the "
+                                   f"eager step (an impl reads the position captured at "
+                                   f"{captured}, not the step buffer)", out)
 
     # --- the decode step as a CUDA graph -------------------------------------------------------
 

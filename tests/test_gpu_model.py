@@ -77,3 +77,21 @@ def test_smollm2_cuda_plan_passes_on_a_short_text(tmp_path):
     (row,) = _rows(store)
     assert row["gate"] == "pass" and row["decode_mode"] == "graph"
     assert row["decode_tok_s"] > 0 and row["prefill_tokens"] == 64
+
+
+def test_an_impl_that_bakes_the_position_in_is_caught_and_the_step_stays_eager(smol):
+    """torch:kv_cache_update writes at its case's `cache_lens` (a Python number): captured, it
+    would write every step into the captured slot. The first replay elsewhere is checked
+    against the eager step (`Decoder._verify_replay`): the decoder notes it and stays eager,
+    and its logits are the eager plan's."""
+    from models.plan import plan
+
+    swapped = plan("cuda").swapped({"kv_update": "torch:kv_cache_update"})
+    ids = np.random.default_rng(2).integers(0, smol.config.vocab, 12)
+    dec = Decoder(smol, swapped, "f16", max_len=16)
+    eager = dec.logits(ids)
+    dec.use_graph()
+    got = dec.logits(ids)
+    assert dec.graph_failed and not dec.graph
+    assert any("differs from the eager step" in n for n in dec.notes), dec.notes
+    assert np.array_equal(got, eager)
