@@ -114,7 +114,7 @@ class HFArm:
         self.device = (f"cuda:0 {torch.cuda.get_device_name(self.torch_device)}"
                        if self.torch_device.type == "cuda" else self.torch_device.type)
         self.backend = "torch"
-        self._cache = None  # the compiled arm's StaticCache, reused (as generate reuses it)
+        self._caches = {}  # the compiled arm's StaticCache per batch, reused (as generate does)
         self.notes = [f"baseline: transformers {type(model).__name__} in {spec.dtype} (the "
                       "GGUF's weights dequantized), another function than the reference plan's: "
                       "reported, not gated"]
@@ -160,6 +160,20 @@ class HFArm:
         median = statistics.median(samples)
         return DecodeTiming(self.name, self.device, self.dtype, len(samples), warmup, median,
                             q[0], q[-1], 1e3 / median, tuple(samples))
+
+    def time_batch(self, ids, warmup: int = WARMUP) -> DecodeTiming:
+        """`time` over `ids` [batch, T]: a token of every sequence per step; tokens/s summed
+        over the batch."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 2 or ids.shape[1] > self.max_len or ids.shape[1] <= warmup:
+            raise ModelError(f"{self.name}: a batch is [batch, T] ids with {warmup} < T <= "
+                             f"{self.max_len}, got shape {ids.shape}")
+        samples = self._decode(ids, keep=False)[1][warmup:]
+        q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 \
+            else samples * 9
+        median = statistics.median(samples)
+        return DecodeTiming(self.name, self.device, self.dtype, len(samples), warmup, median,
+                            q[0], q[-1], len(ids) * 1e3 / median, tuple(samples), len(ids))
 
     def time_eager(self, ids):
         """None: `time` is the arm's own way (the compiled arm's graphs are inductor's)."""
@@ -216,28 +230,31 @@ class HFArm:
         params = inspect.signature(type(self.model).forward).parameters
         return {"cache" if "cache" in params else "past_key_values": cache}
 
-    def _new_cache(self):
+    def _new_cache(self, batch: int = 1):
         from transformers import DynamicCache, StaticCache
 
         if not self.spec.compiled:
             return DynamicCache(config=self.model.config)
-        if self._cache is None:
-            self._cache = StaticCache(config=self.model.config, max_cache_len=self.max_len)
-        self._cache.reset()
-        return self._cache
+        if batch not in self._caches:  # its tensors take the batch of their first update
+            self._caches[batch] = StaticCache(config=self.model.config,
+                                              max_cache_len=self.max_len)
+        self._caches[batch].reset()
+        return self._caches[batch]
 
     def _decode(self, ids: np.ndarray, keep: bool) -> tuple[list[np.ndarray], list[float]]:
-        """One forward per token from position 0 with a fresh cache: (the logits of each step
-        as float64 host rows where `keep`, each step's milliseconds)."""
+        """One forward per token from position 0 with a fresh cache, `ids` [T] or [batch, T]
+        (a token of every sequence per step): (the logits of each step as float64 host rows
+        where `keep`, of sequence 0; each step's milliseconds)."""
         import torch
 
+        ids = ids[None] if ids.ndim == 1 else ids
         sync = torch.cuda.synchronize if self.torch_device.type == "cuda" else (lambda: None)
-        cache = self._new_cache()
+        cache = self._new_cache(len(ids))
         compiled = self.model.get_compiled_call(None) if self.spec.compiled else None
         rows, samples = [], []
         with torch.no_grad():
-            for p, token in enumerate(ids):
-                x = torch.tensor([[token]], device=self.torch_device)
+            for p in range(ids.shape[1]):
+                x = torch.tensor(ids[:, p:p + 1], device=self.torch_device)
                 step = compiled if compiled is not None and p > 0 else self.model
                 sync()
                 t0 = time.perf_counter()

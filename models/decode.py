@@ -60,7 +60,8 @@ from models.weights import QuantMatrix, Weights
 from oracle.dtypes import FLOAT_DTYPES, round_to, storage_dtype
 from oracle.quant import dequantize
 
-POSITION_ROLES = ("rope", "kv_update")  # their cases carry the position in a param
+POSITION_ROLES = ("rope", "kv_update")
+STEP_ROWS = ("positions", "lengths", "slots", "ids")  # a decode step's index rows (`_table`)  # their cases carry the position in a param
 GEMV_ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
               "up_proj": "up", "down_proj": "down"}
 
@@ -168,9 +169,11 @@ def matrix_layout(role: str, model, layer: int) -> tuple[int, int, int, int]:
     return (*shapes[role], c.bits, c.group_size)
 
 
-def plan_role(role: str, prefill: bool) -> str:
-    """The plan role that picks the impl of loop role `role` (`models.plan.PREFILL_ROLES`)."""
-    if prefill and (role in GEMV_ROLES or role == "lm_head"):
+def plan_role(role: str, prefill: bool, batch: int = 1) -> str:
+    """The plan role that picks the impl of loop role `role` (`models.plan.PREFILL_ROLES`): a
+    projection over several rows (a prefill, or a decode step of `batch` > 1 sequences) is a
+    `qmm`."""
+    if (prefill or batch > 1) and (role in GEMV_ROLES or role == "lm_head"):
         return "prefill_proj"
     if prefill and role == "attention":
         return "prefill_attention"
@@ -178,14 +181,15 @@ def plan_role(role: str, prefill: bool) -> str:
 
 
 def role_case(role: str, model, layer: int, dtype: str, max_len: int, position: int = 0,
-              prefill: int = 0):
+              prefill: int = 0, batch: int = 1):
     """The case role `role` runs at `layer` with the model's params (eps, θ, pairing; the ops'
     defaults for the rounding conventions, `ADAPTABLE`): a decode step's at `position`, or
-    with `prefill` = n, the prefill pass's over n tokens from position 0. `model`: the
-    `Weights`, or their `LlamaConfig` (`matrix_layout`)."""
+    with `prefill` = n, the prefill pass's over n tokens from position 0; a decode step of
+    `batch` sequences, all at `position`, has a row per sequence. `model`: the `Weights`, or
+    their `LlamaConfig` (`matrix_layout`)."""
     cfg = model.config if isinstance(model, Weights) else model
-    rows = prefill or 1
-    op = ALL_ROLES[plan_role(role, bool(prefill))]
+    rows = prefill or batch
+    op = ALL_ROLES[plan_role(role, bool(prefill), batch)]
     if role == "embed":
         vocab, hidden, bits, group = matrix_layout(role, model, layer)
         return _case(op, {"tokens": rows, "vocab": vocab, "hidden": hidden, "bits": bits,
@@ -197,17 +201,20 @@ def role_case(role: str, model, layer: int, dtype: str, max_len: int, position: 
         m = {"m": rows} if op == "qmm" else {}
         return _case(op, {**m, "out": out, "in": n, "bits": bits, "group_size": group}, dtype)
     if role == "rope":
-        positions = tuple(range(prefill)) if prefill else (position,)
+        positions = tuple(range(prefill)) if prefill else (position,) * batch
         return _case(op, {"heads_q": cfg.heads, "heads_kv": cfg.kv_heads,
                           "head_dim": cfg.head_dim}, dtype,
                      {"positions": positions, "theta": float(cfg.rope_theta),
                       "pairing": rope_pairing(cfg)})
     if role == "kv_update":
-        start = 0 if prefill else position
+        if prefill:
+            lens = {"cache_lens": (0,), "new_lens": (prefill,)}
+        else:
+            lens = {"cache_lens": (position,) * batch, "new_lens": (1,) * batch}
         return _case(op, {"heads": cfg.kv_heads, "head_dim": cfg.head_dim, "max_len": max_len},
-                     dtype, {"cache_lens": (start,), "new_lens": (rows,)})
+                     dtype, lens)
     if op == "sdpa_decode":
-        return _case(op, {"batch": 1, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
+        return _case(op, {"batch": batch, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
                           "head_dim": cfg.head_dim, "max_len": max_len}, dtype)
     if op == "sdpa_prefill_varlen":
         return _case(op, {"heads": cfg.heads, "kv_heads": cfg.kv_heads,
@@ -234,18 +241,19 @@ def role_layers(role: str, layers: int) -> range:
 
 
 def resolve_role(plan: Plan, role: str, model, layer: int, dtype: str, max_len: int,
-                 here: bool = True, prefill: int = 0):
+                 here: bool = True, prefill: int = 0, batch: int = 1):
     """(impl or None for the oracle, the case it runs): the plan's first candidate for `role`
     (`plan_role`) that admits its case (`models.plan.resolve`); a decode step's checked at the
     last position the cache holds (rope's and kv_update's cases carry the position)."""
-    case = role_case(role, model, layer, dtype, max_len, position=max_len - 1, prefill=prefill)
-    who = plan_role(role, bool(prefill))
+    case = role_case(role, model, layer, dtype, max_len, position=max_len - 1, prefill=prefill,
+                     batch=batch)
+    who = plan_role(role, bool(prefill), batch)
     impl, case, _ = resolve(plan.candidates(who), case, who, here)
     return impl, case
 
 
 def plan_impls(plan: Plan | str, model, dtype: str = "bf16", max_len: int = 256,
-               here: bool = True, prefill: int = 0) -> dict[str, list[str]]:
+               here: bool = True, prefill: int = 0, batch: int = 1) -> dict[str, list[str]]:
     """role -> the impl ids `plan` runs it with for `model` (`Weights` or a `LlamaConfig`) in
     a decode step (or, `prefill` = n, in the prefill pass over n tokens), without building a
     decoder: what `Decoder.impls` will be. `here=False` resolves the contracts only (a CUDA
@@ -255,7 +263,8 @@ def plan_impls(plan: Plan | str, model, dtype: str = "bf16", max_len: int = 256,
     out: dict[str, list[str]] = {}
     for role in ROLES:
         for layer in role_layers(role, layers):
-            impl, _ = resolve_role(plan, role, model, layer, dtype, max_len, here, prefill)
+            impl, _ = resolve_role(plan, role, model, layer, dtype, max_len, here, prefill,
+                                   batch)
             impl_id = REFERENCE_IMPL if impl is None else impl.id
             if impl_id not in out.setdefault(role, []):
                 out[role].append(impl_id)
@@ -301,9 +310,9 @@ class RoleOp:
         if got is None:
             case = self.base
             if self.role == "rope":
-                case = case.replace(positions=(position,))
+                case = case.replace(positions=(position,) * len(case.params["positions"]))
             elif self.role == "kv_update":
-                case = case.replace(cache_lens=(position,))
+                case = case.replace(cache_lens=(position,) * len(case.params["cache_lens"]))
             launch = None if self.impl is None else self.impl.contract.check(self.impl.id, case)
             got = self.launches[key] = (case, launch)
         return got
@@ -337,11 +346,14 @@ class Decoder:
     is not the direct way."""
 
     def __init__(self, weights: Weights, plan: Plan | str = "reference", dtype: str = "bf16",
-                 max_len: int = 256, graph: bool = False):
+                 max_len: int = 256, graph: bool = False, batch: int = 1):
         self.plan = builtin_plan(plan) if isinstance(plan, str) else plan
         self.weights, self.config, self.dtype, self.max_len = weights, weights.config, dtype, \
             int(max_len)
         check_dtype(weights, dtype)
+        if not isinstance(batch, int) or batch < 1:
+            raise ModelError(f"batch={batch!r}: the number of sequences a step decodes, >= 1")
+        self.batch = batch
         self.notes: list[str] = []
         self.backends: dict[str, Backend] = {}
         self._device: dict = {}
@@ -363,7 +375,8 @@ class Decoder:
         for role in ROLES:
             for layer in role_layers(role, self.config.layers):
                 impl, case = resolve_role(self.plan, role, self.weights, layer, self.dtype,
-                                          self.max_len, prefill=prefill)
+                                          self.max_len, prefill=prefill,
+                                          batch=1 if prefill else self.batch)
                 key = (None if impl is None else impl.id, case.id)
                 op = RoleOp(role, impl, NUMPY if impl is None else backend_named(impl.backend),
                             case, self._shared.setdefault(key, {}),
@@ -455,7 +468,7 @@ class Decoder:
         """Empty KV caches (zeros: finite, never attended) on each layer's kv_update backend,
         and the index tables (positions, lengths) on every backend."""
         cfg = self.config
-        shape = (1, cfg.kv_heads, self.max_len, cfg.head_dim)
+        shape = (self.batch, cfg.kv_heads, self.max_len, cfg.head_dim)
         zeros = np.zeros(shape, storage_dtype(self.dtype))
         self.k_cache, self.v_cache = [], []
         for layer in range(cfg.layers):
@@ -516,14 +529,23 @@ class Decoder:
         return outputs if got is None else {**(outputs or {}), **got}
 
     def _table(self, backend: Backend, name: str):
-        """Index tables on `backend`: "positions" (0..max_len-1, also the slots of sequence 0
-        in the contiguous cache), "lengths" (1..max_len), "ids" (the loaded tokens)."""
+        """Index tables [max_len, batch] on `backend`, row p for the step at position p:
+        "positions" (p), "lengths" (p + 1), "slots" (sequence b's cache slot b·max_len + p),
+        "ids" (the loaded tokens, transposed)."""
         if name == "ids":
             if backend.name not in self._ids:
-                self._ids[backend.name] = backend.to_device(self._tokens)
+                self._ids[backend.name] = backend.to_device(np.ascontiguousarray(self._tokens.T))
             return self._ids[backend.name]
-        positions = np.arange(self.max_len, dtype=np.int32)
-        return self.dev(backend, name, lambda: positions + (name == "lengths"))
+        return self.dev(backend, f"{name}{self.batch}", lambda: self._step_rows(name))
+
+    def _step_rows(self, name: str, position=None) -> np.ndarray:
+        """Table `name` (`_table`) on the host: every position's row, or `position`'s."""
+        p = np.arange(self.max_len, dtype=np.int32)[:, None] if position is None else \
+            np.array([[position]], dtype=np.int32)
+        b = np.arange(self.batch, dtype=np.int32)[None, :]
+        rows = {"positions": p + 0 * b, "lengths": p + 1 + 0 * b,
+                "slots": b * self.max_len + p}[name]
+        return np.ascontiguousarray(rows if position is None else rows[0])
 
     def _pass(self, ops: dict, p: int, n: int):
         """The layers over n tokens at positions p..p+n-1 (module docstring): a decode step
@@ -540,8 +562,8 @@ class Decoder:
         def rows(role, layer, name):
             return self._rows(ops[(role, layer)].backend, name, p, n, prefill)
 
-        def proj(role, layer, x, width):
-            shape = (n, width) if prefill else (width,)
+        def proj(role, layer, x, width):  # qmm takes [rows, in], dequant_gemv [in]
+            shape = (n, width) if ops[(role, layer)].base.op == "qmm" else (width,)
             return run(role, layer, {"x": x.reshape(shape)})["out"]
 
         h = run("embed", 0, {"ids": rows("embed", 0, "ids")})["out"]
@@ -559,7 +581,7 @@ class Decoder:
                                   "positions": rows("rope", l, "positions")})
             kv = run("kv_update", l, {"k_cache": self.k_cache[l], "v_cache": self.v_cache[l],
                                       "k": rot["k_out"], "v": v,
-                                      "slots": rows("kv_update", l, "positions")})
+                                      "slots": rows("kv_update", l, "slots")})
             self.k_cache[l], self.v_cache[l] = kv["k_cache"], kv["v_cache"]
             if prefill:  # causal over the prompt's own rows
                 a = run("attention", l, {"q": rot["q_out"], "k": rot["k_out"], "v": v})["out"]
@@ -579,20 +601,22 @@ class Decoder:
 
     def _rows(self, backend: Backend, name: str, p: int, n: int, prefill: bool):
         """Rows p..p+n-1 of the index table `name` (`_table`) on `backend`; a decode step in
-        graph mode reads the step's own one-row tables instead (`use_graph`)."""
+        graph mode reads the step's own one-row tables instead (`use_graph`). A prefill (one
+        sequence): rows p..p+n-1; a decode step: row p, one entry per sequence."""
         if self.graph and not prefill:
             return self._step[backend.name][name]
-        return self._table(backend, name)[p:p + n]
+        table = self._table(backend, name)
+        return table[p:p + n, 0] if prefill else table[p]
 
     def forward(self, position: int):
         """One decode step at `position` for the token loaded there (`load`): the logits, a
         device array [vocab] of the lm_head's backend. In graph mode (`use_graph`) the step
         is a CUDA graph, recorded at the first step after each `load` and replayed."""
         if not self.graph:
-            return self._pass(self.ops, position, 1)
+            return self._pass(self.ops, position, self.batch)
         self._set_step(position)
         if self._graph is None:
-            out = self._pass(self.ops, position, 1)  # compiles and allocates outside the capture
+            out = self._pass(self.ops, position, self.batch)  # compiles, allocates uncaptured
             try:
                 self._graph, self._graph_out = self._capture(position)
             except Exception as e:  # an op that cannot be captured (a host sync, an allocation)
@@ -618,15 +642,15 @@ class Decoder:
         position. On a mismatch the steps up to `position` are rerun eagerly (the graph may
         have written the captured position's cache slot) and the decoder stays eager."""
         lm = self.ops[("lm_head", 0)].backend
-        eager = lm.to_host(self._pass(self.ops, position, 1), self.dtype).copy()
+        eager = lm.to_host(self._pass(self.ops, position, self.batch), self.dtype).copy()
         self._graph.replay()
         if lm.to_host(self._graph_out, self.dtype).tobytes() == eager.tobytes():
             self._captured_at = None  # verified
             return self._graph_out
         captured = self._captured_at
         self.use_graph(False)
-        self._pass(self.ops, captured, 1)
-        out = self._pass(self.ops, position, 1)
+        self._pass(self.ops, captured, self.batch)
+        out = self._pass(self.ops, position, self.batch)
         return self._graph_refused(f"the graph replayed at position {position} differs from the "
                                    f"eager step (an impl reads the position captured at "
                                    f"{captured}, not the step buffer)", out)
@@ -656,9 +680,9 @@ class Decoder:
         as programmatic edges) and replayed, one launch for ~15 kernels per layer instead of
         one Python call each.
 
-        A graph bakes in every address it reads, so a step's position, length and token
-        cannot be slices of the index tables (another address per position): they live in one
-        int32 device buffer [position, position + 1, token] that every step reads, written
+        A graph bakes in every address it reads, so a step's position, length, slot and token
+        cannot be rows of the index tables (another address per position): they live in one
+        int32 device buffer (`STEP_ROWS` x batch, `_step_rows`) that every step reads, written
         from pinned host memory before each replay (`_set_step`; torch and CuPy see it through
         DLPack). The caches, weights, outputs and workspaces are allocated before the capture
         and stay; `reset` (a new `load`) drops the graph, since it allocates new caches.
@@ -677,10 +701,11 @@ class Decoder:
             raise ModelError(why)
         import torch
 
-        self._step_host = torch.zeros(3, dtype=torch.int32).pin_memory()
-        step = torch.zeros(3, dtype=torch.int32, device="cuda")
+        self._step_host = torch.zeros((len(STEP_ROWS), self.batch), dtype=torch.int32
+                                      ).pin_memory()
+        step = torch.zeros((len(STEP_ROWS), self.batch), dtype=torch.int32, device="cuda")
         self._step_dev, self._step_event = step, torch.cuda.Event()
-        views = {"positions": step[0:1], "lengths": step[1:2], "ids": step[2:3]}
+        views = {name: step[i] for i, name in enumerate(STEP_ROWS)}
         self._step = {"torch": views}
         if "cuda" in self.backends:
             import cupy
@@ -692,9 +717,12 @@ class Decoder:
         """The step buffer [position, position + 1, token], copied from pinned memory on the
         stream the graph replays on (the copy before it in stream order). The pinned buffer is
         rewritten only once the previous copy has read it."""
+        import torch
+
+        rows = [self._tokens[:, position] if name == "ids" else self._step_rows(name, position)
+                for name in STEP_ROWS]
         self._step_event.synchronize()
-        self._step_host.copy_(self._step_host.new_tensor(
-            [position, position + 1, int(self._tokens[position])]))
+        self._step_host.copy_(torch.from_numpy(np.stack(rows).astype(np.int32)))
         self._step_dev.copy_(self._step_host, non_blocking=True)
         self._step_event.record()
 
@@ -708,7 +736,7 @@ class Decoder:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             with _cupy_on(stream):
-                out = self._pass(self.ops, position, 1)
+                out = self._pass(self.ops, position, self.batch)
         return graph, out
 
     def prefill(self, n: int):
@@ -724,43 +752,56 @@ class Decoder:
 
     def load(self, tokens, prefill: int = 0) -> None:
         """Empty the caches, hold the token ids (teacher forcing: token i is fed at position
-        i), and build the cases of every position the loop will run (so a timed step builds
-        none) and the prefill pass's ops for its first `prefill` tokens."""
+        i; [T] for one sequence, [batch, T] for a batch) and build the cases of every position
+        the loop will run (so a timed step builds none) and the prefill pass's ops for its
+        first `prefill` tokens (one sequence only)."""
         ids = np.asarray(tokens)
+        ids = ids[None] if ids.ndim == 1 and self.batch == 1 else ids
         vocab = self.weights.embedding.shape[0]
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or not ids.size:
-            raise ModelError(f"tokens: a non-empty 1-D sequence of integer ids, got shape "
-                             f"{ids.shape} of {ids.dtype}")
+        want = "a non-empty 1-D sequence" if self.batch == 1 else f"[batch={self.batch}, T]"
+        if (ids.ndim != 2 or ids.shape[0] != self.batch or not ids.size
+                or not np.issubdtype(ids.dtype, np.integer)):
+            raise ModelError(f"tokens: {want} of integer ids, got shape "
+                             f"{np.asarray(tokens).shape} of {ids.dtype}")
         if ids.min() < 0 or ids.max() >= vocab:
             raise ModelError(f"tokens: ids must lie in [0, vocab={vocab}); got min "
                              f"{int(ids.min())}, max {int(ids.max())}")
-        if ids.size > self.max_len:
-            raise ModelError(f"tokens: {ids.size} tokens do not fit the KV cache of max_len="
+        steps = ids.shape[1]
+        if steps > self.max_len:
+            raise ModelError(f"tokens: {steps} tokens do not fit the KV cache of max_len="
                              f"{self.max_len}: raise max_len")
-        if not 0 <= prefill <= ids.size:
-            raise ModelError(f"prefill={prefill}: the prompt is a prefix of the {ids.size} "
-                             "tokens (0: decode every token as a step)")
+        if not 0 <= prefill <= steps or (prefill and self.batch > 1):
+            raise ModelError(f"prefill={prefill}: the prompt is a prefix of the {steps} tokens "
+                             "of one sequence (0: decode every token as a step)")
         self.reset()
         self._tokens = ids.astype(np.int32)  # on each backend at its first use (`_table`)
         if prefill:
             self.prefill_ops(prefill)
         for (role, _), op in self.ops.items():
             if op.moves:
-                for p in range(prefill, ids.size):
+                for p in range(prefill, steps):
                     op.at(p)
 
+    @property
+    def steps(self) -> int:
+        """Positions of the loaded tokens."""
+        return self._tokens.shape[1]
+
     def logits(self, tokens, prefill: int = 0) -> np.ndarray:
-        """Teacher-forced logits after each token: float64 [len(tokens), vocab]; the first
-        `prefill` tokens in one prefill pass, the rest as decode steps (module docstring)."""
+        """Teacher-forced logits after each token: float64 [T, vocab] ([batch, T, vocab] for a
+        batch); the first `prefill` tokens in one prefill pass, the rest as decode steps
+        (module docstring)."""
         self.load(tokens, prefill)
         rows = []
         if prefill:
             lm = self.prefill_ops(prefill)[("lm_head", 0)].backend
-            rows.append(lm.to_host(self.prefill(prefill), self.dtype).astype(np.float64))
+            rows.append(lm.to_host(self.prefill(prefill), self.dtype).astype(np.float64)[None])
         lm = self.ops[("lm_head", 0)].backend
-        rows += [lm.to_host(self.forward(p), self.dtype).astype(np.float64)[None]
-                 for p in range(prefill, len(tokens))]
-        return np.concatenate(rows)
+        vocab = self.weights.lm_head.shape[0]
+        rows += [lm.to_host(self.forward(p), self.dtype).astype(np.float64)
+                 .reshape(self.batch, 1, vocab) for p in range(prefill, self.steps)]
+        out = np.concatenate(rows, axis=1)
+        return out[0] if self.batch == 1 else out
 
     def synchronize(self, value=None) -> None:
         """Wait for the work queued on every backend (MLX: evaluate `value` first)."""
@@ -838,9 +879,10 @@ def step_bytes(decoder: Decoder, position: int) -> int:
 
 @dataclass(frozen=True)
 class DecodeTiming:
-    """Wall time per decode step (batch 1), each step between two synchronizes of every
-    backend the plan runs on: the median and 10th/90th percentiles over the steps after the
-    warm-up, and every step's time."""
+    """Wall time per decode step, each step between two synchronizes of every backend the plan
+    runs on: the median (`ms_per_token`: per step, a token of each of `batch` sequences) and
+    10th/90th percentiles over the steps after the warm-up, every step's time, and tokens/s
+    (batch x steps per second)."""
 
     plan: str
     device: str
@@ -852,20 +894,21 @@ class DecodeTiming:
     p90_ms: float
     tokens_per_s: float
     samples_ms: tuple[float, ...]
+    batch: int = 1
 
 
 def time_decode(decoder: Decoder, tokens, warmup: int = 3, prefill: int = 0) -> DecodeTiming:
     """Teacher-forced decode over `tokens` (position i gets token i), the first `prefill` of
     them in one untimed prefill pass, timing each step after the first `warmup` steps: see
     `DecodeTiming`."""
-    if len(tokens) - prefill <= warmup:
-        raise ModelError(f"time_decode: {len(tokens)} tokens, {prefill} of them prefilled, "
-                         f"leave no step after {warmup} warm-up steps")
     decoder.load(tokens, prefill)
+    if decoder.steps - prefill <= warmup:
+        raise ModelError(f"time_decode: {decoder.steps} tokens, {prefill} of them prefilled, "
+                         f"leave no step after {warmup} warm-up steps")
     if prefill:
         decoder.synchronize(decoder.prefill(prefill))
     samples = []
-    for p in range(prefill, len(tokens)):
+    for p in range(prefill, decoder.steps):
         decoder.synchronize()
         t0 = time.perf_counter()
         decoder.synchronize(decoder.forward(p))
@@ -875,7 +918,8 @@ def time_decode(decoder: Decoder, tokens, warmup: int = 3, prefill: int = 0) -> 
     median = statistics.median(samples)
     devices = sorted({b.device() for b in decoder.backends.values()})
     return DecodeTiming(decoder.plan.name, ", ".join(devices), decoder.dtype, len(samples),
-                        warmup, median, q[0], q[-1], 1e3 / median, tuple(samples))
+                        warmup, median, q[0], q[-1], decoder.batch * 1e3 / median,
+                        tuple(samples), decoder.batch)
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,10 @@ class Arm(Protocol):
     def time_prefill(self, ids: np.ndarray) -> PrefillTiming | None:
         """The prefill pass over all of `ids` as one prompt (None: not timed)."""
 
+    def time_batch(self, ids: np.ndarray) -> DecodeTiming | None:
+        """Decode steps over a batch: `ids` [batch, T], one sequence per row (None: not
+        timed)."""
+
     def step_bytes(self, position: int) -> int: ...
 
 
@@ -183,6 +187,19 @@ class PlanArm:
     def time_prefill(self, ids):
         return time_prefill(self.decoder, ids)
 
+    def time_batch(self, ids):
+        """`ids` [batch, T] by a decoder of that batch (each projection a qmm over the batch's
+        rows), stepped as this arm steps (a CUDA graph where it replays one), built per call."""
+        dec = self.decoder
+        batched = Decoder(dec.weights, dec.plan, dec.dtype, max_len=dec.max_len,
+                          batch=len(ids))
+        if dec.graph:
+            batched.use_graph()
+        timing = time_decode(batched, ids)
+        self.decoder.notes.extend(f"batch {len(ids)}: {n}" for n in batched.notes
+                                  if n not in self.decoder.notes)
+        return timing
+
     def step_bytes(self, position):
         return step_bytes(self.decoder, position)
 
@@ -222,12 +239,13 @@ def make_arm(model: Model, given: Plan | str | Arm, dtype: str, max_len: int) ->
 def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
              tokens: dict[str, np.ndarray], speed: bool = False, ceiling=None,
              max_mean_kld: float = 1e-4, min_same_top: float = 0.99, prefill: int = 0,
-             compare: bool = True) -> list[dict]:
+             compare: bool = True, batch: int = 0) -> list[dict]:
     """One row per (arm, text) (the `model` table's columns, run id left to the caller); the
     reference logits computed once per text. `plans`: plans, their names or baselines' names
     (`make_arm`). With `speed`, `ceiling(backend name)` gives the copy ceiling in GB/s for the
-    roofline (None: no roofline) and `prefill` > 0 times a prefill pass over a prompt of that
-    many tokens (`prompt_tokens`). `compare=False` (speed only: a model too large for the
+    roofline (None: no roofline), `prefill` > 0 times a prefill pass over a prompt of that
+    many tokens (`prompt_tokens`) and `batch` > 1 a decode of that many sequences at once
+    (each as long as the text, cut from the same prompt tokens). `compare=False` (speed only: a model too large for the
     float64 reference, e.g. synthetic:llama3-8b) skips the reference and the logits: the rows
     carry the speed, no statistics, gate `report`."""
     longest = max(len(t) for t in tokens.values())
@@ -235,6 +253,8 @@ def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
     ref_dec = Decoder(model.weights, "reference", dtype, max_len=longest) if compare else None
     arms = [make_arm(model, p, dtype, max_len) for p in plans]
     prompt = prompt_tokens(model, prefill) if speed and prefill else None
+    batched = prompt_tokens(model, batch * longest).reshape(batch, longest) \
+        if speed and batch > 1 else None
     rows = []
     for text, ids in tokens.items():
         start = time.perf_counter()
@@ -242,7 +262,8 @@ def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
         ref_seconds = time.perf_counter() - start
         for arm in arms:
             rows.append(_row(model, arm, text, ids, ref, speed, ceiling, max_mean_kld,
-                             min_same_top, ref_seconds, prompt))
+                             min_same_top, ref_seconds, prompt,
+                             None if batched is None else batched[:, :len(ids)]))
     return rows
 
 
@@ -285,7 +306,7 @@ def judge(arm: Arm, ref: np.ndarray, test: np.ndarray, ids: np.ndarray,
 
 def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray | None,
          speed: bool, ceiling, max_mean_kld: float, min_same_top: float, ref_seconds: float,
-         prompt: np.ndarray | None = None) -> dict:
+         prompt: np.ndarray | None = None, batched: np.ndarray | None = None) -> dict:
     start = time.perf_counter()
     row = {"model": model.name, "model_sha256": model.sha256, "plan": arm.name,
            "plan_json": json.dumps(arm.describe(), sort_keys=True),
@@ -303,7 +324,7 @@ def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray | N
                     "gate_reasons": "; ".join(reasons),
                     "summary_json": json.dumps(s, sort_keys=True, default=_num)})
     if speed:
-        row.update(speed_row(arm, ids, ceiling, prompt))
+        row.update(speed_row(arm, ids, ceiling, prompt, batched))
     row["seconds"] = time.perf_counter() - start + ref_seconds
     return row
 
@@ -311,15 +332,17 @@ def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray | N
 STATISTICS = ("mean_kld", "mean_kld_unc", "median_kld", "kld_90", "kld_95", "kld_99",
               "kld_99_9", "max_kld", "same_top_p", "same_top_p_unc", "rms_dp", "rms_dp_unc")
 SPEED_FIELDS = ("prefill_tok_s", "prefill_tokens", "decode_tok_s", "decode_mode", "eager_tok_s",
-                "ms_per_token", "ms_per_token_spread", "roofline_tok_s")
+                "ms_per_token", "ms_per_token_spread", "roofline_tok_s", "batch_size",
+                "batch_tok_s")
 
 
-def speed_row(arm: Arm, ids: np.ndarray, ceiling=None, prompt: np.ndarray | None = None
-              ) -> dict:
+def speed_row(arm: Arm, ids: np.ndarray, ceiling=None, prompt: np.ndarray | None = None,
+              batched: np.ndarray | None = None) -> dict:
     """The speed fields of an arm's row (`SPEED_FIELDS`): its decode over `ids` at batch 1 (a
     CUDA graph where the arm replays one, `decode_mode`; then the eager step's tokens/s
     beside it), the roofline at the text's middle position over `ceiling(backend)` GB/s, and
-    the prefill pass over `prompt` (None: not timed)."""
+    the prefill pass over `prompt` and a decode of the sequences `batched` [batch, T] at once
+    (None: not timed)."""
     timing = arm.time(ids)
     eager = arm.time_eager(ids)
     row = {"decode_tok_s": timing.tokens_per_s, "ms_per_token": timing.ms_per_token,
@@ -332,6 +355,10 @@ def speed_row(arm: Arm, ids: np.ndarray, ceiling=None, prompt: np.ndarray | None
         pre = arm.time_prefill(prompt)
         if pre is not None:
             row.update(prefill_tok_s=pre.tokens_per_s, prefill_tokens=pre.tokens)
+    if batched is not None:
+        many = arm.time_batch(batched)
+        if many is not None:
+            row.update(batch_size=many.batch, batch_tok_s=many.tokens_per_s)
     return row
 
 

@@ -10,7 +10,8 @@ import pyarrow as pa
 SCHEMA_VERSION = 6  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
 #                     4: bench.pred_median_ns (the chain mode's subtracted predecessor);
 #                     5: the model table (`kparity model`, issue 28);
-#                     6: model.prefill_tokens, decode_mode, eager_tok_s
+#                     6: model.prefill_tokens, decode_mode, eager_tok_s, batch_size,
+#                        batch_tok_s
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -203,6 +204,8 @@ MODEL = pa.schema([
     ("decode_tok_s", pa.float64()),    # batch 1, steady state, median over steps
     ("decode_mode", pa.string()),      # graph (the step replayed as a CUDA graph) | eager
     ("eager_tok_s", pa.float64()),     # the eager step's (= decode_tok_s when eager)
+    ("batch_size", pa.int64()),        # sequences decoded at once for batch_tok_s
+    ("batch_tok_s", pa.float64()),     # tokens/s summed over them (stepped as decode_mode)
     ("ms_per_token", pa.float64()),
     ("ms_per_token_spread", pa.float64()),  # (q3 - q1) / median of the per-step times
     ("roofline_tok_s", pa.float64()),  # bytes read per step / the run's copy ceiling

@@ -284,3 +284,35 @@ def test_step_bytes_reads_every_weight_once_and_the_keys_the_step_attends(weight
     assert weight_bytes < step_bytes(decoder, 0) < 1.25 * weight_bytes
     per_key = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 2
     assert step_bytes(decoder, 9) - step_bytes(decoder, 2) == 7 * per_key
+
+
+# --- a decode step over a batch of sequences ----------------------------------------------------
+
+def test_a_batched_step_is_each_sequence_on_its_own(weights, reference):
+    """Batch 3 (each projection a qmm over 3 rows, rope/kv_update/attention over 3 sequences
+    at one position, caches [3, Hkv, max_len, D]): the reference plan's logits of each sequence
+    are its batch-1 logits bit for bit (the oracles are per row, per sequence); the torch plan's
+    batched logits are as close to the reference as its batch-1 logits (`SMALL_KLD`, bf16)."""
+    other = np.random.default_rng(7).integers(0, 256, TOKENS.size)
+    ids = np.stack([TOKENS, other, TOKENS[::-1]])
+    dec = Decoder(weights, "reference", "bf16", MAX_LEN, batch=3)
+    got = dec.logits(ids)
+    assert got.shape == (3, TOKENS.size, 256)
+    np.testing.assert_array_equal(got[0], reference)
+    np.testing.assert_array_equal(
+        got[1], Decoder(weights, "reference", "bf16", MAX_LEN).logits(other))
+    torch_dec = Decoder(weights, "torch", "bf16", MAX_LEN, batch=3)
+    assert torch_dec.impls["q_proj"] == ["torch:qmm_dequant_linear"]
+    assert 0 < kld(got, torch_dec.logits(ids)).mean() < SMALL_KLD["torch"]
+    timing = time_decode(torch_dec, ids, warmup=2)
+    assert timing.batch == 3 and timing.tokens_per_s == pytest.approx(3e3 / timing.ms_per_token)
+
+
+def test_a_batch_refuses_a_prefill_and_the_wrong_shape(weights):
+    dec = Decoder(weights, "reference", "bf16", MAX_LEN, batch=2)
+    with pytest.raises(ModelError, match=r"\[batch=2, T\]"):
+        dec.load(TOKENS)
+    with pytest.raises(ModelError, match="prefill=2"):
+        dec.load(np.stack([TOKENS, TOKENS]), prefill=2)
+    with pytest.raises(ModelError, match="batch=0"):
+        Decoder(weights, "reference", "bf16", MAX_LEN, batch=0)

@@ -65,3 +65,22 @@ def test_smollm2_torch_plan_passes_on_a_short_text(tmp_path):
     (row,) = _rows(store)
     assert row["model_sha256"] and row["positions"] == 7 and row["gate"] == "pass"
     assert row["mean_kld"] < 1e-4
+
+
+def test_speed_fields_of_a_row(tmp_path):
+    """--speed: batch 1 (eager on the CPU), a batch of 2 and a 16-token prefill, each timed;
+    --speed-only: no reference, no statistics, gate `report`."""
+    store = tmp_path / "store"
+    assert main(["--store", str(store), *TINY, "--plan", "torch", "--speed", "--prefill", "16",
+                 "--batch", "2"]) == 0
+    (row,) = _rows(store)
+    assert row["decode_mode"] == "eager" and row["eager_tok_s"] == row["decode_tok_s"] > 0
+    assert row["batch_size"] == 2 and row["batch_tok_s"] > 0 and row["prefill_tokens"] == 16
+    assert row["prefill_tok_s"] > 0 and row["roofline_tok_s"] > 0
+    only = tmp_path / "only"
+    assert main(["--store", str(only), *TINY, "--plan", "torch", "--speed-only", "--prefill",
+                 "0", "--batch", "0"]) == 0
+    (row,) = _rows(only)
+    assert row["gate"] == "report" and row["mean_kld"] is None and row["decode_tok_s"] > 0
+    assert row["prefill_tok_s"] is None and row["batch_tok_s"] is None
+    assert main(["--store", str(only), *TINY, "--speed", "--batch", "1"]) == 2

@@ -50,6 +50,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--prefill", type=int, default=512, metavar="N",
                    help="with --speed: time a prefill pass over a prompt of N tokens (512; "
                         "0: none)")
+    p.add_argument("--batch", type=int, default=8, metavar="N",
+                   help="with --speed: also time a decode of N sequences at once (8; 0: none)")
     p.add_argument("--speed-only", action="store_true",
                    help="time only, no reference and no gate (a model too large for the "
                         "float64 reference: --model synthetic:llama3-8b); implies --speed")
@@ -83,6 +85,9 @@ def cmd_model(args) -> int:
                 return 3
         if args.prefill < 0:
             raise ModelError(f"--prefill {args.prefill}: a prompt length, or 0 for none")
+        if args.batch < 0 or args.batch == 1:
+            raise ModelError(f"--batch {args.batch}: a batch of 2 or more sequences, or 0 for "
+                             "none (batch 1 is always timed)")
         speed = args.speed or args.speed_only
         model = load_model(args.model, args.seed)
         tokens = text_tokens(model, args.text, args.tokens)
@@ -104,7 +109,7 @@ def cmd_model(args) -> int:
             rows = evaluate(model, plans, args.dtype, tokens, speed=speed,
                             ceiling=ceiling, max_mean_kld=args.max_mean_kld,
                             min_same_top=args.min_same_top, prefill=args.prefill,
-                            compare=not args.speed_only)
+                            compare=not args.speed_only, batch=args.batch)
     except ModelError as e:
         raise UsageError(str(e)) from e
     except RuntimeError as e:  # a backend the plan needs is not here
@@ -112,7 +117,8 @@ def cmd_model(args) -> int:
         return 3
     devices = {r["backend"]: r["device"] for r in rows}
     filters = {k: getattr(args, k) for k in ("model", "plan", "swap", "dtype", "text", "tokens",
-                                             "seed", "speed", "prefill", "speed_only")}
+                                             "seed", "speed", "prefill", "speed_only",
+                                             "batch")}
     store.write("runs", [run_row(run_id, "model", devices, {}, filters)], run_id, 0)
     if ceilings:
         store.write("ceilings", ceilings, run_id, 0)
@@ -151,7 +157,7 @@ def _print(rows: list[dict], speed: bool, compared: bool = True) -> None:
                  "RMS Δp", "flips (ties)", "gate"]
     if speed:
         cols += ["ms/token", "tok/s", "step", "eager tok/s", "roofline tok/s", "% roofline",
-                 "prefill tok/s"]
+                 "batch tok/s", "prefill tok/s"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("text", "gate", "step") else "right")
     for r in rows:
@@ -167,6 +173,8 @@ def _print(rows: list[dict], speed: bool, compared: bool = True) -> None:
             cells += [_fmt(r["ms_per_token"], ".3f"), _fmt(r["decode_tok_s"], ".1f"),
                       r["decode_mode"] or "-", _fmt(r["eager_tok_s"], ".1f"), _fmt(roof, ".0f"),
                       _fmt(roof and 100 * r["decode_tok_s"] / roof, ".1f"),
+                      "-" if r["batch_tok_s"] is None else
+                      f"{r['batch_tok_s']:.0f} ({r['batch_size']})",
                       "-" if r["prefill_tok_s"] is None else
                       f"{r['prefill_tok_s']:.0f} ({r['prefill_tokens']})"]
         table.add_row(*cells)
