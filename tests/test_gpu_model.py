@@ -37,10 +37,11 @@ def _rows(store: Path) -> list[dict]:
     return ds.dataset(store / "model", format="parquet").to_table().to_pylist()
 
 
-@pytest.mark.parametrize("prefill", [0, 7])
-def test_the_graph_step_is_the_eager_step_bit_for_bit(smol, prefill):
-    ids = np.random.default_rng(1).integers(0, smol.config.vocab, 20)
-    dec = Decoder(smol, "cuda", "f16", max_len=24)
+@pytest.mark.parametrize("prefill,batch", [(0, 1), (7, 1), (0, 3)])
+def test_the_graph_step_is_the_eager_step_bit_for_bit(smol, prefill, batch):
+    shape = (20,) if batch == 1 else (batch, 20)
+    ids = np.random.default_rng(1).integers(0, smol.config.vocab, shape)
+    dec = Decoder(smol, "cuda", "f16", max_len=24, batch=batch)
     eager = dec.logits(ids, prefill=prefill)
     dec.use_graph()
     graph = dec.logits(ids, prefill=prefill)
