@@ -80,14 +80,31 @@ def test_smollm2_cuda_plan_passes_on_a_short_text(tmp_path):
     assert row["decode_tok_s"] > 0 and row["prefill_tokens"] == 64
 
 
+def _baked_kv_update(launch, inputs, outputs, case):
+    """A capturable cache update that writes at its case's `cache_lens`: Python numbers, which
+    a CUDA graph bakes in (a plain copy per sequence, no host sync)."""
+    kc, vc, row = inputs["k_cache"], inputs["v_cache"], 0
+    for b, (start, new) in enumerate(zip(case.params["cache_lens"], case.params["new_lens"])):
+        kc[b, :, start:start + new] = inputs["k"][row:row + new].transpose(0, 1)
+        vc[b, :, start:start + new] = inputs["v"][row:row + new].transpose(0, 1)
+        row += new
+    return {"k_cache": kc, "v_cache": vc}
+
+
 def test_an_impl_that_bakes_the_position_in_is_caught_and_the_step_stays_eager(smol):
-    """torch:kv_cache_update writes at its case's `cache_lens` (a Python number): captured, it
-    would write every step into the captured slot. The first replay elsewhere is checked
-    against the eager step (`Decoder._verify_replay`): the decoder notes it and stays eager,
-    and its logits are the eager plan's."""
+    """Captured, `_baked_kv_update` would write every step into the captured slot. The first
+    replay elsewhere is checked against the eager step (`Decoder._verify_replay`): the decoder
+    notes it and stays eager, and its logits are the eager plan's."""
+    from gpu_impls.contract import Contract, param_is
+    from gpu_impls.impl import Impl
     from models.plan import plan
 
-    swapped = plan("cuda").swapped({"kv_update": "torch:kv_cache_update"})
+    impl = Impl("kv_cache_update", "torch", "test_baked_position", _baked_kv_update,
+                Contract(invariants=(param_is("layout", "contiguous", "torch:kv_cache_update",
+                                              other="paged"),)), doc="test only")
+    if impl.id not in gpu_impls.impls():
+        gpu_impls.register(impl)
+    swapped = plan("cuda").swapped({"kv_update": impl.id})
     ids = np.random.default_rng(2).integers(0, smol.config.vocab, 12)
     dec = Decoder(smol, swapped, "f16", max_len=16)
     eager = dec.logits(ids)
