@@ -259,8 +259,9 @@ def _newest_model_rows(rows: list[dict]) -> list[dict]:
 
 def _model_table(data: ReportData, rows: list[dict]) -> str:
     heads = ["model", "plan", "text", "run", "positions", "mean KLD", "median KLD", "KLD 99 %",
-             "max KLD", "same top %", "RMS Δp %", "flips", "gate", "decode tok/s",
-             "ms/token", "roofline tok/s"]
+             "max KLD", "same top %", "RMS Δp %", "flips (near ties)", "gate", "decode tok/s",
+             "ms/token", "step", "eager tok/s", "roofline tok/s", "batch tok/s",
+             "prefill tok/s"]
     body = []
     for r in rows:
         reasons = f": {r['gate_reasons']}" if r.get("gate_reasons") else ""
@@ -270,11 +271,19 @@ def _model_table(data: ReportData, rows: list[dict]) -> str:
                      *[(fmt(r[k], ".3g"), "num") for k in ("median_kld", "kld_99", "max_kld")],
                      (esc(_plus_minus(r["same_top_p"], r["same_top_p_unc"], ".4g", 100)), "num"),
                      (esc(_plus_minus(r["rms_dp"], r["rms_dp_unc"], ".3g", 100)), "num"),
-                     (fmt(r["flips"], "d"), "num"),
+                     (f"{fmt(r['flips'], 'd')} ({fmt(r.get('near_ties'), 'd')})", "num"),
                      (esc((r["gate"] or "-") + reasons), GATE_CLASS.get(r["gate"], "")),
-                     *[(fmt(r[k], ".4g"), "num")
-                       for k in ("decode_tok_s", "ms_per_token", "roofline_tok_s")]])
+                     *[(fmt(r[k], ".4g"), "num") for k in ("decode_tok_s", "ms_per_token")],
+                     esc(r.get("decode_mode") or "-"),
+                     *[(fmt(r.get(k), ".4g"), "num") for k in ("eager_tok_s", "roofline_tok_s")],
+                     (_with_size(r.get("batch_tok_s"), r.get("batch_size")), "num"),
+                     (_with_size(r.get("prefill_tok_s"), r.get("prefill_tokens")), "num")])
     return table(heads, body, raw=True)
+
+
+def _with_size(tok_s, size) -> str:
+    """tokens/s with the batch or prompt size it was measured at: "3389 (8)"; "-" if none."""
+    return "-" if tok_s is None else f"{fmt(tok_s, '.4g')} ({fmt(size, 'd')})"
 
 
 def _model_figure(data: ReportData, rows: list[dict], title: str):
@@ -316,8 +325,10 @@ def model_page(data: ReportData) -> str:
     rows = sorted(data.model, key=lambda r: (data.started(r["run_id"]), r["run_id"]))
     body = ["<p>The model gate (<code>kparity model</code>): each plan's logits against the "
             "float64 reference plan over the committed texts, llama-perplexity's KLD "
-            "statistics; gate: mean KLD &le; 1e-4 and same top &ge; 99 % "
-            "(<code>models.metrics.gate</code>); <code>report</code> rows are not gated.</p>",
+            "statistics; gate: mean KLD &le; 1e-4 and same top &ge; 99 % with the near ties "
+            "counted as agreeing, and no flip beyond <code>models.metrics.margin_bound</code> "
+            "(<code>models.metrics.gate</code>); <code>report</code> rows are not gated. "
+            "Step: <code>graph</code> where the decode step was replayed as a CUDA graph.</p>",
             "<h2>newest run of each model, plan and text</h2>",
             _model_table(data, _newest_model_rows(rows)),
             "<h2>over runs</h2>"]

@@ -208,7 +208,10 @@ def _model_row(run_id: str, plan: str, mean_kld: float, gate: str, reasons: str 
             "mean_kld_unc": mean_kld / 10, "median_kld": None, "kld_90": None, "kld_95": None,
             "kld_99": None, "kld_99_9": None, "max_kld": 20 * mean_kld, "same_top_p": 0.984375,
             "same_top_p_unc": 0.0156, "rms_dp": 0.0123, "rms_dp_unc": 0.001, "flips": 1,
-            "near_ties": 0, "gate": gate, "gate_reasons": reasons, "prefill_tok_s": None,
+            "near_ties": 0, "gate": gate, "gate_reasons": reasons,
+            "prefill_tok_s": tok_s and 50 * tok_s, "prefill_tokens": tok_s and 512,
+            "decode_mode": tok_s and "graph", "eager_tok_s": tok_s and tok_s / 10,
+            "batch_size": tok_s and 8, "batch_tok_s": tok_s and 6 * tok_s,
             "decode_tok_s": tok_s, "ms_per_token": tok_s and 1e3 / tok_s,
             "ms_per_token_spread": tok_s and 0.05, "roofline_tok_s": tok_s and 4 * tok_s,
             "summary_json": "{}", "seconds": 1.0}
@@ -237,7 +240,9 @@ def test_model_page_shows_the_newest_run_per_plan_and_its_history(tmp_path):
     assert '<td class="ok">pass</td>' in table
     assert '<td class="bad">fail: mean KLD 1.5 &gt; 1e-4</td>' in table and mutant in table
     assert "2e-06 ± 2e-07" in table and "98.44 ± 1.56" in table
-    assert table.count("<td class=\"num\">-</td>") == 2 * 2 + 3  # null KLD order stats; untimed
+    # null KLD order stats; the untimed row's decode, ms, eager, roofline, batch and prefill
+    assert table.count("<td class=\"num\">-</td>") == 2 * 2 + 6
+    assert "(8)</td>" in table and "(512)</td>" in table and "<td>graph</td>" in table
     assert text.count("Plotly.newPlot(") == 2  # one figure per (model, plan)
     assert '"name":"decode tok/s gettysburg"' in text and runs[0] in text
 
