@@ -55,7 +55,10 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         "sdpa_decode_paged": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 64,
                               "page_size": 16, "max_pages": 3, "num_pages": 5},
         "attn_combine": {"batch": 2, "heads": 4, "splits": 5, "head_dim": 64},
-        "sdpa_prefill_varlen": {"heads": 4, "kv_heads": 2, "head_dim": 64}}  # lens: default
+        "sdpa_prefill_varlen": {"heads": 4, "kv_heads": 2, "head_dim": 64},  # lens: default
+        # the chunked GDN stages: one chunk of 64, padded past T = 35
+        **{op: {"batch": 1, "tokens": 35, "heads_k": 1, "heads_v": 1, "dim_k": 4, "dim_v": 4}
+           for op in ("gdn_chunk_cumsum", "gdn_kkt", "gdn_wy", "gdn_chunk_o")}}
 
 
 def _dims(op: str) -> dict:
@@ -290,7 +293,9 @@ FAMILIES = {"norms": NORMS, "quant_gemv": GEMVS, "rope": ["rope"],
             # score's round charges at every logit range where e^x stays normal: the best
             # round corner found (head_dim 1, scores 86 and 0) reaches 0.979 shrunk.
             "attention": ["sdpa_decode", "attn_combine", "sdpa_decode_paged",
-                          "sdpa_prefill_varlen"]}
+                          "sdpa_prefill_varlen"],
+            # the chunked GDN stages with a kernel model (chunk_o first: it binds most terms)
+            "gdn": ["gdn_chunk_o", "gdn_kkt", "gdn_wy", "gdn_chunk_cumsum"]}
 # rope and the activations sum nothing: their bounds have no `sum` term to shrink
 EXEMPT = {("rope", "sum"), ("activations", "sum")}
 
