@@ -9,6 +9,13 @@ T once. q̂, k̂ are normalised in f32 and stored to T (FLA's `l2norm_fwd`; HF n
 arithmetic, a few more roundings than the contract admits). No intermediate is rounded to T: an
 admissible impl of `gdn_chunked`, whose bound covers both.
 
+`torch:fla_chunk_gated_delta_rule` is flash-linear-attention's `chunk_gated_delta_rule` (the
+optional extra `kparity[fla]`: fla-core, Triton kernels, CUDA only; imported when it runs), a
+peer impl: chunks of 64, bf16/f16 (its kernels refuse f32), the state V-first as ours. Upstream
+it holds A in T and uses tf32 in the solve's merge dots where supported, which the solve's f32
+bound does not admit: the end-to-end bound decides (issue 29: 0.6.0 died with an illegal address
+at B=1, T=4096, H=16, K=V=128 bf16 on an H200; the sweep's isolation keeps such a case a row).
+
 The stage impls (`torch:gdn_chunk_cumsum` ... `torch:gdn_chunk_o`) compute each stage in f32 on
 the stored inputs, with the stage's own rounding points (w's and u's operands, T(S) in chunk_h's
 dot, vdec, chunk_o's A tile): straightforward torch, the CPU reference a CUDA stage is compared
@@ -18,6 +25,7 @@ with. of the stage impls is the property test's (`tests/test_gdn_chunked.py`).
 from __future__ import annotations
 
 from gpu_impls import register
+from gpu_impls.contract import Contract, param_is
 from gpu_impls.impl import Impl
 from oracle.gdn_chunked import EPS, scale_of
 
@@ -235,6 +243,38 @@ def _chunked(launch, inputs, outputs, case):
     return {"o": o.to(_t(case)), "state": state.contiguous()}
 
 
+def _fla_available() -> tuple[bool, str]:
+    """fla's kernels are Triton: a CUDA device, triton and the optional extra (`pip install
+    'kparity[fla]'`). fla is imported only here and when the impl runs."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "fla's chunk_gated_delta_rule runs on CUDA only (Triton kernels; no GPU here)"
+    for module in ("triton", "fla"):
+        if importlib.util.find_spec(module) is None:
+            return False, f"{module} not installed: pip install 'kparity[fla]'"
+    return True, ""
+
+
+def _fla(launch, inputs, outputs, case):
+    """flash-linear-attention's `chunk_gated_delta_rule` (fla-core 0.6.0): chunks of 64, the
+    state V-first as ours ([B, Hv, V, K], `state_v_first=True`), GVA native, l2norm in kernel."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+
+    o, state = fla_chunk(inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"],
+                         scale=scale_of(case), initial_state=inputs["h0"].float(),
+                         output_final_state=True,
+                         use_qk_l2norm_in_kernel=bool(case.params["l2norm"]),
+                         state_v_first=True)
+    return {"o": o.to(_t(case)), "state": state.float().contiguous()}
+
+
+FLA_CONTRACT = Contract(
+    invariants=(param_is("chunk", 64, "torch:chunk_gated_delta_rule", other=16),),
+    dtypes=("f16", "bf16"))  # fla's chunk kernels assert q.dtype != fp32
+
 STAGE_DOC = "f32 on the stored inputs, the stage's own rounding points (module docstring)"
 
 register(
@@ -251,4 +291,8 @@ register(
          doc="the seed kernel's formula: inclusive causal tile rounded to T, scale after"),
     Impl("gdn_chunked", "torch", "chunk_gated_delta_rule", _chunked,
          doc="HF Qwen3-Next torch_chunk_gated_delta_rule: f32, row-by-row forward substitution"),
+    Impl("gdn_chunked", "torch", "fla_chunk_gated_delta_rule", _fla, FLA_CONTRACT,
+         requires=_fla_available,
+         doc="flash-linear-attention (fla-core 0.6.0) chunk_gated_delta_rule, Triton, CUDA "
+             "only; optional extra kparity[fla]"),
 )
