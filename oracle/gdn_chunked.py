@@ -741,8 +741,10 @@ they are cheap, bounded in norm where not:
   through q_i's exact map into the chunk, of norm <= ‖q_i‖ ρ_{n,i}; and the carried state by
   G = Σ_i d_i k_i w_iᵀ = exp(gc_last) I − M_n, ‖G‖ <= exp(gc_last) + ρ_n.
 * q̂, k̂ stored in T (δ_l2 = u_T + γ_K / 2 + 6u relative per element): through the recurrence's
-  own sensitivity, k_t + δk moving row v by δk v_new_t[v] − β_t e^{g_t} k_t (δk·s_{t−1}), and q_i
-  + δq moving o_i by δq·s_i (the states inside the chunk from the WY form).
+  own sensitivity, k_t + δk moving row v by J_t δk = δk v_new_t[v] − β_t e^{g_t} k_t (δk·s_{t−1})
+  (J D Jᵀ <= 2 v_new² D + 2 (sᵀ D s) (β e^g k)(β e^g k)ᵀ: the first part isotropic, the second
+  a column carried token by token through the rest of the chunk), and q_i + δq moving o_i by
+  δq·s_i (the states inside the chunk from the WY form).
 * across chunks, per value row (rows are independent) in the 2-norm: the exact chunk maps the
   state error by M_n = Π_t exp(g_t)(I − β_t k̂_t k̂_tᵀ), ‖M_n‖ <= ρ_n = Π_t exp(g_t) max(1,
   |1 − β_t ‖k̂_t‖²|) (= exp(gc_last) <= 1 for unit keys and β in [0, 1]: a contraction), so the
@@ -827,6 +829,24 @@ def _carried_norms(cols, weights, diag, rho, rho_i, q_norm2, h_round):
                                     (diag.shape[-1],))
 
 
+def _through_chunk(scale_t, k, q, beta, g):
+    """Carry column a_t = scale_t k_t, introduced at token t of its chunk, through the chunk's
+    later tokens (s -> e^{g}(s − β k (k·s))): (the columns at the chunk's end [B, NT, Hv, K, C(t)],
+    q_i · (column t at token i) [B, NT, C(i), C(t), Hv], 0 for t > i). All chunks at once, token
+    by token: C·K per token and head."""
+    b, nt, c, hv, dk = k.shape
+    cols = np.zeros((b, nt, hv, dk, c))
+    seen = np.zeros((b, nt, c, c, hv))
+    for i in range(c):
+        ki = k[:, :, i][..., None]  # [B, NT, Hv, K, 1]
+        proj = np.sum(ki * cols, axis=-2, keepdims=True)  # k_i · each column
+        cols = np.exp(g[:, :, i])[..., None, None] * (cols - beta[:, :, i][..., None, None]
+                                                     * ki * proj)
+        cols[..., i] = scale_t[:, :, i][..., None] * k[:, :, i]
+        seen[:, :, i] = np.moveaxis(np.einsum("bnhk,bnhkt->bnht", q[:, :, i], cols), -1, 2)
+    return cols, seen
+
+
 def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     """B (`CHUNKED_DOC`): {"o": [B, T, Hv, V], "state": [B, Hv, V, K], "lambda": λ,
     "proxy_state": R_n [B, NT + 1, Hv, V]}: bounds on |chunked − recurrence| before any store."""
@@ -894,11 +914,14 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     rho = np.take_along_axis(rho_i, lasts_idx, axis=2)[:, :, 0]  # [B, NT, Hv]
     grow2 = sq(np.maximum(1.0, rho_i.max(axis=2)))[..., None]  # [B, NT, Hv, 1]
     decay = np.exp(g_last)[..., None, None]  # [B, NT, Hv, 1, 1]
-    # k̂_t + δk moves the state by J_t δk, J_t = v_new_t[v] I − β_t e^{g_t} k_t s_{t−1}ᵀ: its
-    # proxy J D Jᵀ (D = δ_l2² diag(k_t²)) is at most λ_max <= δ_l2² max k_t² ‖J_t‖² (isotropic)
-    j_norm = np.abs(vn) + (bc * np.exp(chunked(comp["g"], c)) * np.sqrt(k_norm2))[..., None] \
-        * tok["before"]
-    l2_tok = d_l2 ** 2 * sq(kc).max(axis=-1)[..., None] * sq(j_norm)  # [B, NT, C, Hv, V]
+    # k̂_t + δk moves the state by J_t δk, J_t = v_new_t[v] I − β_t e^{g_t} k_t s_{t−1}ᵀ, and
+    # J D Jᵀ <= 2 (v_new² D + (sᵀ D s) (β e^g k)(β e^g k)ᵀ), D = δ_l2² diag(k_t²): the first part
+    # isotropic (<= v_new² max D, through the rest of the chunk at most grow²), the second a
+    # column β_t e^{g_t} k_t carried exactly to the chunk's end and to each later o_i
+    g_tok = chunked(comp["g"], c)
+    l2_iso = 2 * d_l2 ** 2 * sq(kc).max(axis=-1)[..., None] * sq(vn)  # [B, NT, C, Hv, V]
+    l2_w = 2 * d_l2 ** 2 * tok["ks"]  # the column's weight sᵀ D s [B, NT, C, Hv, V]
+    l2_cols, l2_o = _through_chunk(bc * np.exp(g_tok), kc, qc, bc, g_tok)
     accum = g_c * (decay * np.abs(s) + np.einsum("bnihv,bnihk->bnhvk", np.abs(vdec),
                                                   np.abs(kc)))
     decay_err = decay * np.abs(s) * (_rel_exp(g_last, err_last) + U)[..., None, None]
@@ -909,13 +932,13 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     kt = np.moveaxis(kc, 2, -1)  # k_i [B, NT, Hv, K, C]
     g_mat = np.einsum("bnih,bnihk,bnihl->bnhkl", d, kc, w)  # G = Σ d_i k_i w_iᵀ
     per_row = lambda a: np.moveaxis(a, 2, -1)  # noqa: E731  [B, NT, C, Hv, V] -> [B,NT,Hv,V,C]
-    cols = np.concatenate([z, kt, g_mat], axis=-1)  # [B, NT, Hv, K, 2C + K]
+    cols = np.concatenate([z, kt, g_mat, l2_cols], axis=-1)  # [B, NT, Hv, K, 3C + K]
     weights = np.concatenate([
         per_row(ks2 + sq(b_vb)) + np.einsum("bnihj,bnjhv->bnhvi", sq(b_a), sq(vn)),  # Z_i
         per_row(sq(d)[..., None] * (sq(ut) * (mix(sq(x), sq(y)) + ws2 + sq(u)) + sq(f32_vn))
                 + sq(ut) * sq(vdec) + sq(vdec_f32)),  # k_i (d_i k_i's folded in)
-        sq(ut) * s2], axis=-1)  # [B, NT, Hv, V, 2C + K]
-    diag = sq(accum + decay_err) + (grow2 * l2_tok.sum(axis=2))[..., None]  # [B,NT,Hv,V,K]
+        sq(ut) * s2, per_row(l2_w)], axis=-1)  # [B, NT, Hv, V, 3C + K]
+    diag = sq(accum + decay_err) + (grow2 * l2_iso.sum(axis=2))[..., None]  # [B,NT,Hv,V,K]
     m_chunk = decay * np.eye(dk) - g_mat  # the chunk's transition [B, NT, Hv, K, K]
     causal = CAUSAL(c)
     e_causal = decay_tile(gcc, causal)
@@ -945,7 +968,8 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
           + mix(sq(b_m), sq(vn))
           + mix(sq(m), sq(f32_vn))
           + sq(f32_inter) + sq(g_c * mv) + sq(3 * U * (inter + mv))
-          + sq(qc).sum(axis=-1)[..., None] * grow2[:, :, None] * np.cumsum(l2_tok, axis=2)
+          + sq(qc).sum(axis=-1)[..., None] * grow2[:, :, None] * np.cumsum(l2_iso, axis=2)
+          + np.einsum("bnith,bnthv->bnihv", sq(l2_o), l2_w)
           + d_l2 ** 2 * tok["qs"])
     second = 1.0 + 1.0 / 16.0
     n_out = int(np.prod(comp["o_exact"].shape)) + int(np.prod(comp["state_exact"].shape))
