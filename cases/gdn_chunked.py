@@ -3,13 +3,15 @@ composition `gdn_chunked`.
 
 Shapes: Qwen3-Next / Qwen3.5's linear-attention layers (Hk 16, Hv 32, K = V = 128), the seed
 kernels' test shapes (Hk 2, Hv 4, K = V = 128), and tiny heads (Hk 2, Hv 4, K 16, V 8) where the
-CPU sweep runs. The gate (the default sweep, CPU in CI) stays on tiny heads and T <= 130: T in
-{1, 63, 64, 65, 130} (one token, a chunk of 64 and its neighbours, two chunks and a tail), each
-chunk size 16, 32, 64 at T = 65 and 130, a batch of 4, and the distributions below; plus the seed
-shapes at T = 64 and 128 (f32 and bf16: one or two chunks at K = V = 128, the CUDA port's gate).
-The model presets (label `preset:qwen3-next` / `preset:seed`, batch 1 and 4, T in {1, 63, 64,
-65, 512, 4096, 16384}) are bench cases (`kparity bench --preset qwen3-next`) and a `--preset`
-away for `check` on a GPU host: their float64 oracles take seconds to minutes.
+CPU sweep runs. The gate (the default sweep, CPU in CI) stays on tiny heads and T <= 130:
+`gdn_chunked` over T in {1, 63, 64, 65, 130} (one token, a chunk of 64 and its neighbours, two
+chunks and a tail), each stage over T in {1, 65, 130}, all three dtypes; chunks of 16 and 32 at
+T = 130, a batch of 4, and every distribution below at T = 65 (bf16). `gdn_chunk_o` adds one
+seed-shaped case (T = 128, bf16: the CUDA port's contract, K = 128 and T % 64 == 0). The model
+presets (labels `bench:qwen3-next`, `bench:seed`: batch 1 and 4, T in {1, 63, 64, 65, 512,
+4096, 16384}, bf16) are bench cases of `gdn_chunk_o` and `gdn_chunked` (`kparity bench --preset
+qwen3-next`); their float64 oracles take seconds to minutes (the bench's check skips the large
+ones by size). `scripts/gdn_chunked_budget.py` checks the bound on T up to 16384.
 
 Raw inputs (`draw_raw`; the stage ops' inputs are the pipeline's stored intermediates on them,
 `oracle.gdn_chunked.make_stage_inputs`): q, k, v from the case's distribution (`outlier_rows`,
