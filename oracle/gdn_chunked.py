@@ -769,8 +769,8 @@ L Σ_k ρ^{2k}: √NT while nothing contracts (β ≈ 0 and gates ≈ 1), satura
     Hv 4, K = V = 128 (seed)     B_o  .0027 .0094 .014 .017 -     o  .08|.02  .11|.06 .12|.08 .13|.07  -
                                  B_S  .051  .11  .16  .18  -      S  .08|.04  .11|.05 .10|.06 .10|.05  -
 
-(max |o| 0.02 to 0.9, max |S| 0.5 to 2.9.) Every budget <= 1 and >= 0.02 at every T: the bound
-holds and follows the error as it grows. f32 cases use ~1e-3 of theirs: the worst-case f32 terms
+(max |o| 0.02 to 0.9, max |S| 0.5 to 2.9.) Every budget <= 1, the composition's >= 0.03 at
+every T: the bound holds and follows the error as it grows. f32 cases use ~1e-3 of theirs: the worst-case f32 terms
 (the solve's 2 γ_C |X||I + A||X|) dominate there."""
 
 
