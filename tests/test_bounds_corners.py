@@ -307,14 +307,12 @@ def test_every_bound_term_is_needed(family, term):
 
 # --- under flush-to-zero (CuPy compiles every kernel with -ftz) -------------------------------
 
-# Known gap (found when this test was written, 2026-11-26, not yet fixed): under FTZ the worst
-# admissible kernel the greedy search finds exceeds the bound on the `tiny` corners of these
-# ops (rope bf16 1.94, attn_combine f32 sequential 4610, sdpa_decode f32 sequential 10.1):
-# a flush the interval model does not charge. Strict: the test turns red once it is fixed.
-FTZ_GAP = pytest.mark.xfail(strict=True, reason="the FTZ bound misses a flush the worst "
-                                                "admissible kernel makes (see FTZ_OPS)")
-FTZ_OPS = [pytest.param("rope", marks=FTZ_GAP), pytest.param("attn_combine", marks=FTZ_GAP),
-           pytest.param("sdpa_decode", marks=FTZ_GAP), "dequant_gemv", "rms_norm"]
+# The ops with FTZ corners. Two defects this test found (2026-11-26), both fixed: the bound
+# took |low| for a magnitude's lower end, so a partial sum whose interval reached below 0 was
+# never charged its possible flush (attn_combine f32 sequential, budget 4610; sdpa_decode 10.1);
+# and the emulated worst kernel "flushed" a subnormal result to 2v instead of 0 (rope bf16 1.94,
+# an inadmissible kernel: `Adverse._r`).
+FTZ_OPS = ["rope", "attn_combine", "sdpa_decode", "dequant_gemv", "rms_norm"]
 
 
 def _ftz_corners(op: str, dtype: str):
