@@ -210,6 +210,27 @@ def step_kernel(A, inputs: dict, case) -> dict:
     return {"o": o, "state_out": state}
 
 
+def recurrent_kernel(A, inputs: dict, case) -> dict:
+    """`gdn_recurrent`'s admissible kernel: `step_kernel_core` token by token. Not the op's
+    `kernel` (in the interval arithmetic it is vacuous within a hundred tokens: the module
+    docstring); in `oracle.numerics.Worst` it is one admissible kernel, each rounding off by its
+    whole charge in the direction its site is given, against which `recurrent_bound` is tested
+    (`tests/test_gdn.py`)."""
+    x = kernel_view(inputs, case)
+    heads = gdn_math.gqa_index(case.dims["heads_v"], case.dims["heads_k"])
+    q, k = A.load(x["q"][:, :, heads]), A.load(x["k"][:, :, heads])
+    if case.params["l2norm"]:
+        q, k = _l2(A, q), _l2(A, k)
+    v, g, beta, state = (A.load(x[n]) for n in ("v", "g", "beta", "h0"))
+    outs = []
+    for t in range(x["q"].shape[1]):
+        o, state = step_kernel_core(A, q.at((slice(None), t)), k.at((slice(None), t)),
+                                    v.at((slice(None), t)), g.at((slice(None), t)),
+                                    beta.at((slice(None), t)), state, scale_of(case))
+        outs.append(o.reshape(o.shape[0], 1, *o.shape[1:]))
+    return {"o": outs[0] if len(outs) == 1 else A.concat(outs, axis=1), "state": state}
+
+
 def _rms_kernel(A, x, w):
     """x · rsqrt(Σx² / K + eps) · w: the mean as a sum and a divide."""
     n = A.load(float(x.shape[-1]))
