@@ -117,7 +117,7 @@ def gdn_b_raw(shape, dtype, rng, case, drawn):
     return 2.0 * rng.standard_normal(shape)
 
 
-# --- cases -----------------------------------------------------------------------------------------
+# --- cases -------------------------------------------------------------------------------------
 
 def _dims(heads, batch: int, tokens: int | None = None) -> dict:
     _, hk, hv, dk, dv = heads

@@ -618,12 +618,12 @@ if cuda_mutant is not None:
 
 # --- Gated DeltaNet, the recurrence and the decode step (issue 29) ------------------------------
 #
-# | mutant                                      | bug (torch:gdn_step / torch:gdn_recurrent's step)  |
-# |---------------------------------------------|----------------------------------------------------|
-# | torch:mutant_gdn_decay_after_update         | S = exp(g)·(S + β(v − S k)kᵀ): the decay applied    |
-# | torch:mutant_gdn_recurrent_decay_after_update | after the update, the delta read off the undecayed S |
-# | torch:mutant_gdn_beta_on_k                  | k·β in place of k, the delta unscaled: S += (v −    |
-# | torch:mutant_gdn_recurrent_beta_on_k        | S βk)(βk)ᵀ (right only where β is 0 or 1)           |
+# | mutant (gdn_step; _recurrent_: gdn_recurrent) | bug, in torch's step                          |
+# |-----------------------------------------------|-----------------------------------------------|
+# | torch:mutant_gdn_decay_after_update           | S = exp(g)·(S + β(v − S k)kᵀ): the decay after |
+# | torch:mutant_gdn_recurrent_decay_after_update | the update, the delta off the undecayed S     |
+# | torch:mutant_gdn_beta_on_k                    | k·β in place of k, the delta unscaled:        |
+# | torch:mutant_gdn_recurrent_beta_on_k          | S += (v − S βk)(βk)ᵀ (right where β is 0 or 1) |
 
 
 def gdn_decay_after_update(state, q, k, v, g, beta):

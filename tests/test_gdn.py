@@ -176,7 +176,7 @@ def test_bounds_on_the_seed_shapes_are_within_the_seed_tolerances(dtype):
             assert float(np.max(bound[name])) <= tol, (case.short(), name)
 
 
-# --- cases ------------------------------------------------------------------------------------------
+# --- cases -------------------------------------------------------------------------------------
 
 def test_hv_not_a_multiple_of_hk_is_refused_at_case_load(tmp_path):
     path = tmp_path / "cases.json"
