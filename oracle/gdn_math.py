@@ -30,7 +30,8 @@ L2NORM_EPS = 1e-6
 def l2norm(x: np.ndarray, eps: float = L2NORM_EPS) -> np.ndarray:
     """x · rsqrt(Σ x² + eps) over the last axis, float64."""
     x = np.asarray(x, dtype=np.float64)
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite rows: NaN, as IEEE has it
+        return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
 def gqa_index(heads_v: int, heads_k: int) -> np.ndarray:

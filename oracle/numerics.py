@@ -222,7 +222,8 @@ class Model:
         """Under FTZ, a result whose interval [low, m] straddles 2^-126 may land below it in
         the kernel and flush to 0: up to 2^-126 lost (measured: CuPy's RoPE, x2·sin at
         1.1735e-38 from factors whose exact product's upper bound was normal)."""
-        low = np.abs(np.asarray(low, dtype=np.float64))
+        # `low` is the least magnitude (|v| - e): below 0 the interval holds 0 itself
+        low = np.maximum(np.asarray(low, dtype=np.float64), 0.0)
         straddles = (low < TINY32) & (m >= TINY32)
         return np.where(straddles, np.maximum(err, self.k("sub") * TINY32), err)
 
@@ -524,7 +525,12 @@ class Adverse:
 
     def _r(self, v, err=None) -> "Adverse":
         err = self.m.rnd(v) if err is None else err
-        return Adverse(v + self.ch.sign() * err, self.m, self.ch)
+        sign = self.ch.sign()
+        out = v + sign * err
+        if self.m.ftz:  # a subnormal result flushes to 0 or stays (fused, reordered): it
+            #             never doubles, as v + |v| would (`Model.rnd` charges |v| both ways)
+            out = np.where(np.abs(v) < TINY32, v if sign >= 0 else 0.0, out)
+        return Adverse(out, self.m, self.ch)
 
     def __add__(self, o):
         return self._r(self.x + o.x)

@@ -14,8 +14,9 @@ Conventions shared by every oracle:
   two ways: `kernel(arith, inputs, case)`, the admissible kernel's f32 computation written once
   against an arithmetic (`oracle/numerics.py`), from which `bounds` derives the rigorous bound
   for the impl's declared numerics (and the property test the worst admissible kernel); or a
-  hand-derived `tolerance(inputs, exact, case)`. The docstring of each op says which roundings
-  its kernel model charges.
+  hand-derived `tolerance(inputs, exact, case)`, or `tolerance(inputs, exact, case, numerics)`
+  given the impl's declared `oracle.numerics.Numerics` (its function ULPs). The docstring of
+  each op says which roundings its kernel model charges.
 """
 
 from __future__ import annotations
@@ -272,8 +273,9 @@ class OpSpec:
         output's bound is 0 outside the elements it writes: the rest must be the input, exactly."""
         from oracle.numerics import DEFAULT, Bounds, model_for
 
-        if self.kernel is None:
-            bounds = self.tolerance(inputs, exact, case)
+        if self.kernel is None:  # a hand tolerance; one taking a 4th argument gets `numerics`
+            extra = (numerics,) if _arity(self.tolerance) >= 4 else ()
+            bounds = self.tolerance(inputs, exact, case, *extra)
         else:
             arith = Bounds(model_for(case, numerics or DEFAULT))
             with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
