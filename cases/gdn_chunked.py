@@ -21,16 +21,15 @@ expand). The log-decay g by param `decay`: `mixed` (−|g| log-uniform on [1e-4,
 2e-9 to 0.9999), `near_one` ([1e-4, 1e-3]: the state remembers ~10^4 tokens) or `near_zero`
 ([5, 20]: it forgets every token); beta by param `beta`: `uniform` on [0, 1], `near_zero`
 ([0, 1e-3]) or `near_one` ([1 − 1e-3, 1]); h0 by `initial_state`: zero, N(0, 1) or N(0, 1000²).
-The same params and draws as `cases/gdn.py`'s recurrence cases.
+`cases/gdn.py`'s params and inits, as its recurrence cases draw them.
 """
 
 from __future__ import annotations
 
 from itertools import product
 
-import numpy as np
-
-from cases.distributions import values as distribution_values
+import cases.gdn  # noqa: F401  the inits draw_raw uses
+from cases.inits import call_init
 from cases.model import Case
 from cases.registry import bench_cases, gate_cases
 from oracle.dtypes import FLOAT_DTYPES
@@ -48,37 +47,22 @@ DISTS = (("decay-near-one", {"decay": "near_one"}), ("decay-near-zero", {"decay"
          ("beta-near-zero", {"beta": "near_zero"}), ("beta-near-one", {"beta": "near_one"}),
          ("unit-keys", {"l2norm": False}), ("state-given", {"initial_state": "given"}),
          ("state-large", {"initial_state": "large"}))
-LOG_DECAY = {"mixed": (1e-4, 20.0), "near_one": (1e-4, 1e-3), "near_zero": (5.0, 20.0)}
-STATE_SCALE = {"zero": 0.0, "given": 1.0, "large": 1000.0}
 
 
 # --- raw inputs ----------------------------------------------------------------------------------
 
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    norm = np.sqrt(np.sum(x * x, axis=-1, keepdims=True))
-    return np.where(norm > 0, x / np.where(norm > 0, norm, 1.0), x)
-
-
 def draw_raw(case, rng) -> dict:
-    """q, k, v, g, beta, h0 (float64) for `case` (module docstring), in that order from `rng`."""
-    d, p = case.dims, case.params
+    """q, k, v, g, beta, h0 (float64) for `case` by `cases/gdn.py`'s inits (module docstring),
+    in that order from `rng`."""
+    d = case.dims
     b, t, hk, hv, dk, dv = (d[n] for n in ("batch", "tokens", "heads_k", "heads_v", "dim_k",
                                            "dim_v"))
-    out = {}
-    for name, shape in (("q", (b, t, hk, dk)), ("k", (b, t, hk, dk))):
-        x = distribution_values(case.dist, shape, case.dtype, rng)
-        out[name] = x if p["l2norm"] else _unit_rows(x)
-    out["v"] = distribution_values(case.dist, (b, t, hv, dv), case.dtype, rng)
-    lo, hi = LOG_DECAY[p["decay"]]
-    out["g"] = -np.exp(rng.uniform(np.log(lo), np.log(hi), (b, t, hv)))
-    if p["beta"] == "near_zero":
-        out["beta"] = rng.uniform(0.0, 1e-3, (b, t, hv))
-    elif p["beta"] == "near_one":
-        out["beta"] = 1.0 - rng.uniform(0.0, 1e-3, (b, t, hv))
-    else:
-        out["beta"] = rng.uniform(0.0, 1.0, (b, t, hv))
-    out["h0"] = STATE_SCALE[p["initial_state"]] * rng.standard_normal((b, hv, dv, dk))
-    return out
+    shapes = (("q", "gdn_qk", (b, t, hk, dk)), ("k", "gdn_qk", (b, t, hk, dk)),
+              ("v", "data", (b, t, hv, dv)), ("g", "gdn_log_decay", (b, t, hv)),
+              ("beta", "gdn_beta", (b, t, hv)), ("h0", "gdn_state", (b, hv, dv, dk)))
+    dtypes = {"q": case.dtype, "k": case.dtype, "v": case.dtype}
+    return {name: call_init(init, shape, dtypes.get(name, "f32"), rng, case, {}, case.dist)
+            for name, init, shape in shapes}
 
 
 # --- cases ---------------------------------------------------------------------------------------

@@ -53,18 +53,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from oracle import gdn
 from oracle.builders import kernel_view
 from oracle.dtypes import eps as dtype_eps
 from oracle.dtypes import round_to, spacing
 from oracle.gdn_math import L2NORM_EPS, gqa_index, l2norm, recurrent
 from oracle.numerics import SUB32, TINY32, U, Model, Val, store_bound
+from oracle.gdn import BETAS, DECAYS, EPS, INITIAL_STATES, scale_of
 from oracle.spec import OpSpec, TensorSpec, register
 
 CHUNKS = (16, 32, 64)
-EPS = float(np.float32(L2NORM_EPS))  # the normalisation's eps as a kernel holds it
-INITIAL_STATES = ("zero", "given", "large")
-DECAYS = ("mixed", "near_one", "near_zero")
-BETAS = ("uniform", "near_zero", "near_one")
 PARAMS = {"chunk": 64, "scale": None, "l2norm": True, "initial_state": "zero", "decay": "mixed",
           "beta": "uniform", "ftz": 0}
 PARAM_VALUES = {"chunk": CHUNKS, "l2norm": (True, False), "initial_state": INITIAL_STATES,
@@ -89,28 +87,14 @@ STATES = lambda d, p: (d["batch"], n_chunks(d, p), d["heads_v"], d["dim_v"],  # 
 
 
 def check_domain(case) -> None:
-    """Hv a multiple of Hk (GQA), at least one token, the chunk one of CHUNKS, the scale a
-    positive finite number or None."""
-    d, p = case.dims, case.params
-    if d["heads_k"] < 1 or d["heads_v"] % d["heads_k"]:
-        raise ValueError(f"{case.op}: heads_v={d['heads_v']} is not a multiple of "
-                         f"heads_k={d['heads_k']} (value head h reads q/k head h // (Hv / Hk)): "
-                         f"make heads_v a multiple of heads_k")
-    if d["tokens"] < 1:
-        raise ValueError(f"{case.op}: tokens={d['tokens']}: at least 1")
-    if p["chunk"] not in CHUNKS:
-        raise ValueError(f"{case.op}: chunk={p['chunk']!r}: one of {', '.join(map(str, CHUNKS))}")
-    s = p["scale"]
-    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
-                          or not np.isfinite(s) or s <= 0):
-        raise ValueError(f"{case.op}: scale={s!r} must be a positive finite number, or null "
-                         "for K^-0.5")
-
-
-def scale_of(case) -> float:
-    """The output scale as the kernel holds it: f32 of the param, K^-0.5 when it is None."""
-    s = case.params["scale"]
-    return float(np.float32(case.dims["dim_k"] ** -0.5 if s is None else s))
+    """`oracle.gdn.check_domain` (GQA heads, the scale), at least one token, the chunk one of
+    CHUNKS."""
+    gdn.check_domain(case)
+    if case.dims["tokens"] < 1:
+        raise ValueError(f"{case.op}: tokens={case.dims['tokens']}: at least 1")
+    chunk = case.params["chunk"]
+    if chunk not in CHUNKS:
+        raise ValueError(f"{case.op}: chunk={chunk!r}: one of {', '.join(map(str, CHUNKS))}")
 
 
 # --- chunk layout ------------------------------------------------------------------------------
