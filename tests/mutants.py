@@ -655,3 +655,86 @@ def _gdn_mutants():
 
 GDN_MUTANTS = tuple(_gdn_mutants())
 register(*(m for m in GDN_MUTANTS if m.id not in _existing))
+
+# --- the chunked GDN pipeline (issue 29) ------------------------------------------------------
+#
+# | mutant                              | bug                                                    |
+# |-------------------------------------|--------------------------------------------------------|
+# | torch:mutant_gdn_o_strict_mask      | chunk_o's causal mask without its diagonal (kkt's `>`  |
+# |                                     | where chunk_o's is `>=`): token i misses its own value |
+# | torch:mutant_gdn_o_tile_f32         | the A tile kept in f32 where the contract rounds it to |
+# |                                     | T before the closing dot (bf16 and f16 only)           |
+# | torch:mutant_gdn_o_inter_in_t       | the reverse: the inter-chunk term q·h rounded to T     |
+# |                                     | before the sum, where the contract keeps it in f32     |
+# | torch:mutant_gdn_h_unscaled_state   | chunk_h carries the state into the next chunk without  |
+# |                                     | exp(gc_last): S = S + vdecᵀ k                           |
+
+
+def _gdn_chunk_o(inputs, case, strict=False, round_tile=True, round_inter=False):
+    """The seed's chunk_o formula (`gpu_impls/torch/gdn_chunked.py`) with one bug switched on."""
+    from gpu_impls.torch.gdn_chunked import _t, chunks, decay_tile, per_value_head, unchunk
+    from oracle.gdn_chunked import scale_of
+
+    c, dtype, gc = case.params["chunk"], _t(case), inputs["gc"].float()
+    hv = gc.shape[2]
+    qc = chunks(per_value_head(inputs["q"], hv).float(), c)
+    kc = chunks(per_value_head(inputs["k"], hv).float(), c)
+    gcc = chunks(gc, c, edge=True)
+    inter = (qc.transpose(2, 3) @ inputs["h"].float().transpose(-1, -2)).transpose(2, 3)
+    inter = inter * gcc.exp()[..., None]
+    if round_inter:
+        inter = inter.to(dtype).float()
+    tile = (qc.transpose(2, 3) @ kc.permute(0, 1, 3, 4, 2)).transpose(2, 3)
+    tile = tile * decay_tile(gcc, strict)
+    if round_tile:
+        tile = tile.to(dtype).float()
+    intra = (tile.transpose(2, 3) @ chunks(inputs["v_new"].float(), c).transpose(2, 3))
+    o = unchunk((inter + intra.transpose(2, 3)) * scale_of(case), gc.shape[1])
+    return {"o": o.to(dtype)}
+
+
+def gdn_o_strict_mask(launch, inputs, outputs, case):
+    return _gdn_chunk_o(inputs, case, strict=True)
+
+
+def gdn_o_tile_f32(launch, inputs, outputs, case):
+    return _gdn_chunk_o(inputs, case, round_tile=False)
+
+
+def gdn_o_inter_in_t(launch, inputs, outputs, case):
+    return _gdn_chunk_o(inputs, case, round_inter=True)
+
+
+def gdn_h_unscaled_state(launch, inputs, outputs, case):
+    import torch
+
+    from gpu_impls.torch.gdn_chunked import _t, chunks, per_value_head, unchunk
+
+    c, dtype, gc = case.params["chunk"], _t(case), inputs["gc"].float()
+    t, hv = gc.shape[1], gc.shape[2]
+    kc = chunks(per_value_head(inputs["k"], hv).float(), c)
+    wc, uc = chunks(inputs["w"].float(), c), chunks(inputs["u"].float(), c)
+    gcc = chunks(gc, c, edge=True)
+    s, hs, v_new = inputs["h0"].float().clone(), [], []
+    for n in range(kc.shape[1]):
+        hs.append(s)
+        vn = uc[:, n] - torch.einsum("bihk,bhvk->bihv", wc[:, n], s.to(dtype).float())
+        v_new.append(vn)
+        last = min(c, t - n * c) - 1
+        d = (gcc[:, n, last][:, None] - gcc[:, n]).exp()
+        d = d * (torch.arange(c) <= last)[None, :, None]
+        vdec = (vn * d[..., None]).to(dtype).float()
+        s = s + torch.einsum("bihv,bihk->bhvk", vdec, kc[:, n])  # the bug: no exp(gc_last)
+    return {"h": torch.stack(hs, dim=1).to(dtype), "v_new": unchunk(torch.stack(v_new, 1), t)
+            .to(dtype), "state": s}
+
+
+# rounding to f32 is a no-op: the tile and inter mutants exist in the half dtypes only
+HALF = Contract(dtypes=("f16", "bf16"))
+GDN_CHUNK_MUTANTS = (
+    Impl("gdn_chunk_o", "torch", "mutant_gdn_o_strict_mask", gdn_o_strict_mask),
+    Impl("gdn_chunk_o", "torch", "mutant_gdn_o_tile_f32", gdn_o_tile_f32, HALF),
+    Impl("gdn_chunk_o", "torch", "mutant_gdn_o_inter_in_t", gdn_o_inter_in_t, HALF),
+    Impl("gdn_chunk_h", "torch", "mutant_gdn_h_unscaled_state", gdn_h_unscaled_state),
+)
+register(*(m for m in GDN_CHUNK_MUTANTS if m.id not in _existing))

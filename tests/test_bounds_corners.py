@@ -58,7 +58,10 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         "sdpa_prefill_varlen": {"heads": 4, "kv_heads": 2, "head_dim": 64},  # lens: default
         # Gated DeltaNet's decode step: GQA heads, a 64-term dot (its state is V x K per head)
         "gdn_step": {"batch": 2, "heads_k": 1, "heads_v": 2, "dim_k": 64, "dim_v": 8},
-        "gdn_step_prep": {"batch": 2, "heads_k": 1, "heads_v": 2, "dim_k": 64, "dim_v": 8}}
+        "gdn_step_prep": {"batch": 2, "heads_k": 1, "heads_v": 2, "dim_k": 64, "dim_v": 8},
+        # the chunked GDN stages: one chunk of 64, padded past T = 35
+        **{op: {"batch": 1, "tokens": 35, "heads_k": 1, "heads_v": 1, "dim_k": 4, "dim_v": 4}
+           for op in ("gdn_chunk_cumsum", "gdn_kkt", "gdn_wy", "gdn_chunk_o")}}
 
 
 def _dims(op: str) -> dict:
@@ -294,7 +297,9 @@ FAMILIES = {"norms": NORMS, "quant_gemv": GEMVS, "rope": ["rope"],
             # round corner found (head_dim 1, scores 86 and 0) reaches 0.979 shrunk.
             "attention": ["sdpa_decode", "attn_combine", "sdpa_decode_paged",
                           "sdpa_prefill_varlen"],
-            "gdn": ["gdn_step", "gdn_step_prep"]}
+            "gdn": ["gdn_step", "gdn_step_prep"],
+            # the chunked GDN stages with a kernel model (chunk_o first: it binds most terms)
+            "gdn_chunked": ["gdn_chunk_o", "gdn_kkt", "gdn_wy", "gdn_chunk_cumsum"]}
 # rope and the activations sum nothing: their bounds have no `sum` term to shrink. GDN's step has
 # no corner whose results fall in the subnormal range: the state (N(0, 1)) dominates every sum,
 # and `tiny` q and k come out of the L2 / RMS norm at normal magnitudes.
