@@ -14,8 +14,9 @@ Conventions shared by every oracle:
   two ways: `kernel(arith, inputs, case)`, the admissible kernel's f32 computation written once
   against an arithmetic (`oracle/numerics.py`), from which `bounds` derives the rigorous bound
   for the impl's declared numerics (and the property test the worst admissible kernel); or a
-  hand-derived `tolerance(inputs, exact, case)`. The docstring of each op says which roundings
-  its kernel model charges.
+  hand-derived `tolerance(inputs, exact, case)`, or `tolerance(inputs, exact, case, numerics)`
+  given the impl's declared `oracle.numerics.Numerics` (its function ULPs). The docstring of
+  each op says which roundings its kernel model charges.
 """
 
 from __future__ import annotations
