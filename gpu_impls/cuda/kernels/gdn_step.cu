@@ -2,7 +2,7 @@
 // recurrence of oracle/gdn_math.py for one token). Per (batch b, value head h), kh = h / (Hv / Hk)
 // the q/k head, the f32 state S [V, K] (V-major) is read once and written once:
 //
-//   k^, q^  = k, q in f32; with l2norm each x / sqrt(sum x^2 + eps) (f32, not rounded to T)
+//   k^, q^  = k, q in f32; with l2norm each x * rsqrt(sum x^2 + eps) (f32, not rounded to T)
 //   S       = exp(g) S                      the decay first (g: the log-decay, f32)
 //   u[v]    = beta (v[v] - S[v, :] . k^)    the delta, with the decayed S
 //   S[v, :] = S[v, :] + u[v] k^             the rank-1 update
@@ -20,7 +20,7 @@
 // Bandwidth: 4 rows x 512 bytes per warp in flight at K = 128; no shared memory, no barrier.
 //
 // Numerics: f32 throughout; the dots in the butterfly's order (lane-strided partial sums, then
-// 5 xor steps); expf, sqrtf and the divide are CUDA's accurate ones (CuPy adds -ftz only). The
+// 5 xor steps); expf and rsqrtf are CUDA's (2 ULPs; CuPy adds -ftz, not fast math). The
 // state may alias state_out (an in-place update): each element is read by the thread that writes
 // it, before it writes it, so the pointers carry no __restrict__.
 //
@@ -124,7 +124,7 @@ kp_gdn_step(const typename T::storage* __restrict__ q, const typename T::storage
 #pragma unroll
         for (int e = 0; e < E; ++e) ss[0] += kk[e] * kk[e], ss[1] += qq[e] * qq[e];
         warp_sums(ss);
-        const float inv_k = 1.0f / sqrtf(ss[0] + eps), inv_q = 1.0f / sqrtf(ss[1] + eps);
+        const float inv_k = rsqrtf(ss[0] + eps), inv_q = rsqrtf(ss[1] + eps);
 #pragma unroll
         for (int e = 0; e < E; ++e) kk[e] *= inv_k, qq[e] *= inv_q;
     }
