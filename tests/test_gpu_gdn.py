@@ -7,7 +7,7 @@
   recurrence: the outputs and the final state within `gdn_recurrent`'s own bound (and its
   decay-after-update mutant does not);
 * `cuda:gdn_chunk_o` at one V tile and at the seed's largest V (8 tiles), one and several
-  chunks, batch 2;
+  chunks, batch 2, and with its grid capped below the chunks and heads (the blocks stride);
 * the CUDA mutants (tests/mutants.py GDN_CUDA_MUTANTS) go red on the gate cases.
 
 `pytest -m gpu` selects it; without an accelerator the conftest guard fails the run.
@@ -148,6 +148,18 @@ CHUNK_O_SHAPES = ((1, 64, 32), (2, 192, 256))
 def test_chunk_o_tiles_and_chunks(batch, tokens, dim_v, dtype):
     dims = {**SEED, "batch": batch, "tokens": tokens, "dim_v": dim_v}
     _assert_passes("cuda:gdn_chunk_o", Case.make("gdn_chunk_o", dims, dtype))
+
+
+def test_chunk_o_strides_past_a_capped_grid(monkeypatch):
+    """Past CUDA's 65535 on grid.y (chunks) or grid.z (batch x heads) the wrapper caps the grid
+    and each block strides over the rest: here with the cap lowered to 2 (3 chunks, 8 heads)."""
+    from gpu_impls.cuda import gdn
+
+    monkeypatch.setattr(gdn, "GRID_YZ_MAX", 2)
+    dims = {**SEED, "batch": 2, "tokens": 192, "dim_v": 64}
+    case = Case.make("gdn_chunk_o", dims, "bf16")
+    assert _impl("cuda:gdn_chunk_o").contract.check("cuda:gdn_chunk_o", case).grid == (2, 2, 2)
+    _assert_passes("cuda:gdn_chunk_o", case)
 
 
 # --- mutants ---------------------------------------------------------------------------------------

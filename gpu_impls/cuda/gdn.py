@@ -15,8 +15,11 @@
   inclusive causal mask, the A tile rounded to T before the closing dot, the scale once after
   both dots, f32 accumulation); the seed's 8x8 simdgroup MMAs become mma.sync m16n8k16 on the
   transposed tiles. Contract (the seed's): K == 128, V % 32 == 0, V <= 256, T % 64 == 0,
-  Hv % Hk == 0, chunk == 64, f16 / bf16 only (the tensor-core inputs; the seed is bf16), and
-  B * Hv <= 65535 (CUDA's gridDim.z).
+  chunk == 64, f16 / bf16 only (the tensor-core inputs; the seed is bf16). The seed's Hv % Hk
+  == 0 is the op's domain (`oracle/gdn_chunked.check_domain`: no case breaks it, and the
+  op's inputs cannot even be drawn for one), so it is no invariant here. Where NT or B * Hv
+  passes CUDA's 65535 for grid.y / grid.z, the grid is capped there and blocks stride over the
+  rest (the seed has no such limit on Metal).
 
 Numerics: both declare the default (sums in any order; CUDA's expf and rsqrtf within the
 default 2 ULPs; CuPy compiles with -ftz=true, which the runner's oracle accounts for).
@@ -33,6 +36,7 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
+from oracle import gdn_chunked
 from oracle.gdn import EPS, scale_of
 
 STEP_SOURCE = "gdn_step.cu"
@@ -46,18 +50,9 @@ CHUNK_O_BT = 64          # GDN_O_BT: the chunk
 CHUNK_O_BV = 32          # GDN_O_BV: V columns per block
 CHUNK_O_MAX_V = 256      # the seed's limit
 CHUNK_O_SHARED = CHUNK_O_BT * CHUNK_O_BT * 2  # the A tile in T: 8 KiB, static
-GRID_Z_MAX = 65535
+GRID_YZ_MAX = 65535  # CUDA's gridDim.y and gridDim.z limit
 KERNELS = [(STEP_SOURCE, "kp_gdn_step", [(kpl,) for kpl in range(1, STEP_MAX_K // 32 + 1)]),
            (CHUNK_O_SOURCE, "gdn_chunk_o")]
-
-
-def _gqa(violation: dict) -> Invariant:
-    return Invariant(
-        name="heads_v % heads_k == 0", holds=lambda ns: ns["heads_v"] % ns["heads_k"] == 0,
-        why="value head h reads q/k head h // (heads_v / heads_k): the groups must be whole",
-        fix=lambda ns: f"heads_k a divisor of heads_v={ns['heads_v']}, e.g. "
-                       f"{math.gcd(ns['heads_v'], ns['heads_k'])}",
-        violation=violation, shows=("heads_v", "heads_k"))
 
 
 # --- cuda:kp_gdn_step ---------------------------------------------------------------------------
@@ -82,9 +77,14 @@ STEP_K_MAX = Invariant(
     why=f"a lane holds at most {STEP_MAX_K // 32} elements of a state row in registers (the "
         "instances: K / 32 in 1..8)",
     fix=lambda ns: f"dim_k <= {STEP_MAX_K}", violation={"dim_k": 288}, shows=("dim_k",))
-STEP_CONTRACT = Contract(
-    invariants=(STEP_K_LANES, STEP_K_MAX, _gqa({"heads_v": 6, "heads_k": 4})),
-    geometry=_step_geometry)
+STEP_GQA = Invariant(
+    name="heads_v % heads_k == 0", holds=lambda ns: ns["heads_v"] % ns["heads_k"] == 0,
+    why="value head h reads q/k head h // (heads_v / heads_k): the groups must be whole",
+    fix=lambda ns: f"heads_k a divisor of heads_v={ns['heads_v']}, e.g. "
+                   f"{math.gcd(ns['heads_v'], ns['heads_k'])}",
+    violation={"heads_v": 6, "heads_k": 4}, shows=("heads_v", "heads_k"))
+STEP_CONTRACT = Contract(invariants=(STEP_K_LANES, STEP_K_MAX, STEP_GQA),
+                         geometry=_step_geometry)
 
 
 def _step(defines: tuple = ()):
@@ -103,12 +103,13 @@ def _step(defines: tuple = ()):
 # --- cuda:gdn_chunk_o ---------------------------------------------------------------------------
 
 def _chunk_o_geometry(dims, params):
+    """The seed's grid (V / 32, NT, B * Hv), y and z capped at CUDA's 65535 (the kernel strides
+    over the rest)."""
     n_chunks = -(-dims["tokens"] // CHUNK_O_BT)
-    derived = {"n_chunks": n_chunks, "v_tiles": dims["dim_v"] // CHUNK_O_BV,
-               "grid_z": dims["batch"] * dims["heads_v"]}
-    return derived, Launch(grid=(max(1, derived["v_tiles"]), max(1, n_chunks),
-                                 max(1, derived["grid_z"])),
-                           block=(CHUNK_O_THREADS, 1, 1), extra=derived)
+    derived = {"n_chunks": n_chunks, "v_tiles": dims["dim_v"] // CHUNK_O_BV}
+    grid = (max(1, derived["v_tiles"]), max(1, min(n_chunks, GRID_YZ_MAX)),
+            max(1, min(dims["batch"] * dims["heads_v"], GRID_YZ_MAX)))
+    return derived, Launch(grid=grid, block=(CHUNK_O_THREADS, 1, 1), extra=derived)
 
 
 CHUNK_O_INVARIANTS = (
@@ -140,17 +141,11 @@ CHUNK_O_INVARIANTS = (
                        f"{max(CHUNK_O_BT, -(-ns['tokens'] // CHUNK_O_BT) * CHUNK_O_BT)} "
                        "(zero-padded), or torch's chunked form",
         violation={"tokens": 96}, shows=("tokens",)),
-    _gqa({"heads_v": 6, "heads_k": 4}),
     Invariant(
         name=f"chunk == {CHUNK_O_BT}", holds=lambda ns: ns["chunk"] == CHUNK_O_BT,
         why="the chunk is the kernel's tile (BT = 64: 8 warps of 8 rows, the A tile 64 x 64)",
         fix=lambda ns: f"chunk = {CHUNK_O_BT}, or torch's chunked form for 16 / 32",
         violation={"chunk": 32}, shows=("chunk",)),
-    Invariant(
-        name=f"batch * heads_v <= {GRID_Z_MAX}", holds=lambda ns: ns["grid_z"] <= GRID_Z_MAX,
-        why=f"grid.z = batch * heads_v (the seed's geometry), at most {GRID_Z_MAX} in CUDA",
-        fix=lambda ns: f"batch <= {GRID_Z_MAX // ns['heads_v']} at heads_v={ns['heads_v']}",
-        violation={"batch": 16384, "heads_v": 4, "heads_k": 2}, shows=("batch", "heads_v")),
 )
 CHUNK_O_CONTRACT = Contract(invariants=CHUNK_O_INVARIANTS, geometry=_chunk_o_geometry,
                             dtypes=("f16", "bf16"))
@@ -160,9 +155,10 @@ def _chunk_o(defines: tuple = ()):
     def run(launch, inputs, outputs, case):
         d, e = case.dims, launch.extra
         args = (inputs["q"], inputs["k"], inputs["v_new"], inputs["h"], inputs["gc"],
-                outputs["o"], np.int32(d["tokens"]), np.int32(d["heads_k"]),
+                outputs["o"], np.int32(d["batch"]), np.int32(d["tokens"]),
+                np.int32(d["heads_k"]),
                 np.int32(d["heads_v"]), np.int32(d["dim_v"]), np.int32(e["n_chunks"]),
-                np.float32(scale_of(case)))
+                np.float32(gdn_chunked.scale_of(case)))
         cuda_launch(kernel(CHUNK_O_SOURCE, "gdn_chunk_o", case.dtype, defines), launch.grid,
                     launch.block, args)
     return run

@@ -17,7 +17,8 @@
 // diagonal), one scale at the store.
 //
 // Geometry, the seed's: grid (V / 32, NT, B * Hv), 256 threads = 8 warps (the seed's 8
-// simdgroups); warp w owns the chunk rows i in [8 w, 8 w + 8) and all 32 V columns of the tile
+// simdgroups), but for CUDA's limit of 65535 on grid.y and grid.z: past it the wrapper caps them
+// and a block strides over the chunks and heads (one tile per block otherwise); warp w owns the chunk rows i in [8 w, 8 w + 8) and all 32 V columns of the tile
 // and all 64 columns j of bA, in f32 accumulators (24 per lane, as the seed's 12 8x8 fragments).
 // Shared memory, the seed's budget: the bA tile in T, 64 x 64 x 2 bytes = 8 KiB, nothing else.
 // K == 128 (a compile-time loop of 8 MMA steps, as the seed's hard-coded 16 steps of 8), BT = 64.
@@ -46,8 +47,9 @@
 //
 // DISPATCH INVARIANTS (gpu_impls/cuda/gdn.py checks them before any launch; the kernel trusts
 // them): K == 128; V % 32 == 0 and V <= 256 (the seed's); T % 64 == 0 (whole chunks, no row
-// guard); Hv % Hk == 0; chunk == 64; B * Hv <= 65535 (gridDim.z); T in {f16, bf16} (the F32
-// instance below is empty: nvcc_check instantiates every trait, the contract launches none).
+// guard); chunk == 64; T in {f16, bf16} (the F32 instance below is empty: nvcc_check
+// instantiates every trait, the contract launches none). Hv % Hk == 0 is the op's domain
+// (checked when a case is made, before any contract).
 //
 // Test-only mutant: KPARITY_MUTANT_EXCLUSIVE_MASK drops the diagonal from the causal mask
 // (i > j, kkt's strict mask, where chunk_o's is i >= j).
@@ -110,17 +112,18 @@ __device__ __forceinline__ bool causal(int i, int j) {
 #endif
 }
 
+// One tile: V columns [32 i_v, +32) of chunk i_t of (batch, value head) i_bh; bA the block's
+// shared A tile.
 template <typename T>
-__device__ __forceinline__ void chunk_o(const unsigned short* __restrict__ q,
-                                        const unsigned short* __restrict__ k,
-                                        const unsigned short* __restrict__ v,
-                                        const unsigned short* __restrict__ h,
-                                        const float* __restrict__ gc,
-                                        unsigned short* __restrict__ o, int tokens, int heads_k,
-                                        int heads_v, int dim_v, int n_chunks, float scale) {
-    __shared__ __align__(16) unsigned short bA[GDN_O_BT * GDN_O_BT];  // 8 KiB, swizzled
-
-    const int i_v = blockIdx.x, i_t = blockIdx.y, i_bh = blockIdx.z;
+__device__ __forceinline__ void chunk_o_tile(const unsigned short* __restrict__ q,
+                                             const unsigned short* __restrict__ k,
+                                             const unsigned short* __restrict__ v,
+                                             const unsigned short* __restrict__ h,
+                                             const float* __restrict__ gc,
+                                             unsigned short* __restrict__ o,
+                                             unsigned short* bA, int tokens, int heads_k,
+                                             int heads_v, int dim_v, int n_chunks, float scale,
+                                             int i_v, int i_t, int i_bh) {
     const int i_b = i_bh / heads_v, i_h = i_bh - i_b * heads_v;
     const int kh = i_h / (heads_v / heads_k);
     const int t0 = i_t * GDN_O_BT, v0 = i_v * GDN_O_BV;
@@ -220,6 +223,7 @@ __device__ __forceinline__ void chunk_o(const unsigned short* __restrict__ q,
             const int i = i0 + (e & 1), col = 16 * m + g + 8 * (e >> 1);
             o[vo_c + (size_t)i * v_t + col] = T::from_f32(bo[m][e] * scale);
         }
+    __syncthreads();  // every read of bA done before a next tile of this block writes it
 }
 
 }  // namespace gdn_chunk_o_detail
@@ -229,9 +233,15 @@ __global__ void __launch_bounds__(GDN_O_THREADS)
 gdn_chunk_o(const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
             const typename T::storage* __restrict__ v_new,
             const typename T::storage* __restrict__ h, const float* __restrict__ gc,
-            typename T::storage* __restrict__ o, int tokens, int heads_k, int heads_v, int dim_v,
-            int n_chunks, float scale) {
-    if constexpr (sizeof(typename T::storage) == 2)
-        gdn_chunk_o_detail::chunk_o<T>(q, k, v_new, h, gc, o, tokens, heads_k, heads_v, dim_v,
-                                       n_chunks, scale);
+            typename T::storage* __restrict__ o, int batch, int tokens, int heads_k, int heads_v,
+            int dim_v, int n_chunks, float scale) {
+    if constexpr (sizeof(typename T::storage) == 2) {
+        __shared__ __align__(16) unsigned short bA[GDN_O_BT * GDN_O_BT];  // 8 KiB, swizzled
+        // block-uniform loops: one iteration each unless NT or B * Hv passes 65535
+        for (int i_bh = blockIdx.z; i_bh < batch * heads_v; i_bh += gridDim.z)
+            for (int i_t = blockIdx.y; i_t < n_chunks; i_t += gridDim.y)
+                gdn_chunk_o_detail::chunk_o_tile<T>(q, k, v_new, h, gc, o, bA, tokens, heads_k,
+                                                    heads_v, dim_v, n_chunks, scale, blockIdx.x,
+                                                    i_t, i_bh);
+    }
 }
