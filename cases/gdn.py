@@ -117,7 +117,7 @@ def gdn_b_raw(shape, dtype, rng, case, drawn):
     return 2.0 * rng.standard_normal(shape)
 
 
-# --- cases -----------------------------------------------------------------------------------------
+# --- cases -------------------------------------------------------------------------------------
 
 def _dims(heads, batch: int, tokens: int | None = None) -> dict:
     _, hk, hv, dk, dv = heads
@@ -145,10 +145,12 @@ def gdn_recurrent_cases() -> list[Case]:
 
 @bench_cases("gdn_recurrent")
 def gdn_recurrent_bench() -> list[Case]:
-    """Prefill at the model's heads, batch 1, T in {512, 4096, 16384}; the seed's at 512."""
+    """Prefill at the model's heads, batch 1, T in {512, 4096, 16384}, and batch 4 at 512; the
+    seed's heads, batch 4 at 512."""
     return ([_case("gdn_recurrent", QWEN, 1, t, "bf16", label=f"bench:qwen3-next-t{t}")
              for t in BENCH_TOKENS]
-            + [_case("gdn_recurrent", SEED, 4, 512, "bf16", label="bench:seed-b4-t512")])
+            + [_case("gdn_recurrent", heads, 4, 512, "bf16", label=f"bench:{name}-b4-t512")
+               for name, heads in (("qwen3-next", QWEN), ("seed", SEED))])
 
 
 def _step_cases(op: str, dists) -> list[Case]:
@@ -178,9 +180,9 @@ def gdn_step_prep_cases() -> list[Case]:
 
 
 def _step_bench(op: str) -> list[Case]:
-    """A decode step at the model's heads, batch 1 and 64 (issue 29's speed target: state read
-    and write at >= 90 % of the copy ceiling at B = 64)."""
-    return [_case(op, QWEN, b, None, "bf16", label=f"bench:qwen3-next-b{b}") for b in (1, 64)]
+    """A decode step at the model's heads, batch 1, 4 and 64 (issue 29's speed target: state
+    read and write at >= 90 % of the copy ceiling at B = 64)."""
+    return [_case(op, QWEN, b, None, "bf16", label=f"bench:qwen3-next-b{b}") for b in (1, 4, 64)]
 
 
 @bench_cases("gdn_step")

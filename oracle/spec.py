@@ -273,8 +273,9 @@ class OpSpec:
         output's bound is 0 outside the elements it writes: the rest must be the input, exactly."""
         from oracle.numerics import DEFAULT, Bounds, model_for
 
-        if self.kernel is None:
-            bounds = self.tolerance(inputs, exact, case)
+        if self.kernel is None:  # a hand tolerance; one taking a 4th argument gets `numerics`
+            extra = (numerics,) if _arity(self.tolerance) >= 4 else ()
+            bounds = self.tolerance(inputs, exact, case, *extra)
         else:
             arith = Bounds(model_for(case, numerics or DEFAULT))
             with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

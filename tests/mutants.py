@@ -616,6 +616,47 @@ if cuda_mutant is not None:
             register(cuda_mutant(impl_id, name, define))
 
 
+# --- Gated DeltaNet, the recurrence and the decode step (issue 29) ------------------------------
+#
+# | mutant (gdn_step; _recurrent_: gdn_recurrent) | bug, in torch's step                          |
+# |-----------------------------------------------|-----------------------------------------------|
+# | torch:mutant_gdn_decay_after_update           | S = exp(g)·(S + β(v − S k)kᵀ): the decay after |
+# | torch:mutant_gdn_recurrent_decay_after_update | the update, the delta off the undecayed S     |
+# | torch:mutant_gdn_beta_on_k                    | k·β in place of k, the delta unscaled:        |
+# | torch:mutant_gdn_recurrent_beta_on_k          | S += (v − S βk)(βk)ᵀ (right where β is 0 or 1) |
+
+
+def gdn_decay_after_update(state, q, k, v, g, beta):
+    kr = k[..., None, :]
+    u = (v - (state * kr).sum(-1)) * beta[..., None]
+    state = (state + u[..., None] * kr) * g.exp()[..., None, None]
+    return (state * q[..., None, :]).sum(-1), state
+
+
+def gdn_beta_on_k(state, q, k, v, g, beta):
+    state = state * g.exp()[..., None, None]
+    kb = (k * beta[..., None])[..., None, :]
+    u = v - (state * kb).sum(-1)
+    state = state + u[..., None] * kb
+    return (state * q[..., None, :]).sum(-1), state
+
+
+def _gdn_mutants():
+    from functools import partial
+
+    from gpu_impls.torch.gdn import _recurrent, _step
+
+    for bug, fn in (("decay_after_update", gdn_decay_after_update),
+                    ("beta_on_k", gdn_beta_on_k)):
+        yield Impl("gdn_step", "torch", f"mutant_gdn_{bug}", partial(_step, step=fn))
+        yield Impl("gdn_recurrent", "torch", f"mutant_gdn_recurrent_{bug}",
+                   partial(_recurrent, step=fn))
+
+
+GDN_MUTANTS = tuple(_gdn_mutants())
+register(*(m for m in GDN_MUTANTS if m.id not in _existing))
+
+
 # --- Gated DeltaNet on CUDA (issue 29; gpu_impls/cuda/gdn.py) -----------------------------------
 #
 # | mutant                                     | bug                                             |

@@ -46,7 +46,8 @@ def _qk(inputs, case):
     return per_value_head(q, hv) * scale_of(case), per_value_head(k, hv)
 
 
-def _recurrent(launch, inputs, outputs, case):
+def _recurrent(launch, inputs, outputs, case, step=step):
+    """The token loop; `step`: the step function (a test's mutant may swap it)."""
     import torch
 
     q, k = _qk(inputs, case)
@@ -59,7 +60,7 @@ def _recurrent(launch, inputs, outputs, case):
     return {"o": torch.stack(o, dim=1).to(inputs["v"].dtype), "state": state}
 
 
-def _step(launch, inputs, outputs, case):
+def _step(launch, inputs, outputs, case, step=step):
     q, k = _qk(inputs, case)
     o, state = step(inputs["state_in"], q, k, inputs["v"].float(), inputs["g"], inputs["beta"])
     return {"o": o.to(inputs["v"].dtype), "state_out": state}
