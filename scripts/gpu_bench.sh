@@ -42,6 +42,12 @@
 #     the seed ports, torch SDPA and flex_attention; RoPE at decode (B=1, 32) against torch eager
 #     and torch.compile; then the A/Bs of kp_sdpa_decode against torch SDPA and of kp_rope against
 #     both RoPE baselines, all in `chain`
+#   bash scripts/gpu_bench.sh gdn       issue 29: the check of both CUDA GDN impls, then the decode step
+#     at Qwen3-Next's heads (B=64, Hv=32, K=V=128, bf16; the f32 state read and written: against
+#     the copy ceiling), kp_gdn_step beside torch:gdn_step, and chunk_o (the seed port) at B=1,
+#     T=4096 beside torch, in `chain`; then the A/B of kp_gdn_step against torch:gdn_step.
+#     chunk_o's bench runs --no-verify: its float64 interval oracle takes ~75 s per 256 tokens
+#     at these heads (minutes at 4096); the check before it verifies the kernel on its gate cases
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -165,6 +171,14 @@ attention)
   run ab torch:sdpa cuda:kp_sdpa_decode $A --min-time 0.1
   run ab torch:rope_hf_compiled cuda:kp_rope $R --min-time 0.1
   run ab torch:rope_hf cuda:kp_rope $R --min-time 0.1
+  ;;
+gdn)
+  S="--op gdn_step --preset qwen3-next-b64 --dtype bf16"
+  C="--op gdn_chunk_o --preset qwen3-next-b1-t4096 --dtype bf16"
+  run check --impl cuda:kp_gdn_step,cuda:gdn_chunk_o --show-failures 5
+  run bench $S --impl cuda:kp_gdn_step,torch:gdn_step --mode chain --min-time 0.2
+  run bench $C --impl cuda:gdn_chunk_o,torch:gdn_chunk_o --mode chain --min-time 0.2 --no-verify
+  run ab torch:gdn_step cuda:kp_gdn_step $S --min-time 0.1
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)

@@ -738,3 +738,22 @@ GDN_CHUNK_MUTANTS = (
     Impl("gdn_chunk_h", "torch", "mutant_gdn_h_unscaled_state", gdn_h_unscaled_state),
 )
 register(*(m for m in GDN_CHUNK_MUTANTS if m.id not in _existing))
+
+# --- Gated DeltaNet on CUDA (issue 29; gpu_impls/cuda/gdn.py) -----------------------------------
+#
+# | mutant                                     | bug                                             |
+# |--------------------------------------------|-------------------------------------------------|
+# | cuda:mutant_gdn_chunk_o_exclusive_mask     | chunk_o's causal mask drops the diagonal (i > j, |
+# |                                            | kkt's strict mask, where chunk_o's is i >= j)   |
+# | cuda:mutant_kp_gdn_step_decay_after_update | the step decays the state after the rank-1      |
+# |                                            | update (the delta reads the undecayed state)    |
+
+GDN_CUDA_MUTANTS = (
+    ("cuda:gdn_chunk_o", "mutant_gdn_chunk_o_exclusive_mask", "KPARITY_MUTANT_EXCLUSIVE_MASK"),
+    ("cuda:kp_gdn_step", "mutant_kp_gdn_step_decay_after_update",
+     "KPARITY_MUTANT_DECAY_AFTER_UPDATE"),
+)
+if cuda_mutant is not None:
+    for impl_id, name, define in GDN_CUDA_MUTANTS:
+        if f"cuda:{name}" not in _existing and impl_id in _existing:
+            register(cuda_mutant(impl_id, name, define))
