@@ -8,8 +8,8 @@ CPU sweep runs. The gate (the default sweep, CPU in CI) stays on tiny heads and 
 chunks and a tail), each stage over T in {1, 65, 130}, all three dtypes; chunks of 16 and 32 at
 T = 130, a batch of 4, and every distribution below at T = 65 (bf16). `gdn_chunk_o` adds one
 seed-shaped case (T = 128, bf16: the CUDA port's contract, K = 128 and T % 64 == 0). The model
-presets (labels `bench:qwen3-next`, `bench:seed`: batch 1 and 4, T in {1, 63, 64, 65, 512,
-4096, 16384}, bf16) are bench cases of `gdn_chunk_o` and `gdn_chunked` (`kparity bench --preset
+presets (labels `bench:qwen3-next-b{B}-t{T}`, `bench:seed-b{B}-t{T}`: batch 1 and 4, T in {1,
+63, 64, 65, 512, 4096, 16384}, bf16) are bench cases of `gdn_chunk_o` and `gdn_chunked` (`kparity bench --preset
 qwen3-next`); their float64 oracles take seconds to minutes (the bench's check skips the large
 ones by size). `scripts/gdn_chunked_budget.py` checks the bound on T up to 16384.
 
@@ -96,7 +96,8 @@ def gate(op: str) -> list[Case]:
 
 def presets(op: str) -> list[Case]:
     """The model shapes over the issue's T, batch 1 and 4, bf16 (bench and `--preset`)."""
-    return [case(op, heads, batch, t, "bf16", label=f"bench:{heads[0].split(':')[1]}")
+    return [case(op, heads, batch, t, "bf16",
+                 label=f"bench:{heads[0].split(':')[1]}-b{batch}-t{t}")
             for heads, batch, t in product((QWEN, SEED), (1, 4), PRESET_TOKENS)]
 
 
