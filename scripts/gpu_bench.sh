@@ -178,7 +178,7 @@ gdn)
   run check --impl cuda:kp_gdn_step,cuda:gdn_chunk_o --show-failures 5
   run bench $S --impl cuda:kp_gdn_step,torch:gdn_step --mode chain --min-time 0.2
   run bench $C --impl cuda:gdn_chunk_o,torch:gdn_chunk_o --mode chain --min-time 0.2 --no-verify
-  run ab torch:gdn_step cuda:kp_gdn_step $S --min-time 0.1
+  run ab torch:gdn_step cuda:kp_gdn_step --preset qwen3-next-b64 --dtype bf16 --min-time 0.1
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)
