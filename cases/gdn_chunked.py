@@ -9,13 +9,13 @@ chunks and a tail), each stage over T in {1, 65, 130}, all three dtypes; chunks 
 T = 130, a batch of 4, and every distribution below at T = 65 (bf16). `gdn_chunk_o` adds one
 seed-shaped case (T = 128, bf16: the CUDA port's contract, K = 128 and T % 64 == 0). The model
 presets (labels `bench:qwen3-next-b{B}-t{T}`, `bench:seed-b{B}-t{T}`: batch 1 and 4, T in {1,
-63, 64, 65, 512, 4096, 16384}, bf16) are bench cases of `gdn_chunk_o` and `gdn_chunked` (`kparity bench --preset
-qwen3-next`); their float64 oracles take seconds to minutes (the bench's check skips the large
+63, 64, 65, 512, 4096, 16384}, bf16) are bench cases of `gdn_chunk_o` and `gdn_chunked`
+(`kparity bench --preset qwen3-next`); their float64 oracles take seconds to minutes (the bench's check skips the large
 ones by size). `scripts/gdn_chunked_budget.py` checks the bound on T up to 16384.
 
-Raw inputs (`draw_raw`; the stage ops' inputs are the pipeline's stored intermediates on them,
-`oracle.gdn_chunked.make_stage_inputs`): q, k, v from the case's distribution (`outlier_rows`,
-`tiny`, ...); with `l2norm` q and k as drawn (the op normalises them), without it unit rows (a
+Raw inputs (`oracle.gdn_chunked.RAW_INPUTS`, drawn by these inits; the stage ops' inputs are
+the pipeline's stored intermediates on them, `oracle.gdn_chunked.make_stage_inputs`): q, k, v
+from the case's distribution (`outlier_rows`, `tiny`, ...); with `l2norm` q and k as drawn (the op normalises them), without it unit rows (a
 caller that normalised upstream: unnormalised keys with beta ‖k‖² > 2 make the recurrence
 expand). The log-decay g by param `decay`: `mixed` (−|g| log-uniform on [1e-4, 20]: gates from
 2e-9 to 0.9999), `near_one` ([1e-4, 1e-3]: the state remembers ~10^4 tokens) or `near_zero`
@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from itertools import product
 
-import cases.gdn  # noqa: F401  the inits draw_raw uses
-from cases.inits import call_init
+import cases.gdn  # noqa: F401  the inits the raw inputs use
 from cases.model import Case
 from cases.registry import bench_cases, gate_cases
 from oracle.dtypes import FLOAT_DTYPES
@@ -50,20 +49,6 @@ DISTS = (("decay-near-one", {"decay": "near_one"}), ("decay-near-zero", {"decay"
 
 
 # --- raw inputs ----------------------------------------------------------------------------------
-
-def draw_raw(case, rng) -> dict:
-    """q, k, v, g, beta, h0 (float64) for `case` by `cases/gdn.py`'s inits (module docstring),
-    in that order from `rng`."""
-    d = case.dims
-    b, t, hk, hv, dk, dv = (d[n] for n in ("batch", "tokens", "heads_k", "heads_v", "dim_k",
-                                           "dim_v"))
-    shapes = (("q", "gdn_qk", (b, t, hk, dk)), ("k", "gdn_qk", (b, t, hk, dk)),
-              ("v", "data", (b, t, hv, dv)), ("g", "gdn_log_decay", (b, t, hv)),
-              ("beta", "gdn_beta", (b, t, hv)), ("h0", "gdn_state", (b, hv, dv, dk)))
-    dtypes = {"q": case.dtype, "k": case.dtype, "v": case.dtype}
-    return {name: call_init(init, shape, dtypes.get(name, "f32"), rng, case, {}, case.dist)
-            for name, init, shape in shapes}
-
 
 # --- cases ---------------------------------------------------------------------------------------
 

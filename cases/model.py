@@ -166,15 +166,19 @@ def _param(op: str, name: str, value):
 
 
 def make_inputs(case: Case) -> dict[str, np.ndarray]:
-    """Deterministic inputs for `case`, each in its storage dtype: the op's own `make_inputs`
-    if it has one, else each tensor's init in declaration order from one generator seeded by the
-    case id (`cases/inits.py`); then the op's `plant`."""
+    """Deterministic inputs for `case`, each in its storage dtype: each tensor's init in
+    declaration order from one generator seeded by the case id (`cases/inits.py`), or, for an
+    op with its own `make_inputs`, its `raw_inputs` drawn so and the inputs derived from them;
+    then the op's `plant`."""
     from cases.inits import draw_tensor, stored
 
     rng = np.random.default_rng(int(case.id, 16))
     spec = case.spec
     if spec.make_inputs is not None:
-        drawn = spec.make_inputs(case, rng)
+        raw: dict = {}
+        for t in spec.raw_inputs:
+            raw[t.name] = draw_tensor(t, case, rng, raw)
+        drawn = spec.make_inputs(case, raw)
         names = [t.name for t in spec.inputs]
         if set(drawn) != set(names):
             raise ValueError(f"op {case.op}: make_inputs returned {sorted(drawn)}, the op's "

@@ -164,12 +164,13 @@ def kkt_stage(k: np.ndarray, beta: np.ndarray, gc: np.ndarray, c: int) -> np.nda
 
 def forward_inverse(a: np.ndarray) -> np.ndarray:
     """(I + L)^-1 for L = the strictly lower part of a [..., C, C], by forward substitution in
-    float64 (row i = e_i − L[i, :i] @ X[:i])."""
+    float64 (row i = e_i − L[i, :i] @ X[:i, :i]); the upper part stays exactly 0, as in HF's
+    and FLA's substitution (a NaN in L reaches only the entries that read it)."""
     c = a.shape[-1]
     low = np.tril(a, -1)
     x = np.zeros_like(low)
     for i in range(c):
-        x[..., i, :] = -np.einsum("...j,...jk->...k", low[..., i, :i], x[..., :i, :])
+        x[..., i, :i] = -np.einsum("...j,...jk->...k", low[..., i, :i], x[..., :i, :i])
         x[..., i, i] = 1.0
     return x
 
@@ -330,13 +331,22 @@ def oracle_chunked(inputs, case):
 RAW = ("q", "k", "v", "g", "beta", "h0")
 
 
-def make_stage_inputs(case, rng) -> dict:
-    """The op's inputs: raw GDN inputs drawn by the case layer (`cases/gdn_chunked.py`), then
-    the pipeline's stored intermediates up to the stage before this op, so every stage sees what
-    its predecessor stores (a strictly lower A, a unit lower-triangular Ai, consistent w, u)."""
-    from cases.gdn_chunked import draw_raw  # the case layer draws; the oracle derives
+# The raw inputs every stage's inputs derive from, drawn by the case layer (`cases/gdn.py`'s
+# inits: gdn_qk for q and k, the distribution's data for v, the decay, beta and state inits)
+RAW_INPUTS = (TensorSpec("q", Q, init="gdn_qk"),
+              TensorSpec("k", Q, init="gdn_qk"),
+              TensorSpec("v", V, init="data"),
+              TensorSpec("g", G, role="f32", init="gdn_log_decay"),
+              TensorSpec("beta", G, role="f32", init="gdn_beta"),
+              TensorSpec("h0", STATE, role="f32", init="gdn_state"))
 
-    raw = draw_raw(case, rng)
+
+def make_stage_inputs(case, raw: dict) -> dict:
+    """The op's inputs from the raw GDN inputs (`RAW_INPUTS`, drawn and stored by the case
+    layer): the pipeline's stored intermediates up to the stage before this op, so every stage
+    sees what its predecessor stores (a strictly lower A, a unit lower-triangular Ai,
+    consistent w, u)."""
+    raw = {name: np.asarray(value, dtype=np.float64) for name, value in raw.items()}
     spec = case.spec
     names = [t.name for t in spec.inputs]
     if set(names) <= set(RAW):
@@ -649,6 +659,10 @@ def chunk_h_bound(inputs, exact, case):
     h_err = np.empty(hs.shape)
     vn_err = np.empty(v_new.shape)
     g_k, g_c = gamma(dk + 1), gamma(c + 1)
+    # every f32 operation may also err by a subnormal's half spacing (a flush under ftz): per
+    # chunk, a v_new element sees 2K + 2 of them, a state element 2C + 2
+    sub = TINY32 if case.params.get("ftz") else SUB32
+    sub_v, sub_s = (2 * dk + 2) * sub, (2 * c + 2) * sub
     for n in range(nt):
         s = hs[:, n]
         hn = round_to(s, dtype).astype(np.float64)
@@ -660,10 +674,12 @@ def chunk_h_bound(inputs, exact, case):
         d_rel = EXP_REL + 2.0 * U * np.abs(x_d) + U
         decay = np.exp(g_last)[:, :, None, None]
         decay_err = decay * np.abs(s) * (EXP_REL + 2.0 * U * np.abs(g_last)[:, :, None, None] + U)
-        dots = g_k * (np.abs(uc[:, n]) + np.einsum("bihk,bhvk->bihv", aw[:, n], np.abs(hn)))
+        dots = g_k * (np.abs(uc[:, n]) + np.einsum("bihk,bhvk->bihv", aw[:, n], np.abs(hn))) \
+            + sub_v
         vdec = v_new[:, n] * d[..., None]
         vdec_own = np.abs(vdec) * d_rel[..., None]
-        accum = g_c * (decay * np.abs(s) + np.einsum("bihv,bihk->bhvk", np.abs(vdec), kc[:, n]))
+        accum = g_c * (decay * np.abs(s) + np.einsum("bihv,bihk->bhvk", np.abs(vdec), kc[:, n])) \
+            + sub_s
         # linear: flips charged everywhere, ε through M_n
         flips_h = np.einsum("bihk,bhvk->bihv", aw[:, n], spacing(s, dtype))
         vn_lin = flips_h + dots
@@ -675,7 +691,9 @@ def chunk_h_bound(inputs, exact, case):
         m = decay * np.eye(dk) - np.einsum("bihk,bihl->bhkl", d[..., None] *
                                                    chunked(per_value_head(x["k"], hv), c)[:, n],
                                                    wc[:, n])
-        rho = np.linalg.norm(m, ord=2, axis=(-2, -1))  # [B, Hv]
+        finite = np.isfinite(m).all(axis=(-2, -1))  # a non-finite map: no bound (SVD fails)
+        rho = np.where(finite, np.linalg.norm(np.where(finite[..., None, None], m, 0.0), ord=2,
+                                              axis=(-2, -1)), np.inf)  # [B, Hv]
         # element-wise: roundings absorb errors that do not reach a midpoint
         jh = _reach(s, e_use, dtype)
         vn_int = np.einsum("bihk,bhvk->bihv", aw[:, n], jh) + dots
@@ -981,11 +999,17 @@ def chunked_bound(inputs, exact, case):
     x = kernel_view(inputs, case)
     o_true, s_true = recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], x["h0"],
                                scale_of(case), l2=case.params["l2norm"], eps=L2NORM_EPS)
+    # B is first order in relative errors: a subnormal's absolute half spacing (a flush under
+    # ftz) per f32 operation, counted generously (every operation of every chunk, times C for
+    # what Ai's rows may gather), bounds what underflow adds
+    c, dk, dv = case.params["chunk"], case.dims["dim_k"], case.dims["dim_v"]
+    sub = (TINY32 if case.params.get("ftz") else SUB32) * (2 * (c + dk + dv) + 8) * c * \
+        n_chunks(case.dims, case.params)
     model = Model()
-    return {"o": store_bound(Val(exact["o"], b["o"] + np.abs(exact["o"] - o_true), model),
+    return {"o": store_bound(Val(exact["o"], b["o"] + np.abs(exact["o"] - o_true) + sub, model),
                              case.dtype),
-            "state": store_bound(Val(exact["state"], b["state"] + np.abs(exact["state"] - s_true),
-                                     model), "f32")}
+            "state": store_bound(Val(exact["state"], b["state"] + np.abs(exact["state"] - s_true)
+                                     + sub, model), "f32")}
 
 
 # --- the ops -------------------------------------------------------------------------------------
@@ -995,7 +1019,10 @@ def _op(name, inputs, outputs, oracle, doc, chain_input, kernel=None, tolerance=
         name=name, family="gdn", dims=DIMS, inputs=inputs, outputs=outputs, oracle=oracle,
         tolerance=tolerance, kernel=kernel, bytes=_io_bytes, flops=_flops(name), params=PARAMS,
         param_values=PARAM_VALUES, doc=doc, chain_input=chain_input, domain=check_domain,
-        make_inputs=make_stage_inputs))
+        make_inputs=make_stage_inputs, raw_inputs=RAW_INPUTS,
+        # an infinite input meets others of both signs in the dots and the solve: whether an
+        # output ends ±inf or NaN depends on the order of the additions
+        inf_may_be_nan=True))
 
 
 def register_all() -> None:

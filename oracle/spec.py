@@ -158,10 +158,13 @@ class OpSpec:
     # Dtype roles beyond "T" and fixed dtypes, each with its default: a dtype name or "T" (e.g.
     # {"kv": "T"}: the KV cache in the activation dtype unless the case says {"kv": "e4m3"}).
     roles: Mapping[str, str] = field(default_factory=dict)
-    # Set: `make_inputs(case, rng)` returns every input (name -> float64 values, rounded to the
-    # tensor's dtype, or an array already in its storage dtype, kept as is), replacing the
-    # per-tensor inits (`cases.model.make_inputs`; `plant` still applies after).
-    make_inputs: Callable[[object, object], dict] | None = None
+    # Set: `make_inputs(case, raw)` derives every input (name -> float64 values, rounded to the
+    # tensor's dtype, or an array already in its storage dtype, kept as is) from `raw`, the
+    # tensors of `raw_inputs` drawn by the case layer's inits (`cases.model.make_inputs`, in
+    # order, one generator; `plant` still applies after): e.g. a pipeline stage's inputs as the
+    # stages before it store them (`oracle/gdn_chunked.py`).
+    make_inputs: Callable[[object, dict], dict] | None = None
+    raw_inputs: tuple = ()
     # Set: the op is this `oracle.pipeline.Pipeline` (stages of registered ops), whose staged
     # impls the runner checks stage by stage.
     pipeline: object | None = None
