@@ -159,28 +159,29 @@ def test_adversarial_on_an_init_without_a_distribution_is_refused(registries):
         make_inputs(Case.make("toy_bad_adv", {"rows": 2, "n": 4}, "f32", "tiny"))
 
 
-def test_an_op_may_draw_its_inputs_whole_and_plant_still_applies(registries):
-    """`OpSpec.make_inputs(case, rng)` replaces the per-tensor inits (here: keys L2-normalised
-    per row, drawn with the usual init for the rest); `plant` runs after it; a missing or
-    extra name is refused."""
+def test_an_op_may_derive_its_inputs_from_raw_draws_and_plant_still_applies(registries):
+    """`OpSpec.make_inputs(case, raw)` derives the inputs from the tensors of `raw_inputs`,
+    which the case layer draws by their inits (here: keys L2-normalised per row, v as drawn);
+    `plant` runs after it; a missing or extra name is refused."""
 
-    def whole(case, rng):
-        k = rng.standard_normal((case.dims["rows"], case.dims["n"]))
-        drawn = {"k": k / np.linalg.norm(k, axis=-1, keepdims=True)}
-        drawn["v"] = inits_mod.draw_tensor(spec.inputs[1], case, rng, drawn)
-        return drawn
+    def whole(case, raw):
+        k = raw["k_raw"].astype(np.float64)
+        return {"k": k / np.linalg.norm(k, axis=-1, keepdims=True), "v": raw["v"]}
 
     def plant(inputs, case):
         return {**inputs, "v": inputs["v"].copy() * 0}
 
     spec = registries(_op("toy_whole", (TensorSpec("k", ROWS_N), TensorSpec("v", ROWS_N)),
-                          make_inputs=whole, plant=plant))
-    got = make_inputs(Case.make("toy_whole", {"rows": 4, "n": 64}, "f32", seed=2))
+                          make_inputs=whole, plant=plant,
+                          raw_inputs=(TensorSpec("k_raw", ROWS_N), TensorSpec("v", ROWS_N))))
+    case = Case.make("toy_whole", {"rows": 4, "n": 64}, "f32", seed=2)
+    got = make_inputs(case)
     np.testing.assert_allclose(np.linalg.norm(got["k"].astype(np.float64), axis=-1), 1, rtol=1e-6)
     assert got["k"].dtype == np.float32 and np.all(got["v"] == 0)
+    assert spec.raw_inputs[0].name == "k_raw"
 
     registries(_op("toy_missing", (TensorSpec("k", ROWS_N), TensorSpec("v", ROWS_N)),
-                   make_inputs=lambda case, rng: {"k": np.zeros((1, 1))}))
+                   make_inputs=lambda case, raw: {"k": np.zeros((1, 1))}))
     with pytest.raises(ValueError, match=r"make_inputs returned \['k'\], the op's inputs are "
                                          r"\['k', 'v'\]"):
         make_inputs(Case.make("toy_missing", {"rows": 1, "n": 1}, "f32"))
