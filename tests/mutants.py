@@ -161,10 +161,18 @@ try:
     from gpu_impls.cuda._module import mutant as cuda_mutant
 except ImportError:  # the CUDA impls are optional for the CPU tests
     cuda_mutant = None
-if cuda_mutant is not None:
-    for impl_id, name, define in CUDA_MUTANTS:
+
+
+def register_cuda_mutants(table) -> None:
+    """Each (impl id, mutant name, -D define) of `table` as a recompiled copy of the impl, where
+    CuPy is here and the impl is registered (and the mutant not yet)."""
+    if cuda_mutant is None:
+        return
+    for impl_id, name, define in table:
         if f"cuda:{name}" not in _existing and impl_id in _existing:
             register(cuda_mutant(impl_id, name, define))
+
+register_cuda_mutants(CUDA_MUTANTS)
 
 
 # --- rms_norm_qgemv (fused RMSNorm + quantized GEMV) ------------------------------------------
@@ -216,10 +224,7 @@ RMS_QGEMV_CUDA_MUTANTS = tuple(
                          ("ffai_rms_norm_qgemv_int8_fast", "mutant_rms_qgemv_int8")))
 
 register(*(m for m in RMS_QGEMV_CPU_MUTANTS if m.id not in _existing))
-if cuda_mutant is not None:
-    for impl_id, name, define in RMS_QGEMV_CUDA_MUTANTS:
-        if f"cuda:{name}" not in _existing and impl_id in _existing:
-            register(cuda_mutant(impl_id, name, define))
+register_cuda_mutants(RMS_QGEMV_CUDA_MUTANTS)
 
 
 # --- declared reduction order: bounds that bite (issue 24 item 6) -----------------------------
@@ -431,10 +436,7 @@ ISSUE27_CUDA_MUTANTS = (
     ("cuda:kv_cache_update", "mutant_kv_update_one_off",
      "KPARITY_MUTANT_KV_SLOT_OFF_BY_ONE"),
 )
-if cuda_mutant is not None:
-    for impl_id, name, define in ISSUE27_CUDA_MUTANTS:
-        if f"cuda:{name}" not in _existing and impl_id in _existing:
-            register(cuda_mutant(impl_id, name, define))
+register_cuda_mutants(ISSUE27_CUDA_MUTANTS)
 
 # --- attention (issue 27) ---------------------------------------------------------------------
 #
@@ -580,10 +582,7 @@ KP_ATTENTION_MUTANTS = (
     ("cuda:kp_sdpa_decode", "mutant_kp_sdpa_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
     ("cuda:kp_attn_combine", "mutant_kp_combine_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
 )
-if cuda_mutant is not None:
-    for impl_id, name, define in KP_ATTENTION_MUTANTS:
-        if f"cuda:{name}" not in _existing and impl_id in _existing:
-            register(cuda_mutant(impl_id, name, define))
+register_cuda_mutants(KP_ATTENTION_MUTANTS)
 
 
 # --- FFAI decode attention on CUDA (issue 27) ----------------------------------------------------
@@ -610,10 +609,7 @@ FFAI_MUTANTS = (
     ("cuda:sdpa_decode_2pass", "mutant_2pass_gqa_modulo", "KPARITY_MUTANT_GQA_MOD"),
     ("cuda:sdpa_decode_2pass_pass2", "mutant_pass2_no_rescale", "KPARITY_MUTANT_NO_RESCALE"),
 )
-if cuda_mutant is not None:
-    for impl_id, name, define in FFAI_MUTANTS:
-        if f"cuda:{name}" not in _existing and impl_id in _existing:
-            register(cuda_mutant(impl_id, name, define))
+register_cuda_mutants(FFAI_MUTANTS)
 
 
 # --- Gated DeltaNet, the recurrence and the decode step (issue 29) ------------------------------
@@ -753,7 +749,4 @@ GDN_CUDA_MUTANTS = (
     ("cuda:kp_gdn_step", "mutant_kp_gdn_step_decay_after_update",
      "KPARITY_MUTANT_DECAY_AFTER_UPDATE"),
 )
-if cuda_mutant is not None:
-    for impl_id, name, define in GDN_CUDA_MUTANTS:
-        if f"cuda:{name}" not in _existing and impl_id in _existing:
-            register(cuda_mutant(impl_id, name, define))
+register_cuda_mutants(GDN_CUDA_MUTANTS)
