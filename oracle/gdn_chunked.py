@@ -790,13 +790,16 @@ def confidence_factor(n: int, failure: float = 1e-6) -> float:
     return float(np.sqrt(2.0 * np.log(2.0 * max(int(n), 1) / failure)))
 
 
-def token_states(s, v_new, k, q, gc) -> dict:
+def token_states(s, v_new, k, q, gc, k_weight=None, q_weight=None) -> dict:
     """Per token t of every chunk (arrays [B, NT, C, Hv, V]): "after" ‖s_t‖ (the state after
     token t, e^{gc_t} s_n + Σ_{j<=t} e^{gc_t − gc_j} v_new_j k_jᵀ, exact in the WY form),
     "before" ‖s_{t−1}‖, "ks"
     Σ_k k_tk² s_{t−1}[v, k]² and "qs" Σ_k q_tk² s_t[v, k]². From s [B, NT, Hv, V, K] (before each
     chunk), v_new [B, NT, C, Hv, V], k and q [B, NT, C, Hv, K], gc [B, NT, C, Hv]; one chunk at a
-    time (C·V·K values per head)."""
+    time (C·V·K values per head). `k_weight`, `q_weight` (default |k|, |q|): the per-element
+    weights "ks" and "qs" take instead of k and q."""
+    k_weight = k if k_weight is None else k_weight
+    q_weight = q if q_weight is None else q_weight
     out = {name: np.empty(v_new.shape) for name in ("after", "before", "ks", "qs")}
     causal = CAUSAL(k.shape[2])
     for n in range(k.shape[1]):
@@ -806,8 +809,8 @@ def token_states(s, v_new, k, q, gc) -> dict:
         before = np.concatenate([s[:, n][:, None], st[:, :-1]], axis=1)
         out["after"][:, n] = np.sqrt(np.sum(st ** 2, axis=-1))
         out["before"][:, n] = np.sqrt(np.sum(before ** 2, axis=-1))
-        out["ks"][:, n] = np.einsum("bihk,bihvk->bihv", k[:, n] ** 2, before ** 2)
-        out["qs"][:, n] = np.einsum("bihk,bihvk->bihv", q[:, n] ** 2, st ** 2)
+        out["ks"][:, n] = np.einsum("bihk,bihvk->bihv", k_weight[:, n] ** 2, before ** 2)
+        out["qs"][:, n] = np.einsum("bihk,bihvk->bihv", q_weight[:, n] ** 2, st ** 2)
     return out
 
 
@@ -875,6 +878,10 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     c, t, hv, dk = p["chunk"], dims["tokens"], dims["heads_v"], dims["dim_k"]
     ut = half_ulp_rel(dtype)
     d_l2 = (ut + gamma(dk) / 2.0 + 6.0 * U) if p["l2norm"] else 0.0
+    # a T store errs by ut |x|, or among T's subnormals by half their spacing h_T (an impl may
+    # keep the value in f32 where the composition's store flushes it: f16 `tiny` inputs)
+    h_t = 0.5 * float(spacing(np.zeros(1), dtype)[0])
+    tq = lambda a: ut * np.abs(a) + h_t  # noqa: E731
     g_k, g_c = gamma(dk), gamma(c)
     sq = np.square
     mix = lambda tile, y: np.einsum("bnihj,bnjhk->bnihk", tile, y)  # noqa: E731
@@ -909,12 +916,11 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     kk = np.einsum("bnihk,bnjhk->bnihj", np.abs(kc), np.abs(kc))
     b_a = (bc[..., None] * decay_tile(gcc, STRICT(c)) * kk * (g_k + ut)
            + a_abs * (d_e + 3 * U) * strict)  # kβ may be held in T (FLA's tensor cores)
-    b_kb = np.abs(kb) * (ut + _rel_exp(gcc, gc_err) + 3 * U)[..., None]
-    b_vb = np.abs(vb) * (ut + U)
+    b_kb = np.abs(kb) * (ut + _rel_exp(gcc, gc_err) + 3 * U)[..., None] + h_t
+    b_vb = np.abs(vb) * (ut + U) + h_t
 
     # --- sensitivities --------------------------------------------------------------------------
     ks2 = ws(sq(b_kb), s2)  # Σ_k b_kb² s² [B, NT, C, Hv, V]
-    ws2 = ws(sq(w), s2)
     # v_new's worst-case f32 errors (dots, the solve, X's dots), one term per element
     lower = np.eye(c)[None, None, :, None, :] + a_abs
     ax = np.abs(x)
@@ -923,7 +929,11 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
               + g_c * mix(ax, ws(np.abs(kb), np.abs(s)) + np.abs(vb)))
 
     # --- the state: the chunk's proxy L_n per row, then R_n across chunks -------------------------
-    tok = token_states(s, vn, kc, qc, gcc)
+    # q̂, k̂ stored in T: an element errs by δ_l2 |x| or, among T's subnormals, by half their
+    # spacing: the weights |x| + h / δ_l2 (so δ_l2² weight² covers (δ_l2 |x| + h)²)
+    h = 0.5 * float(spacing(np.zeros(1), dtype)[0]) / d_l2 if d_l2 else 0.0
+    k_w, q_w = np.abs(kc) + h, np.abs(qc) + h
+    tok = token_states(s, vn, kc, qc, gcc, k_w, q_w)
     expand = np.log(np.maximum(1.0, np.abs(1.0 - bc * k_norm2))) * ok[None, :, :, None]
     rho_i = np.exp(gcc + np.cumsum(expand, axis=2))  # [B, NT, C, Hv]: through token i
     grow2 = sq(np.maximum(1.0, rho_i.max(axis=2)))[..., None]  # [B, NT, Hv, 1]
@@ -933,7 +943,7 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     # isotropic (<= v_new² max D, through the rest of the chunk at most grow²), the second a
     # column β_t e^{g_t} k_t carried exactly to the chunk's end and to each later o_i
     g_tok = chunked(comp["g"], c)
-    l2_iso = 2 * d_l2 ** 2 * sq(kc).max(axis=-1)[..., None] * sq(vn)  # [B, NT, C, Hv, V]
+    l2_iso = 2 * d_l2 ** 2 * sq(k_w).max(axis=-1)[..., None] * sq(vn)  # [B, NT, C, Hv, V]
     l2_w = 2 * d_l2 ** 2 * tok["ks"]  # the column's weight sᵀ D s [B, NT, C, Hv, V]
     l2_cols, l2_o = _through_chunk(bc * np.exp(g_tok), kc, qc, bc, g_tok)
     accum = g_c * (decay * np.abs(s) + np.einsum("bnihv,bnihk->bnhvk", np.abs(vdec),
@@ -949,9 +959,10 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     cols = np.concatenate([z, kt, g_mat, l2_cols], axis=-1)  # [B, NT, Hv, K, 3C + K]
     weights = np.concatenate([
         per_row(ks2 + sq(b_vb)) + np.einsum("bnihj,bnjhv->bnhvi", sq(b_a), sq(vn)),  # Z_i
-        per_row(sq(d)[..., None] * (sq(ut) * (mix(sq(x), sq(y)) + ws2 + sq(u)) + sq(f32_vn))
-                + sq(ut) * sq(vdec) + sq(vdec_f32)),  # k_i (d_i k_i's folded in)
-        sq(ut) * s2, per_row(l2_w)], axis=-1)  # [B, NT, Hv, V, 3C + K]
+        per_row(sq(d)[..., None] * (mix(sq(tq(x)), sq(y)) + ws(sq(tq(w)), s2) + sq(tq(u))
+                                    + sq(f32_vn))
+                + sq(tq(vdec)) + sq(vdec_f32)),  # k_i (d_i k_i's folded in)
+        sq(tq(np.sqrt(s2))), per_row(l2_w)], axis=-1)  # [B, NT, Hv, V, 3C + K]
     diag = sq(accum + decay_err) + (grow2 * l2_iso.sum(axis=2))[..., None]  # [B,NT,Hv,V,K]
     m_chunk = decay * np.eye(dk) - g_mat  # the chunk's transition [B, NT, Hv, K, K]
     causal = CAUSAL(c)
@@ -960,14 +971,14 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     # o_i sees the state before its chunk through m_i = M_{<=i}ᵀ q_i = e^{gc_i} q_i − Σ_j M_ij w_j
     m_q = np.exp(gcc)[..., None] * qc - mix(m, w)  # [B, NT, C, Hv, K]
     if np.prod(s.shape) * dk * (2 * dk + cols.shape[-1]) <= COVARIANCE_WORK:
-        carried, state2 = _carried_covariance(cols, weights, diag, m_chunk, m_q, sq(ut) * s2)
+        carried, state2 = _carried_covariance(cols, weights, diag, m_chunk, m_q, sq(tq(np.sqrt(s2))))
     else:
-        carried, state2 = _carried_shared(cols, weights, diag, m_chunk, m_q, sq(ut) * s2)
+        carried, state2 = _carried_shared(cols, weights, diag, m_chunk, m_q, sq(tq(np.sqrt(s2))))
 
     # --- the output -----------------------------------------------------------------------------
     pm = np.einsum("bnihl,bnlhj->bnihj", m, x)  # P = M X
     qk = np.einsum("bnihk,bnjhk->bnihj", np.abs(qc), np.abs(kc))
-    b_m = (ut * np.abs(m) + e_causal * qk * (U + g_k)
+    b_m = (tq(m) + e_causal * qk * (U + g_k)
            + np.abs(m) * (d_e * causal[None, None, :, None, :] + 2 * U))
     eg = np.exp(gcc)[..., None]
     inter = eg * np.abs(ws(qc, s))
@@ -976,8 +987,8 @@ def truth_bound(inputs, case, comp: dict | None = None) -> dict:
     o2 = (carried
           + mix(sq(pm), ks2 + sq(b_vb))
           + mix(sq(pm), mix(sq(b_a), sq(vn)))
-          + sq(ut) * mix(sq(m), mix(sq(x), sq(y)))
-          + sq(ut) * mix(sq(m), ws2 + sq(u) + sq(vn))
+          + mix(sq(m), mix(sq(tq(x)), sq(y)))
+          + mix(sq(m), ws(sq(tq(w)), s2) + sq(tq(u)) + sq(tq(vn)))
           + mix(sq(b_m), sq(vn))
           + mix(sq(m), sq(f32_vn))
           + sq(f32_inter) + sq(g_c * mv) + sq(3 * U * (inter + mv))
