@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.decode import DecodeTiming, PrefillTiming
+from models.decode import DecodeTiming, PrefillTiming, decode_timing
 from models.plan import ModelError
 
 TORCH_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
@@ -154,12 +154,7 @@ class HFArm:
             raise ModelError(f"{self.name}: {len(ids)} tokens leave no step after {warmup} "
                              "warm-up steps")
         samples = self._decode(ids, keep=False)[1][warmup:]
-        # "inclusive": deciles within the samples (the default extrapolates on few samples)
-        q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 \
-            else samples * 9
-        median = statistics.median(samples)
-        return DecodeTiming(self.name, self.device, self.dtype, len(samples), warmup, median,
-                            q[0], q[-1], 1e3 / median, tuple(samples))
+        return decode_timing(self.name, self.device, self.dtype, samples, warmup)
 
     def time_batch(self, ids, warmup: int = WARMUP) -> DecodeTiming:
         """`time` over `ids` [batch, T]: a token of every sequence per step; tokens/s summed
@@ -169,11 +164,7 @@ class HFArm:
             raise ModelError(f"{self.name}: a batch is [batch, T] ids with {warmup} < T <= "
                              f"{self.max_len}, got shape {ids.shape}")
         samples = self._decode(ids, keep=False)[1][warmup:]
-        q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 \
-            else samples * 9
-        median = statistics.median(samples)
-        return DecodeTiming(self.name, self.device, self.dtype, len(samples), warmup, median,
-                            q[0], q[-1], len(ids) * 1e3 / median, tuple(samples), len(ids))
+        return decode_timing(self.name, self.device, self.dtype, samples, warmup, len(ids))
 
     def time_eager(self, ids):
         """None: `time` is the arm's own way (the compiled arm's graphs are inductor's)."""

@@ -914,12 +914,21 @@ def time_decode(decoder: Decoder, tokens, warmup: int = 3, prefill: int = 0) -> 
         decoder.synchronize(decoder.forward(p))
         if p - prefill >= warmup:
             samples.append((time.perf_counter() - t0) * 1e3)
-    q = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
-    median = statistics.median(samples)
     devices = sorted({b.device() for b in decoder.backends.values()})
-    return DecodeTiming(decoder.plan.name, ", ".join(devices), decoder.dtype, len(samples),
-                        warmup, median, q[0], q[-1], decoder.batch * 1e3 / median,
-                        tuple(samples), decoder.batch)
+    return decode_timing(decoder.plan.name, ", ".join(devices), decoder.dtype, samples, warmup,
+                         decoder.batch)
+
+
+def decode_timing(plan: str, device: str, dtype: str, samples: list[float], warmup: int,
+                  batch: int = 1) -> DecodeTiming:
+    """A `DecodeTiming` of per-step milliseconds `samples`: the median, and the 10th and 90th
+    percentiles within the samples ("inclusive": the default method extrapolates beyond them
+    on few samples, a negative 10th percentile on four)."""
+    q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 \
+        else list(samples) * 9
+    median = statistics.median(samples)
+    return DecodeTiming(plan, device, dtype, len(samples), warmup, median, q[0], q[-1],
+                        batch * 1e3 / median, tuple(samples), batch)
 
 
 @dataclass(frozen=True)

@@ -316,3 +316,15 @@ def test_a_batch_refuses_a_prefill_and_the_wrong_shape(weights):
         dec.load(np.stack([TOKENS, TOKENS]), prefill=2)
     with pytest.raises(ModelError, match="batch=0"):
         Decoder(weights, "reference", "bf16", MAX_LEN, batch=0)
+
+
+def test_decode_timing_deciles_lie_within_the_samples():
+    """Four noisy steps (a CI run's): the default quantile method put the 10th percentile at
+    -1.14 ms; the deciles are the samples' own, inclusive."""
+    from models.decode import decode_timing
+
+    samples = [1.7728859966155142, 38.35182899638312, 48.16330800531432, 7.592374000523705]
+    t = decode_timing("torch", "cpu", "bf16", samples, warmup=2)
+    assert min(samples) <= t.p10_ms <= t.ms_per_token <= t.p90_ms <= max(samples)
+    assert t.tokens_per_s == pytest.approx(1e3 / t.ms_per_token) and t.batch == 1
+    assert decode_timing("x", "cpu", "bf16", [2.0], 0, batch=8).tokens_per_s == 4e3
