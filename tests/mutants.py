@@ -750,3 +750,15 @@ GDN_CUDA_MUTANTS = (
      "KPARITY_MUTANT_DECAY_AFTER_UPDATE"),
 )
 register_cuda_mutants(GDN_CUDA_MUTANTS)
+
+# --- Gated DeltaNet's intra-chunk stages on CUDA (issue 29; gpu_impls/cuda/gdn_intra.py) --------
+#
+# | mutant                            | bug                                                     |
+# |-----------------------------------|---------------------------------------------------------|
+# | cuda:mutant_kp_gdn_kkt_decay_sign | kkt's decay applied as exp(gc_j − gc_i): the ratio      |
+# |                                   | inverted (>= 1 below the diagonal, inf on overflow)     |
+
+GDN_INTRA_CUDA_MUTANTS = (
+    ("cuda:kp_gdn_kkt", "mutant_kp_gdn_kkt_decay_sign", "KPARITY_MUTANT_DECAY_SIGN"),
+)
+register_cuda_mutants(GDN_INTRA_CUDA_MUTANTS)
