@@ -26,7 +26,7 @@ Contracts (the real limits only): kkt and wy read k 4 elements at a time (K % 4 
 likewise (V % 4 == 0); kkt's dynamic shared memory, (max(K, C)·(C + 4) + 2C) floats (the k
 tile, transposed, then the dot matrix in the same bytes, and a chunk's gc and beta), must fit
 the per-block opt-in limit of sm_90 (227 KiB: K <= 852 at C = 64); over 48 KiB the launch
-opts in. solve and wy use static shared memory within 48 KiB at every C (34.8 and 33.3 KiB at
+opts in. solve and wy use static shared memory within 48 KiB at every C (34816 and 34048 bytes at
 C = 64), whatever K and V. Hv % Hk == 0 is the op's domain.
 
 Numerics: the default (sums in any order; CUDA's expf within 2 ULPs; CuPy's -ftz=true, which

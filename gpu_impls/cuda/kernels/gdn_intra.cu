@@ -35,7 +35,7 @@
 //           -sum_{j <= m < i} L[i, m] X[m, j] in ascending m. Each thread holds one 4 x 4 tile of
 //           X in registers (the lower triangle's tiles packed, as kkt's); row m + 1 is final
 //           after step m and its owners publish it to shared memory for step m + 1. Static
-//           shared memory: 2 C (C + 4) floats (34.8 KiB at C = 64).
+//           shared memory: 2 C (C + 4) floats (34816 bytes at C = 64).
 //   wy      grid (B * Hv * tiles, NT), tiles = ceil(K / 64) + ceil(V / 64): one block per (value
 //           head, 64 columns of w or of u, chunk). Ai's lower part transposed in shared memory
 //           (AiT[j][i]), the block's columns of the operand rounded to T, as f32; each thread 4
