@@ -9,6 +9,7 @@ tests/test_gpu_gdn_intra.py."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from types import SimpleNamespace
@@ -131,9 +132,10 @@ def test_kkt_shared_memory_limit(chunk):
 
 # --- the runs' arguments -------------------------------------------------------------------------
 
-def _entries() -> dict[str, dict]:
-    """{kernel name: {"maxntid": int, "shared": static bytes, "params": [u64/u32/f32 ...]}}
-    per chunk of the F16 instances, from nvcc's PTX (one small unit: ~2 s, then cached)."""
+@functools.lru_cache(maxsize=None)
+def _entries() -> dict[tuple[str, int], dict]:
+    """{(kernel name, chunk): {"maxntid": int, "shared": static bytes, "params": [u64/u32/f32
+    ...]}} of the F16 instances, from nvcc's PTX (one small unit: ~2 s, then cached)."""
     from gpu_impls.cuda._module import name_expression
     from gpu_impls.cuda.nvcc_check import compile_unit
 
