@@ -750,3 +750,14 @@ GDN_CUDA_MUTANTS = (
      "KPARITY_MUTANT_DECAY_AFTER_UPDATE"),
 )
 register_cuda_mutants(GDN_CUDA_MUTANTS)
+
+# | mutant (gdn_chunk_h)                       | bug                                             |
+# |--------------------------------------------|-------------------------------------------------|
+# | cuda:mutant_kp_gdn_chunk_h_unscaled_state  | the state carried into the next chunk without   |
+# |                                            | exp(gc_last): S = S + vdecᵀ k (issue 29)        |
+
+GDN_CHUNK_H_CUDA_MUTANTS = (
+    ("cuda:kp_gdn_chunk_h", "mutant_kp_gdn_chunk_h_unscaled_state",
+     "KPARITY_MUTANT_UNSCALED_STATE"),
+)
+register_cuda_mutants(GDN_CHUNK_H_CUDA_MUTANTS)
