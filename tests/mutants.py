@@ -762,3 +762,14 @@ GDN_INTRA_CUDA_MUTANTS = (
     ("cuda:kp_gdn_kkt", "mutant_kp_gdn_kkt_decay_sign", "KPARITY_MUTANT_DECAY_SIGN"),
 )
 register_cuda_mutants(GDN_INTRA_CUDA_MUTANTS)
+
+# | mutant (gdn_chunk_h)                       | bug                                             |
+# |--------------------------------------------|-------------------------------------------------|
+# | cuda:mutant_kp_gdn_chunk_h_unscaled_state  | the state carried into the next chunk without   |
+# |                                            | exp(gc_last): S = S + vdecᵀ k (issue 29)        |
+
+GDN_CHUNK_H_CUDA_MUTANTS = (
+    ("cuda:kp_gdn_chunk_h", "mutant_kp_gdn_chunk_h_unscaled_state",
+     "KPARITY_MUTANT_UNSCALED_STATE"),
+)
+register_cuda_mutants(GDN_CHUNK_H_CUDA_MUTANTS)

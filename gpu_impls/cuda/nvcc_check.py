@@ -58,6 +58,7 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   # Gated DeltaNet (kernels/gdn_chunk_o.cu, kernels/gdn_step.cu)
                   "KPARITY_MUTANT_EXCLUSIVE_MASK", "KPARITY_MUTANT_DECAY_AFTER_UPDATE",
                   "KPARITY_MUTANT_DECAY_SIGN",  # kernels/gdn_intra.cu (kkt)
+                  "KPARITY_MUTANT_UNSCALED_STATE",  # kernels/gdn_chunk_h.cu
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
