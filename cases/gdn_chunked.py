@@ -9,7 +9,7 @@ chunks and a tail), each stage over T in {1, 65, 130}, all three dtypes; chunks 
 T = 130, a batch of 4, and every distribution below at T = 65 (bf16). `gdn_chunk_o` adds one
 seed-shaped case (T = 128, bf16: the CUDA port's contract, K = 128 and T % 64 == 0). The model
 presets (labels `bench:qwen3-next-b{B}-t{T}`, `bench:seed-b{B}-t{T}`: batch 1 and 4, T in {1,
-63, 64, 65, 512, 4096, 16384}, bf16) are bench cases of `gdn_chunk_o` and `gdn_chunked`
+63, 64, 65, 512, 4096, 16384}, bf16) are bench cases of every stage and of `gdn_chunked`
 (`kparity bench --preset qwen3-next`); their float64 oracles take seconds to minutes (the bench's check skips the large
 ones by size). `scripts/gdn_chunked_budget.py` checks the bound on T up to 16384.
 
@@ -76,6 +76,8 @@ def gate(op: str) -> list[Case]:
     cases += [case(op, TINY, 1, 65, "bf16", label="edge-outlier_rows", dist="outlier_rows")]
     if op == "gdn_chunk_o":  # the CUDA port's contract: K = 128, T % 64 == 0
         cases += [case(op, SEED, 1, 128, "bf16")]
+    if op == "gdn_chunked":  # the CUDA composition's contract (K = 128): two chunks, and a tail
+        cases += [case(op, SEED, 1, 128, "f16"), case(op, SEED, 1, 65, "bf16")]
     return cases
 
 
@@ -88,5 +90,5 @@ def presets(op: str) -> list[Case]:
 
 for _op in STAGES:
     gate_cases(_op)(lambda op=_op: gate(op))
-for _op in ("gdn_chunk_o", "gdn_chunked"):
+for _op in STAGES:  # every stage: the composition's time split by stage
     bench_cases(_op)(lambda op=_op: presets(op))

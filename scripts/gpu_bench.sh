@@ -48,6 +48,11 @@
 #     T=4096 beside torch, in `chain`; then the A/B of kp_gdn_step against torch:gdn_step.
 #     chunk_o's bench runs --no-verify: its float64 interval oracle takes ~75 s per 256 tokens
 #     at these heads (minutes at 4096); the check before it verifies the kernel on its gate cases
+#   bash scripts/gpu_bench.sh gdn-chunked  issue 29: the check of kparity's CUDA chunked pipeline and
+#     its stages, then gdn_chunked at B=1, T=4096 / 16384 (Qwen3-Next heads, bf16, `chain`):
+#     cuda:kp_gdn_chunked beside torch's chunked form and fla; each stage beside torch's at
+#     T=4096; the A/B of kp_gdn_chunked against torch's chunked form (all --no-verify: the
+#     float64 oracles take minutes at these T; the check verifies the pipeline on its gate cases)
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -179,6 +184,18 @@ gdn)
   run bench $S --impl cuda:kp_gdn_step,torch:gdn_step --mode chain --min-time 0.2
   run bench $C --impl cuda:gdn_chunk_o,torch:gdn_chunk_o --mode chain --min-time 0.2 --no-verify
   run ab torch:gdn_step cuda:kp_gdn_step --preset qwen3-next-b64 --dtype bf16 --min-time 0.1
+  ;;
+gdn-chunked)
+  # needs fla-core 0.6.0 + einops importable (pip install --no-index --no-deps --target
+  # /tmp/site .device/wheels/{fla_core,einops}*.whl; PYTHONPATH=/tmp/site) for the fla rows
+  P="--preset qwen3-next-b1-t4096,qwen3-next-b1-t16384 --dtype bf16 --mode chain --min-time 0.2"
+  run check --impl cuda:kp_gdn_chunked,cuda:kp_gdn_chunk_cumsum,cuda:kp_gdn_kkt,cuda:kp_gdn_solve_tril,cuda:kp_gdn_wy,cuda:kp_gdn_chunk_h --show-failures 5
+  run bench --op gdn_chunked $P --impl cuda:kp_gdn_chunked,torch:chunk_gated_delta_rule,torch:fla_chunk_gated_delta_rule --no-verify
+  for s in chunk_cumsum kkt solve_tril wy chunk_h; do
+    run bench --op gdn_$s --preset qwen3-next-b1-t4096 --dtype bf16 --mode chain --min-time 0.2 --impl cuda:kp_gdn_$s,torch:gdn_$s --no-verify
+  done
+  run bench --op gdn_chunk_o --preset qwen3-next-b1-t4096 --dtype bf16 --mode chain --min-time 0.2 --impl cuda:gdn_chunk_o,torch:gdn_chunk_o --no-verify
+  run ab torch:chunk_gated_delta_rule cuda:kp_gdn_chunked --preset qwen3-next-b1-t4096 --dtype bf16 --min-time 0.2
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)
