@@ -68,3 +68,14 @@ def test_a_wrong_stage_fails_the_pipeline(define):
                      params={"initial_state": "given"})
     row = _row(impl, case)
     assert row["status"] == "fail", f"{define}: {row['status']} {row['message']}"
+
+
+def test_two_lengths_padding_to_one_workspace():
+    """T = 100 then T = 65 pad to the same 128 tokens and share the workspace: the second must
+    see a zero tail, not the first's rows 65..99 (the gate's T = 65 case failed so, its state off
+    by budget 68, when the tail was zeroed only at allocation)."""
+    impl = gpu_impls.impls()[IMPL]
+    for tokens in (100, 65):
+        case = Case.make("gdn_chunked", {**SEED, "batch": 1, "tokens": tokens}, "bf16")
+        row = _row(impl, case)
+        assert row["status"] == "pass", f"T={tokens}: {row['status']} {row['message']}"

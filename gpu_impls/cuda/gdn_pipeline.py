@@ -63,10 +63,10 @@ def _workspace(case, tokens: int) -> dict:
         bits = cupy.uint16 if t in ("f16", "bf16") else cupy.float32
         nt = tokens // BT
         _WORKSPACE[key] = {
-            "q": cupy.zeros((b, tokens, hk, dk), bits), "k": cupy.zeros((b, tokens, hk, dk), bits),
-            "v": cupy.zeros((b, tokens, hv, dv), bits),
-            "g": cupy.zeros((b, tokens, hv), cupy.float32),
-            "beta": cupy.zeros((b, tokens, hv), cupy.float32),
+            "q": cupy.empty((b, tokens, hk, dk), bits), "k": cupy.empty((b, tokens, hk, dk), bits),
+            "v": cupy.empty((b, tokens, hv, dv), bits),
+            "g": cupy.empty((b, tokens, hv), cupy.float32),
+            "beta": cupy.empty((b, tokens, hv), cupy.float32),
             "gc": cupy.empty((b, tokens, hv), cupy.float32),
             "A": cupy.empty((b, tokens, hv, BT), cupy.float32),
             "Ai": cupy.empty((b, tokens, hv, BT), bits),
@@ -88,9 +88,10 @@ def _chunked(defines: tuple = ()):
         ws = _workspace(case, tokens)
         padded = tokens != t
         src = {n: inputs[n] for n in ("q", "k", "v", "g", "beta")}
-        if padded:  # copies whose rows past T stay zero (allocated so, never written there)
-            for n in src:
+        if padded:  # zero-padded copies (the tail zeroed each call: the workspace is shared by
+            for n in src:  # every T that pads to these tokens)
                 ws[n][:, :t] = inputs[n]
+                ws[n][:, t:] = 0
                 src[n] = ws[n]
         if case.params["l2norm"]:  # in place on the padded copies (l2norm(0) = 0), else into ws
             for n in ("q", "k"):
