@@ -42,8 +42,9 @@ normal-data gate case, under CUDA's function ULPs and MLX's (tests/test_conv1d.p
 (CUDA) and ~3e-6 (MLX's 96-ULP exp in the silu) at |y| ~ 2, f16 1e-3 and bf16 8e-3 at |y| ~ 3.
 Measured (CPU, the gate cases): the torch and MLX f32 impls use at most 66 % of the bound; f16
 and bf16 outputs are T's correctly rounded value (the store's half-ULP floor, budget up to 1).
-MLX's exp is inf past 88.0 (`oracle.numerics.BACKEND_OVERFLOWS`): its silu is 0 for y in
-(-103, -88], where the exact value is an f32 subnormal; the bound charges it.
+MLX's exp is inf past 88.0 (`oracle.numerics.BACKEND_OVERFLOWS`): its silu is 0 for y below -88
+(down to -108, where the exact value underflows f32 too), where the exact value is an f32
+subnormal; the bound charges it.
 
 NaN and inf (the `nonfinite` distribution): IEEE propagation through the formula is the
 contract: a NaN input makes NaN of the W outputs whose window holds it; ±inf gives ±inf there
