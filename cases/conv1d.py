@@ -65,7 +65,7 @@ def conv_state(shape, dtype, rng, case, drawn, dist):
     return distribution_values(dist, shape, dtype, rng)
 
 
-# --- conv1d_causal ---------------------------------------------------------------------------------
+# --- conv1d_causal --------------------------------------------------------------------------------
 
 def _conv(op: str, batch: int, channels: int, width: int, dtype: str, tokens=None,
           dist: str = "normal", label: str = "edge", **params) -> Case:
