@@ -112,6 +112,12 @@ BACKEND_ULPS = {"cuda": FUNCTION_ULPS, "torch": FUNCTION_ULPS, "metal": FUNCTION
 # falls below 2^-126 (measured; tests/test_attention.py). Charged the result's whole magnitude
 # there, as under FTZ.
 BACKEND_FLUSHES = {"mlx": ("exp",)}
+# Functions a backend returns as inf before f32's range ends, with the argument above which it
+# does: MLX 0.32 CPU's exp is inf for every x > 88.0 (f32 overflows at 88.72; measured,
+# tests/test_function_ulps.py). A sigmoid 1 / (1 + exp(-z)) is then 0 for z < -88.0 where the
+# exact value is a subnormal (silu's far tail: conv1d's f16_overflow cases). Charged by
+# `Model.overflow`.
+BACKEND_OVERFLOWS = {"mlx": {"exp": 88.0}}
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,9 @@ class Numerics:
     # weight passes through at most ceil(n / softmax_block) + 1 rescales over n keys (the +1:
     # a final combine). None, the default: undeclared, one rescale per key (any kernel).
     softmax_block: int | None = None
+    # Functions that return inf above an argument where f32 still holds the result; None: the
+    # backend's (`BACKEND_OVERFLOWS`).
+    overflows: Mapping[str, float] | None = None
 
     def __str__(self) -> str:
         block = f", softmax_block={self.softmax_block}" if self.softmax_block else ""
@@ -165,7 +174,9 @@ class Numerics:
             return self
         return Numerics(self.reduction, dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS)),
                         self.flushes if self.flushes is not None
-                        else BACKEND_FLUSHES.get(backend, ()), self.softmax_block)
+                        else BACKEND_FLUSHES.get(backend, ()), self.softmax_block,
+                        self.overflows if self.overflows is not None
+                        else dict(BACKEND_OVERFLOWS.get(backend, {})))
 
     def rescales(self, n: int) -> int:
         """The most rescales a softmax term's weight passes through over n keys."""
@@ -240,6 +251,20 @@ class Model:
                 err = self._may_flush(err, m, low)
         return np.where(m == 0, 0.0, err)
 
+    def overflow(self, name: str, arg_high: np.ndarray, v: np.ndarray, e: np.ndarray
+                 ) -> np.ndarray:
+        """A function's error `e` at result v, where the backend may return inf above the
+        argument its `overflows` names (arg_high: the argument's upper end): the interval's
+        upper end past f32's range says the kernel may hold inf (`Val.__truediv__`: the
+        quotient may then be 0). Where v is below MAX32 / 2 no interval around v reaches past
+        f32's range without reaching 0: unbounded."""
+        limit = (self.numerics.overflows or {}).get(name)
+        if limit is None:
+            return e
+        step = half_ulp32(MAX32)
+        reach = np.where(2.0 * v - MAX32 > 4.0 * step, np.maximum(e, MAX32 - v + step), np.inf)
+        return np.where(arg_high > limit, reach, e)
+
 
 def model_for(case, numerics: Numerics = DEFAULT, shrink: Mapping[str, float] | None = None
               ) -> Model:
@@ -303,7 +328,8 @@ class Val:
         """exp(a): increasing and convex, so the worst input is the interval's high end."""
         v = np.exp(self.v)
         e = np.exp(self.v + self.e) - v
-        return _finite(Val(v, e + self.m.func("exp", v + e, np.exp(self.v - self.e)), self.m))
+        e = e + self.m.func("exp", v + e, np.exp(self.v - self.e))
+        return _finite(Val(v, self.m.overflow("exp", self.v + self.e, v, e), self.m))
 
     def cos(self) -> "Val":
         return self._trig(np.cos, np.sin, "cos")

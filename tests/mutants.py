@@ -773,3 +773,50 @@ GDN_CHUNK_H_CUDA_MUTANTS = (
      "KPARITY_MUTANT_UNSCALED_STATE"),
 )
 register_cuda_mutants(GDN_CHUNK_H_CUDA_MUTANTS)
+
+# --- Mamba-2's causal conv1d (issue 30; gpu_impls/torch/conv1d.py) ------------------------------
+#
+# | mutant                                  | bug                                               |
+# |-----------------------------------------|---------------------------------------------------|
+# | torch:mutant_conv_step_double_shift     | the step's state shift (state[k] = state[k+1])    |
+# |                                         | runs twice before x is written: [s0, s1, s2] ->   |
+# |                                         | [s2, s2, x] (FFAI's Nemotron decode bug). From a  |
+# |                                         | zero state that is the right [0, 0, x], and y is  |
+# |                                         | formed before the shift: a first token from a     |
+# |                                         | fresh sequence passes; so does any W <= 3         |
+# | torch:mutant_conv_state_skips_last_token| the prefill's final state leaves out the last     |
+# |                                         | token (its update loop stops at T-1); one token   |
+# |                                         | goes to the decode step (vLLM's dispatch), which  |
+# |                                         | is right: a one-token prefill passes              |
+
+
+def conv_step_double_shift(launch, inputs, outputs, case):
+    from gpu_impls.torch.conv1d import _conv1d_causal_step
+
+    out = _conv1d_causal_step(launch, inputs, outputs, case)
+    state = inputs["conv_state_in"].clone()
+    for _ in range(2):  # the bug: the shift loop run twice (the kernel's and its caller's)
+        state[:, :-1] = state[:, 1:].clone()
+    state[:, -1] = inputs["x"]
+    return {**out, "conv_state_out": state}
+
+
+def conv_state_skips_last_token(launch, inputs, outputs, case):
+    import torch
+
+    from gpu_impls.torch.conv1d import _conv1d_causal
+
+    out = _conv1d_causal(launch, inputs, outputs, case)
+    tokens = case.dims["tokens"]
+    if tokens == 1:  # one token: the decode step's path, right
+        return out
+    xx = torch.cat([inputs["conv_state_in"], inputs["x"]], dim=1)
+    return {**out, "conv_state": xx[:, tokens - 1:-1]}  # the bug: the window ends at T-1
+
+
+CONV_MUTANTS = (
+    Impl("conv1d_causal_step", "torch", "mutant_conv_step_double_shift", conv_step_double_shift),
+    Impl("conv1d_causal", "torch", "mutant_conv_state_skips_last_token",
+         conv_state_skips_last_token),
+)
+register(*(m for m in CONV_MUTANTS if m.id not in _existing))

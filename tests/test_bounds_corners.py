@@ -59,6 +59,11 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         # Gated DeltaNet's decode step: GQA heads, a 64-term dot (its state is V x K per head)
         "gdn_step": {"batch": 2, "heads_k": 1, "heads_v": 2, "dim_k": 64, "dim_v": 8},
         "gdn_step_prep": {"batch": 2, "heads_k": 1, "heads_v": 2, "dim_k": 64, "dim_v": 8},
+        # Mamba-2: the conv at W 4 over a channel count no multiple of 4 (prefill: 6 tokens,
+        # past the state); the gated norm in Nemotron-H's groups of 512
+        "conv1d_causal": {"batch": 1, "tokens": 6, "channels": 37, "width": 4},
+        "conv1d_causal_step": {"batch": 2, "channels": 37, "width": 4},
+        "gated_group_rmsnorm": {"rows": 2, "dim": 4096, "groups": 8},
         # the chunked GDN stages: one chunk of 64, padded past T = 35
         **{op: {"batch": 1, "tokens": 35, "heads_k": 1, "heads_v": 1, "dim_k": 4, "dim_v": 4}
            for op in ("gdn_chunk_cumsum", "gdn_kkt", "gdn_wy", "gdn_chunk_o")}}
@@ -80,10 +85,11 @@ def _dims(op: str) -> dict:
 def _variants(op: str, dtype: str):
     """(label, case) for the generated corners of `op`: distributions x contracts x eps."""
     spec = registry()[op]
-    roundings = ("once", "normed") if "rounding" in spec.params else (None,)
+    contract = next((p for p in ("rounding", "cast") if p in spec.params), None)
+    roundings = spec.param_values[contract] if contract else (None,)
     for dist in ("normal", "tiny", "constant_rows", "outlier_rows"):
         for rounding in roundings:
-            params = {"rounding": rounding} if rounding else {}
+            params = {contract: rounding} if rounding else {}
             yield f"{dist} {rounding or ''}", Case.make(op, _dims(op), dtype, dist, seed=3,
                                                         params=params)
             if "eps" in spec.params and dist == "normal":
@@ -151,6 +157,20 @@ def _attention_corners(dtype: str):
     yield "cancelling long dot", case, _attention_inputs(case, 1.0, k, v)
 
 
+def _conv_corners(op: str, dtype: str):
+    """The conv's sum without the silu (f32 output: no store to hide it): tiny inputs and no
+    bias (every product and partial sum subnormal), and same-sign terms (x, w and the bias
+    positive, of one size: the additions' worst case)."""
+    for label, dist, bias in (("tiny no bias", "tiny", False), ("same-sign", "normal", True)):
+        case = Case.make(op, _dims(op), dtype, dist, seed=4,
+                         params={"silu": False, "bias": bias, "initial_state": "given"})
+        inputs = make_inputs(case)
+        if label == "same-sign":
+            inputs = {k: _store(dtype, np.abs(np.asarray(v).astype(np.float64)))
+                      for k, v in inputs.items()}
+        yield label, case, inputs
+
+
 def corners(op: str, dtype: str):
     """(label, case, inputs) for every corner of `op` at `dtype`: the targeted ones first (the
     shrink test stops at the first that fails), then the generated distributions."""
@@ -187,6 +207,8 @@ def _targeted(op: str, dtype: str):
             yield label, case, make_inputs(case)
     if op == "sdpa_decode":
         yield from _attention_corners(dtype)
+    if op in ("conv1d_causal", "conv1d_causal_step"):
+        yield from _conv_corners(op, dtype)
     if op == "rms_norm" and dtype == "bf16":  # issue 34's failing gate-shaped case, seed 11
         case = Case.make("rms_norm", {"rows": 7, "n": 4096}, "bf16", "normal", seed=11,
                          params={"eps": 1e-6, "rounding": "normed"})
@@ -298,6 +320,7 @@ FAMILIES = {"norms": NORMS, "quant_gemv": GEMVS, "rope": ["rope"],
             "attention": ["sdpa_decode", "attn_combine", "sdpa_decode_paged",
                           "sdpa_prefill_varlen"],
             "gdn": ["gdn_step", "gdn_step_prep"],
+            "conv1d": ["conv1d_causal_step", "conv1d_causal"],
             # the chunked GDN stages with a kernel model (chunk_o first: it binds most terms)
             "gdn_chunked": ["gdn_chunk_o", "gdn_kkt", "gdn_wy", "gdn_chunk_cumsum"]}
 # rope and the activations sum nothing: their bounds have no `sum` term to shrink. GDN's step has

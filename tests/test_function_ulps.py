@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oracle.numerics import BACKEND_ULPS, half_ulp32
+from oracle.numerics import BACKEND_OVERFLOWS, BACKEND_ULPS, half_ulp32
 
 
 def _ulps(got, exact) -> float:
@@ -67,3 +67,33 @@ def test_mlx_cpu_functions_within_their_table():
     # the reason MLX's exp is charged 96 ULP and not CUDA's 2: it is a fast approximation
     exp_x = _points()[0]
     assert _ulps(np.array(mx.exp(mx.array(exp_x))), np.exp(exp_x.astype(np.float64))) > 16
+
+
+def test_mlx_cpu_exp_overflows_where_the_table_says():
+    """MLX's exp is finite up to its `BACKEND_OVERFLOWS` argument (88.0) and inf above it, short
+    of f32's own overflow at 88.72: the bound charges the results past it as possibly inf (a
+    sigmoid there is 0 where the exact value is a subnormal), and none below it."""
+    mx = pytest.importorskip("mlx.core")
+    limit = np.float32(BACKEND_OVERFLOWS["mlx"]["exp"])
+    below = np.linspace(80.0, float(limit), 10_001).astype(np.float32)
+    assert np.isfinite(np.array(mx.exp(mx.array(below)))).all()
+    above = np.nextafter(limit, np.float32(np.inf)) + np.linspace(0, 0.72, 1001, dtype=np.float32)
+    assert (np.array(mx.exp(mx.array(above))) == np.inf).all()
+    assert np.isfinite(np.exp(above.astype(np.float64)).astype(np.float32)).all()
+
+
+def test_a_sigmoid_past_mlx_exp_overflow_is_bounded_to_admit_zero():
+    """1 / (1 + exp(-z)) at z = -88.3 on MLX: exp(88.3) is inf there, the sigmoid 0; the exact
+    value 4.6e-39 lies within the bound. The charge is MLX's alone, and only past its limit."""
+    from oracle.numerics import Bounds, Model, Numerics
+
+    def sigmoid_bound(backend, z):
+        A = Bounds(Model(False, Numerics().on(backend)))
+        z, one = A.load(np.array([z])), A.load(1.0)
+        s = one / (one + z.neg().exp())
+        return float(s.v[0]), float(s.e[0])
+
+    v, e = sigmoid_bound("mlx", -88.3)
+    assert e >= v > 0
+    assert sigmoid_bound("torch", -88.3)[1] < 0.01 * v
+    assert sigmoid_bound("mlx", -87.9)[1] < 0.01 * sigmoid_bound("mlx", -87.9)[0]
