@@ -26,7 +26,9 @@ DIM_MAX = {"rows": 9, "n": 9000, "batch": 2, "tokens": 3, "heads": 8, "head_dim"
            "out": 40, "in": 2048, "kv_heads": 8, "heads_q": 8, "heads_kv": 8, "max_len": 256,
            "max_pages": 8, "num_pages": 24,
            # GDN: the chunked stages' interval models cost heads x chunk x K x V per token
-           "heads_k": 4, "heads_v": 8, "dim_k": 64, "dim_v": 32}
+           "heads_k": 4, "heads_v": 8, "dim_k": 64, "dim_v": 32,
+           # Mamba-2 scans: the interval models cost T x H x P x N (the chunked: x Q as well)
+           "groups": 4, "dim_p": 16, "dim_n": 32}
 # Dims that are layout choices, drawn from the values a layout has (plus one that no layout has,
 # so contracts still see invalid ones).
 DIM_CHOICES = {"bits": (2, 3, 4, 5, 6, 8, 7), "group_size": (32, 64, 128, 48),
