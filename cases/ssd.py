@@ -188,14 +188,17 @@ def ssm_step_bench() -> list[Case]:
 @gate_cases("ssd_chunked")
 def ssd_chunked_cases() -> list[Case]:
     """Edge heads over T in GATE_TOKENS in chunks of 64, every dtype; chunks of 128 and 256 over
-    one chunk and a tail (narrow heads); every distribution at T = 65 (f32 and bf16); a batch of
-    2, the odd and minimal shapes; Nemotron-3-Nano and Mamba-2-2.7B at T = 2."""
+    one chunk and a tail (narrow heads); every distribution at T = 65 (f32 and bf16); the Triton
+    roundings admitted (`dots="T"`, f16 and bf16); a batch of 2, the odd and minimal shapes;
+    Nemotron-3-Nano and Mamba-2-2.7B at T = 2."""
     op = "ssd_chunked"
     cases = [case(op, TINY, 1, t, dtype) for t, dtype in product(GATE_TOKENS, FLOAT_DTYPES)]
     cases += [case(op, NARROW, 1, c + 3, "bf16", {"chunk": c, "initial_state": "given"},
                    f"edge-chunk{c}") for c in (128, 256)]
     cases += [case(op, TINY, 1, 65, dtype, params, f"edge-{suffix}")
               for (suffix, params), dtype in product(DISTS, ("f32", "bf16"))]
+    cases += [case(op, TINY, 1, 65, dtype, {"dots": "T", "initial_state": "given"},
+                   "edge-dots-T") for dtype in ("f16", "bf16")]
     cases += [case(op, TINY, 1, 65, "bf16", label="edge-outlier_rows", dist="outlier_rows"),
               case(op, TINY, 2, 33, "bf16", {"initial_state": "given"}, "edge-batch2"),
               case(op, ODD, 1, 70, "f32", {"initial_state": "given", "gate": True}),
