@@ -27,8 +27,9 @@ DIM_MAX = {"rows": 9, "n": 9000, "batch": 2, "tokens": 3, "heads": 8, "head_dim"
            "max_pages": 8, "num_pages": 24,
            # GDN: the chunked stages' interval models cost heads x chunk x K x V per token
            "heads_k": 4, "heads_v": 8, "dim_k": 64, "dim_v": 32,
-           # Mamba-2's conv (widths 2-6) and gated norm (groups that divide its dim)
-           "width": 6, "groups": 8}
+           # Mamba-2's conv (widths 2-6); its gated norm's groups (dividing its dim) and the
+           # scans' (dividing the heads); the scans' interval models cost T x H x P x N
+           "width": 6, "groups": 4, "dim_p": 16, "dim_n": 32}
 # Dims that are layout choices, drawn from the values a layout has (plus one that no layout has,
 # so contracts still see invalid ones).
 DIM_CHOICES = {"bits": (2, 3, 4, 5, 6, 8, 7), "group_size": (32, 64, 128, 48),

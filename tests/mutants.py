@@ -820,3 +820,80 @@ CONV_MUTANTS = (
          conv_state_skips_last_token),
 )
 register(*(m for m in CONV_MUTANTS if m.id not in _existing))
+
+# --- the Mamba-2 scans (issue 30; gpu_impls/torch/ssd.py) ----------------------------------------
+#
+# Each is invisible at position 0 (one token from a zero state, or the first packed sequence, or
+# the first chunk), as the seed's conv ring shifted twice was, except the group index (visible
+# from token 0 wherever 1 < G < H; a G = 1 test, Mamba-2-2.7B's shape, misses it).
+#
+# | mutant                                   | bug                                                 |
+# |------------------------------------------|-----------------------------------------------------|
+# | torch:mutant_ssd_softplus_twice          | the decay re-applies softplus to the activated dt:  |
+# |                                          | exp(softplus(dt)·A); the input term dt·x·B is right |
+# | torch:mutant_ssd_varlen_no_reset         | the state is not reset at a sequence start: the     |
+# |                                          | previous sequence's final state carries over        |
+# | torch:mutant_ssd_chunked_d_first_chunk   | the D skip added with the initial state's load, in  |
+# |                                          | chunk 0 only: dropped from token 64 (chunk 64) on   |
+# | torch:mutant_ssd_group_modulo            | head h reads B/C group h % G, not h // (H / G)      |
+
+
+def ssd_softplus_twice_step(state, x, dt_raw, dt_bias, A, b, c, D, z, case):
+    """torch:ssd_scan's step with the decay's dt activated twice."""
+    import torch
+    import torch.nn.functional as F
+
+    from gpu_impls.torch.ssd import per_head, time_step
+
+    heads, x = x.shape[1], x.float()
+    dt = time_step(dt_raw, dt_bias, case)
+    decay = torch.exp(F.softplus(dt) * A)  # the bug: dt is already softplus(dt_raw + dt_bias)
+    b, c = per_head(b, heads), per_head(c, heads)
+    state = state * decay[..., None, None] + (dt[..., None] * x)[..., None] * b[..., None, :]
+    y = (state * c[..., None, :]).sum(-1) + D[:, None] * x
+    return (y * F.silu(z.float()) if z is not None else y), state
+
+
+def ssd_group_modulo_step(state, x, dt_raw, dt_bias, A, b, c, D, z, case):
+    """torch:ssd_scan's step with head h reading B/C group h % G."""
+    import torch
+
+    from gpu_impls.torch.ssd import step
+
+    heads, groups = x.shape[1], b.shape[-2]
+    modulo = torch.arange(heads) % groups  # the bug: h // (heads // groups) is the group
+    # tile the groups so that torch's own step (repeat_interleave) picks group h % G for head h
+    b, c = (v[..., modulo, :] for v in (b, c))
+    return step(state, x, dt_raw, dt_bias, A, b, c, D, z, case)
+
+
+def ssd_chunked_d_first_chunk(launch, inputs, outputs, case):
+    """torch:ssd_chunked with D·x added in chunk 0 only."""
+    import torch
+
+    from gpu_impls.torch.ssd import chunked
+
+    y, state = chunked(inputs, case, inputs["h0"])
+    x = inputs["x"].float()
+    first = (torch.arange(x.shape[1]) < case.params["chunk"])[None, :, None, None]
+    y = y - inputs["D"][:, None] * x * ~first  # the bug: the skip is dropped past chunk 0
+    return {"y": y.to(inputs["x"].dtype), "state": state.contiguous()}
+
+
+def _ssd_mutants():
+    from functools import partial
+
+    from gpu_impls.torch.ssd import _scan, _varlen
+
+    yield Impl("ssd_scan", "torch", "mutant_ssd_softplus_twice",
+               partial(_scan, step=ssd_softplus_twice_step))
+    yield Impl("ssd_scan_varlen", "torch", "mutant_ssd_varlen_no_reset",
+               partial(_varlen, reset=False))
+    yield Impl("ssd_chunked", "torch", "mutant_ssd_chunked_d_first_chunk",
+               ssd_chunked_d_first_chunk)
+    yield Impl("ssd_scan", "torch", "mutant_ssd_group_modulo",
+               partial(_scan, step=ssd_group_modulo_step))
+
+
+SSD_MUTANTS = tuple(_ssd_mutants())
+register(*(m for m in SSD_MUTANTS if m.id not in _existing))

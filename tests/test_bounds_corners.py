@@ -66,7 +66,13 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         "gated_group_rmsnorm": {"rows": 2, "dim": 4096, "groups": 8},
         # the chunked GDN stages: one chunk of 64, padded past T = 35
         **{op: {"batch": 1, "tokens": 35, "heads_k": 1, "heads_v": 1, "dim_k": 4, "dim_v": 4}
-           for op in ("gdn_chunk_cumsum", "gdn_kkt", "gdn_wy", "gdn_chunk_o")}}
+           for op in ("gdn_chunk_cumsum", "gdn_kkt", "gdn_wy", "gdn_chunk_o")},
+        # the Mamba-2 scans: a few tokens (each token adds its rounding sites to the search),
+        # two heads of one group, a 16-term dot S·C
+        **{op: {"batch": 1, "tokens": 3, "heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16}
+           for op in ("ssd_scan", "ssd_chunked")},
+        "ssd_scan_varlen": {"heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16},  # segments (2, 1)
+        "ssm_step": {"batch": 2, "heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16}}
 
 
 def _dims(op: str) -> dict:
@@ -322,7 +328,9 @@ FAMILIES = {"norms": NORMS, "quant_gemv": GEMVS, "rope": ["rope"],
             "gdn": ["gdn_step", "gdn_step_prep"],
             "conv1d": ["conv1d_causal_step", "conv1d_causal"],
             # the chunked GDN stages with a kernel model (chunk_o first: it binds most terms)
-            "gdn_chunked": ["gdn_chunk_o", "gdn_kkt", "gdn_wy", "gdn_chunk_cumsum"]}
+            "gdn_chunked": ["gdn_chunk_o", "gdn_kkt", "gdn_wy", "gdn_chunk_cumsum"],
+            # the Mamba-2 scans (issue 30), the cheapest first
+            "ssd": ["ssm_step", "ssd_scan", "ssd_scan_varlen", "ssd_chunked"]}
 # rope and the activations sum nothing: their bounds have no `sum` term to shrink. GDN's step has
 # no corner whose results fall in the subnormal range: the state (N(0, 1)) dominates every sum,
 # and `tiny` q and k come out of the L2 / RMS norm at normal magnitudes.
