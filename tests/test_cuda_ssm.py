@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gpu_impls
-from cases.model import Case
+from cases.model import Case, make_inputs
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import ssm
 from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS, name_expression
@@ -90,7 +90,7 @@ def test_wrapper_constants_are_the_kernels():
         conv["KP_CONV_THREADS"], conv["KP_CONV_SPAN"], conv["KP_CONV_MAX_W"])
 
 
-# --- geometry --------------------------------------------------------------------------------------
+# --- geometry -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dim_n", range(32, 257, 32))
 @pytest.mark.parametrize("dim_p", [4, 15, 16, 17, 64, 132])
@@ -133,7 +133,7 @@ def test_conv_threads_cover_every_channel_vector(dtype, vec, channels):
         assert pre.grid == (3 * spans * blocks, 1, 1) and pre.block == (ssm.CONV_THREADS, 1, 1)
 
 
-# --- contracts -------------------------------------------------------------------------------------
+# --- contracts ------------------------------------------------------------------------------------
 
 def _rejects(name: str, case: Case) -> ContractError:
     with pytest.raises(ContractError) as info:
@@ -266,3 +266,25 @@ def test_conv_vectors_only_where_whole_and_aligned(monkeypatch):
 def test_step_refuses_an_unaligned_state(monkeypatch):
     with pytest.raises(ValueError, match="16-byte boundary"):
         _recorded("kp_ssm_step", _step(), monkeypatch, ptr=8)
+
+
+# --- the conv state under FTZ (the CUDA backend's oracle semantics) -----------------------------
+
+@pytest.mark.parametrize("op", ["conv1d_causal", "conv1d_causal_step"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_conv_state_under_ftz_is_the_stored_bits(op, dtype):
+    """On a flushing backend (CuPy: -ftz) the runner asks the oracle for `ftz=1`, where the
+    kernel reads f32 subnormals as 0 in arithmetic. The state out is a copy, not arithmetic: its
+    expected value is the stored bits, subnormals and signs included (the kernels copy raw
+    bits), as without FTZ. `tiny` draws subnormals in f32 and bf16."""
+    dims = {"batch": 2, "channels": 37, "width": 4, **({"tokens": 5} if op == "conv1d_causal"
+                                                      else {})}
+    case = Case.make(op, dims, dtype, "tiny", params={"initial_state": "given", "ftz": 1})
+    inputs = make_inputs(case)
+    x = inputs["x"] if op == "conv1d_causal" else inputs["x"][:, None]
+    stored = np.concatenate([inputs["conv_state_in"], x], axis=1)[:, x.shape[1]:]
+    name = "conv_state" if op == "conv1d_causal" else "conv_state_out"
+    assert (np.abs(stored.astype(np.float64)) < 2.0 ** -126).any()  # subnormals to keep
+    exact = case.spec.oracle(inputs, case)[name]
+    got = np.asarray(exact).astype(stored.dtype)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), stored.view(f"u{got.itemsize}"))

@@ -76,11 +76,12 @@ def _budget(got, exact, bound) -> float:
     return float(np.max(np.where(np.isnan(ratio), np.inf, ratio)))
 
 
-# --- kp_ssm_step -----------------------------------------------------------------------------------
+# --- kp_ssm_step ----------------------------------------------------------------------------------
 
-# (heads, dim_p, groups, dim_n): every instance N / 32 = 1..8; P below one block's 16 (idle
-# warps), past it by 4 (hpn: a warp of one row... of four; hnp: one live float4 column), not a
-# multiple of 4 (hpn only: the hnp contract refuses it), two whole blocks
+# (heads, dim_p, groups, dim_n): every instance N / 32 = 1..8; P below one block's 16 (hpn:
+# idle warps), 4 past it (the second block: hpn one warp of 4 rows, hnp one live float4
+# column), not a multiple of 4 (hpn only: a warp with 1 or 3 live rows; the hnp contract
+# refuses it), whole blocks
 STEP_SHAPES = ((4, 8, 2, 32), (4, 20, 2, 64), (2, 17, 1, 96), (6, 36, 3, 128), (2, 16, 2, 160),
                (2, 12, 1, 192), (2, 5, 1, 224), (2, 32, 2, 256))
 
@@ -186,7 +187,7 @@ def test_step_applied_t_times_follows_the_scan(name, params, dtype, layout):
     assert max(budgets.values()) <= 1.0, budgets
 
 
-# --- the conv kernels ------------------------------------------------------------------------------
+# --- the conv kernels -----------------------------------------------------------------------------
 
 def _conv(op: str, dtype: str, batch: int, channels: int, width: int = 4, tokens=None,
           dist="normal", **params) -> Case:
@@ -301,7 +302,7 @@ def test_state_carries_across_two_prefill_calls():
         assert _budget(y, exact["y"], bound["y"]) <= 1.0, f"T1 = {t1}"
 
 
-# --- mutants ---------------------------------------------------------------------------------------
+# --- mutants --------------------------------------------------------------------------------------
 
 MUTANT_IMPLS = ("mutant_kp_ssm_step_softplus_twice", "mutant_kp_conv_step_double_shift",
                 "mutant_kp_conv_state_skips_last_token")
