@@ -24,7 +24,7 @@ flush its subnormal results).
 
 Rounding points (the contract): inputs as stored (T); the products, the sum and the silu in f32;
 y rounded to T once, at the store; the state is a copy of stored inputs, bit for bit (its
-comparator is `Exact`: no tolerance). An impl that rounds the conv's sum to T before the silu
+comparator is `Exact`: no tolerance), under `ftz` too (a copy is no arithmetic: subnormals kept). An impl that rounds the conv's sum to T before the silu
 (`causal_conv1d_ref` run in bf16: F.conv1d's output is bf16, then F.silu) has a second rounding
 this contract does not admit.
 
@@ -101,11 +101,19 @@ def _bias(v: dict, case):
     return v["bias"] if case.params["bias"] else None
 
 
+def stored_window(inputs: dict, x) -> np.ndarray:
+    """cat(conv_state_in, x) as stored, float64: what the state out copies. A copy is no
+    arithmetic, so FTZ does not touch it (`kernel_view` with param `ftz` reads f32 subnormals as
+    0, as the kernel's arithmetic does): the state keeps subnormals and their signs."""
+    return np.concatenate([np.asarray(inputs["conv_state_in"]).astype(np.float64),
+                           np.asarray(x).astype(np.float64)], axis=1)
+
+
 def conv1d_causal(inputs: dict, case) -> dict:
     v = kernel_view(inputs, case)
     xx = np.concatenate([v["conv_state_in"], v["x"]], axis=1)
     return {"y": conv(xx, v["weight"], _bias(v, case), case.params["silu"]),
-            "conv_state": xx[:, case.dims["tokens"]:]}
+            "conv_state": stored_window(inputs, inputs["x"])[:, case.dims["tokens"]:]}
 
 
 def conv1d_causal_step(inputs: dict, case) -> dict:
@@ -113,7 +121,8 @@ def conv1d_causal_step(inputs: dict, case) -> dict:
     v = kernel_view(inputs, case)
     xx = np.concatenate([v["conv_state_in"], v["x"][:, None]], axis=1)
     y = conv(xx, v["weight"], _bias(v, case), case.params["silu"])
-    return {"y": y[:, 0], "conv_state_out": xx[:, 1:]}
+    return {"y": y[:, 0],
+            "conv_state_out": stored_window(inputs, np.asarray(inputs["x"])[:, None])[:, 1:]}
 
 
 # --- the admissible kernel -----------------------------------------------------------------------
@@ -140,15 +149,17 @@ def conv_kernel(A, xx: np.ndarray, weight: np.ndarray, bias, act: bool):
 def conv1d_causal_kernel(A, inputs: dict, case) -> dict:
     v = kernel_view(inputs, case)
     xx = np.concatenate([v["conv_state_in"], v["x"]], axis=1)
+    stored = stored_window(inputs, inputs["x"])
     return {"y": conv_kernel(A, xx, v["weight"], _bias(v, case), case.params["silu"]),
-            "conv_state": A.load(xx[:, case.dims["tokens"]:])}
+            "conv_state": A.load(stored[:, case.dims["tokens"]:])}
 
 
 def conv1d_causal_step_kernel(A, inputs: dict, case) -> dict:
     v = kernel_view(inputs, case)
     xx = np.concatenate([v["conv_state_in"], v["x"][:, None]], axis=1)
     y = conv_kernel(A, xx, v["weight"], _bias(v, case), case.params["silu"])
-    return {"y": y.reshape(y.shape[0], y.shape[2]), "conv_state_out": A.load(xx[:, 1:])}
+    stored = stored_window(inputs, np.asarray(inputs["x"])[:, None])
+    return {"y": y.reshape(y.shape[0], y.shape[2]), "conv_state_out": A.load(stored[:, 1:])}
 
 
 # --- the ops -----------------------------------------------------------------------------------

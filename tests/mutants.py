@@ -897,3 +897,27 @@ def _ssd_mutants():
 
 SSD_MUTANTS = tuple(_ssd_mutants())
 register(*(m for m in SSD_MUTANTS if m.id not in _existing))
+
+# --- Mamba-2 on CUDA (issue 30; gpu_impls/cuda/ssm.py) ------------------------------------------
+#
+# The same bugs as the torch mutants above, in kparity's kernels (compile-time defines): each
+# invisible at position 0 (one token from a zero state), caught by the gate's cases that carry a
+# state (tests/test_gpu_ssm.py shows both).
+#
+# | mutant                                      | bug                                            |
+# |---------------------------------------------|------------------------------------------------|
+# | cuda:mutant_kp_ssm_step_softplus_twice      | kp_ssm_step's decay exp(softplus(dt) A): dt    |
+# |                                             | activated twice (the input term keeps dt)      |
+# | cuda:mutant_kp_conv_step_double_shift       | kp_conv1d_causal_step shifts the ring twice:   |
+# |                                             | [s0, s1, s2] -> [s2, s2, x] (right at W <= 3)  |
+# | cuda:mutant_kp_conv_state_skips_last_token  | kp_conv1d_causal's final state is the window   |
+# |                                             | before the last token, where T > 1             |
+
+SSM_CUDA_MUTANTS = (
+    ("cuda:kp_ssm_step", "mutant_kp_ssm_step_softplus_twice", "KPARITY_MUTANT_SOFTPLUS_TWICE"),
+    ("cuda:kp_conv1d_causal_step", "mutant_kp_conv_step_double_shift",
+     "KPARITY_MUTANT_CONV_DOUBLE_SHIFT"),
+    ("cuda:kp_conv1d_causal", "mutant_kp_conv_state_skips_last_token",
+     "KPARITY_MUTANT_CONV_STATE_SKIPS_LAST"),
+)
+register_cuda_mutants(SSM_CUDA_MUTANTS)

@@ -59,6 +59,9 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_MUTANT_EXCLUSIVE_MASK", "KPARITY_MUTANT_DECAY_AFTER_UPDATE",
                   "KPARITY_MUTANT_DECAY_SIGN",  # kernels/gdn_intra.cu (kkt)
                   "KPARITY_MUTANT_UNSCALED_STATE",  # kernels/gdn_chunk_h.cu
+                  # Mamba-2 (kernels/ssm_step.cu, kernels/conv1d.cu)
+                  "KPARITY_MUTANT_SOFTPLUS_TWICE", "KPARITY_MUTANT_CONV_DOUBLE_SHIFT",
+                  "KPARITY_MUTANT_CONV_STATE_SKIPS_LAST",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
