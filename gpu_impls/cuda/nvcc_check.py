@@ -59,6 +59,8 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_MUTANT_EXCLUSIVE_MASK", "KPARITY_MUTANT_DECAY_AFTER_UPDATE",
                   "KPARITY_MUTANT_DECAY_SIGN",  # kernels/gdn_intra.cu (kkt)
                   "KPARITY_MUTANT_UNSCALED_STATE",  # kernels/gdn_chunk_h.cu
+                  # Mamba-2's chunked SSD (kernels/kp_ssd_chunked.cu)
+                  "KPARITY_MUTANT_GROUP_MODULO", "KPARITY_MUTANT_DROP_D_SKIP",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
