@@ -537,23 +537,24 @@ kp_ssd_out(const typename T::storage* __restrict__ x,
             __syncthreads();  // the previous column block's reads of x_s and q_s are done
             Tile<T, SB, PO> xt;
             xt.fetch(xh + (size_t)(t0 + i * SB) * x_stride, x_stride, m - i * SB, xcols, xvec);
-#pragma unroll 1
-            for (int idx = threadIdx.x; idx < SB * (SB / 4); idx += THREADS) {
+            // Branch-free: every element is formed and the ones above the diagonal or past T
+            // are selected away (their expf may overflow: a select, never a product, drops it).
+#pragma unroll 2
+            for (int it = 0; it < SB * SB / 4 / THREADS; ++it) {
+                const int idx = threadIdx.x + it * THREADS;
                 const int l = idx / (SB / 4), s4 = (idx % (SB / 4)) * 4;
                 const int lg = l0 + l;  // row and columns in the chunk
                 float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 if (lg < m)
                     to_array(*reinterpret_cast<const float4*>(cbr + (size_t)l * chunk + i * SB
                                                               + s4), f);
+                const float cl = tcs[lg];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int sg = i * SB + s4 + e;
-                    float v = 0.0f;
-                    if (lg < m && sg <= lg) {  // sg <= lg < m: a token below T
-                        const float decay = sg == lg ? 1.0f : expf(tcs[lg] - tcs[sg]);
-                        v = __fmul_rn(__fmul_rn(f[e], decay), tdt[sg]);
-                    }
-                    f[e] = v;
+                    const float decay = sg == lg ? 1.0f : expf(cl - tcs[sg]);
+                    const float v = __fmul_rn(__fmul_rn(f[e], decay), tdt[sg]);
+                    f[e] = lg < m && sg <= lg ? v : 0.0f;  // sg <= lg < m: a token below T
                 }
                 *reinterpret_cast<float4*>(q_s + l * LDQ + s4) = make_float4(f[0], f[1], f[2], f[3]);
             }
