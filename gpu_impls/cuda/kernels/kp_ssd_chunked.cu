@@ -10,7 +10,8 @@
 //                    S_n, stored to the workspace `states`; S_{n+1} = exp(cs_last) S_n + st_n,
 //                    st_n = sum_s x_s (B_s * (exp(cs_last - cs_s) dt_s)); the last S is `state`
 //   kp_ssd_out<T>    y per 64 rows l of a chunk, per (b, h, 64 columns p):
-//                    y_l = (C_l . S_n) exp(cs_l) + sum_{s <= l} (CB[l, s] exp(cs_l - cs_s) dt_s) x_s
+//                    y_l = (C_l . S_n) exp(cs_l)
+//                          + sum_{s <= l} (CB[l, s] exp(cs_l - cs_s) dt_s) x_s
 //                          + D x_l, then y *= silu(z) with the gate, rounded to T once at the store
 //
 // The math and its rounding points are the oracle's kernel path (oracle/ssd_chunked.py
@@ -277,7 +278,8 @@ kp_ssd_cb(const typename T::storage* __restrict__ Bm, const typename T::storage*
                     to_array(*reinterpret_cast<const float4*>(c_s + (4 * lq + r) * LDN + k), a[r]);
 #pragma unroll
                 for (int c = 0; c < 4; ++c)
-                    to_array(*reinterpret_cast<const float4*>(b_s + (sq + 16 * c) * LDN + k), bb[c]);
+                    to_array(*reinterpret_cast<const float4*>(b_s + (sq + 16 * c) * LDN + k),
+                             bb[c]);
 #pragma unroll
                 for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -445,7 +447,7 @@ kp_ssd_state(const typename T::storage* __restrict__ x,
     }
 }
 
-// --- kp_ssd_out: y per 64 rows of a chunk ---------------------------------------------------------
+// --- kp_ssd_out: y per 64 rows of a chunk --------------------------------------------------------
 
 template <typename T>
 __global__ void __launch_bounds__(KP_SSD_THREADS, 2)
@@ -556,7 +558,8 @@ kp_ssd_out(const typename T::storage* __restrict__ x,
                     const float v = __fmul_rn(__fmul_rn(f[e], decay), tdt[sg]);
                     f[e] = lg < m && sg <= lg ? v : 0.0f;  // sg <= lg < m: a token below T
                 }
-                *reinterpret_cast<float4*>(q_s + l * LDQ + s4) = make_float4(f[0], f[1], f[2], f[3]);
+                *reinterpret_cast<float4*>(q_s + l * LDQ + s4) =
+                    make_float4(f[0], f[1], f[2], f[3]);
             }
             xt.commit(x_s, LDO, nullptr);
             __syncthreads();  // x_s, q_s visible
