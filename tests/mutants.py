@@ -921,3 +921,18 @@ SSM_CUDA_MUTANTS = (
      "KPARITY_MUTANT_CONV_STATE_SKIPS_LAST"),
 )
 register_cuda_mutants(SSM_CUDA_MUTANTS)
+
+# --- kparity's chunked SSD on CUDA (issue 30; gpu_impls/cuda/ssd.py) -----------------------------
+#
+# | mutant                                  | bug                                                |
+# |-----------------------------------------|----------------------------------------------------|
+# | cuda:mutant_kp_ssd_chunked_group_modulo | head h reads B/C group h % G, not h // (H / G), in |
+# |                                         | the chunk states and in y (C, C·Bᵀ): visible from  |
+# |                                         | token 0 wherever 1 < G < H (the edge heads)        |
+# | cuda:mutant_kp_ssd_chunked_drop_d_skip  | y without the D·x skip                             |
+
+SSD_CUDA_MUTANTS = (
+    ("cuda:kp_ssd_chunked", "mutant_kp_ssd_chunked_group_modulo", "KPARITY_MUTANT_GROUP_MODULO"),
+    ("cuda:kp_ssd_chunked", "mutant_kp_ssd_chunked_drop_d_skip", "KPARITY_MUTANT_DROP_D_SKIP"),
+)
+register_cuda_mutants(SSD_CUDA_MUTANTS)

@@ -62,6 +62,8 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   # Mamba-2 (kernels/ssm_step.cu, kernels/conv1d.cu)
                   "KPARITY_MUTANT_SOFTPLUS_TWICE", "KPARITY_MUTANT_CONV_DOUBLE_SHIFT",
                   "KPARITY_MUTANT_CONV_STATE_SKIPS_LAST",
+                  # Mamba-2's chunked SSD (kernels/kp_ssd_chunked.cu)
+                  "KPARITY_MUTANT_GROUP_MODULO", "KPARITY_MUTANT_DROP_D_SKIP",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
