@@ -133,10 +133,16 @@ def ssd_scan_cases() -> list[Case]:
 
 
 def bench(op: str) -> list[Case]:
-    """Prefill at the model shapes, batch 1, T in BENCH_TOKENS, bf16."""
-    return [case(op, heads, 1, t, "bf16", {"initial_state": "given"},
-                 label=f"bench:{heads[0].split(':')[1]}-t{t}")
-            for heads, t in product((NEMOTRON, MAMBA2), BENCH_TOKENS)]
+    """Prefill at the model shapes, batch 1, T in BENCH_TOKENS, bf16; the chunked form also
+    with dots = "T" (`-dotsT`: the contract mamba_ssm's Triton kernels implement, so they time
+    beside kparity's on the same cases)."""
+    cases = [case(op, heads, 1, t, "bf16", {"initial_state": "given"},
+                  label=f"bench:{heads[0].split(':')[1]}-t{t}")
+             for heads, t in product((NEMOTRON, MAMBA2), BENCH_TOKENS)]
+    if op == "ssd_chunked":
+        cases += [case(op, NEMOTRON, 1, t, "bf16", {"initial_state": "given", "dots": "T"},
+                       label=f"bench:nemotron-3-nano-t{t}-dotsT") for t in BENCH_TOKENS]
+    return cases
 
 
 @bench_cases("ssd_scan")

@@ -53,6 +53,11 @@
 #     cuda:kp_gdn_chunked beside torch's chunked form and fla; each stage beside torch's at
 #     T=4096; the A/B of kp_gdn_chunked against torch's chunked form (all --no-verify: the
 #     float64 oracles take minutes at these T; the check verifies the pipeline on its gate cases)
+#   bash scripts/gpu_bench.sh mamba     issue 30: the check of kparity's CUDA Mamba-2 kernels, then
+#     at Nemotron-3-Nano's heads (bf16, `chain`): ssm_step (B = 1, 64, both layouts) beside torch
+#     and mamba_ssm's selective_state_update, the conv step (B = 1, 64) and prefill (T = 2048)
+#     beside torch, ssd_chunked (T = 2048 / 16384, dots f32 and T) beside torch's listing and
+#     mamba_ssm's mamba_chunk_scan_combined; the A/B of kp_ssd_chunked against the listing
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -196,6 +201,17 @@ gdn-chunked)
   done
   run bench --op gdn_chunk_o --preset qwen3-next-b1-t4096 --dtype bf16 --mode chain --min-time 0.2 --impl cuda:gdn_chunk_o,torch:gdn_chunk_o --no-verify
   run ab torch:chunk_gated_delta_rule cuda:kp_gdn_chunked --preset qwen3-next-b1-t4096 --dtype bf16 --min-time 0.2
+  ;;
+mamba)
+  # mamba_ssm's Triton kernels (python-only install; causal_conv1d's build skipped: ~330 s):
+  # KPARITY_SKIP_CONV_BUILD=1 bash scripts/mamba_peer_install.sh; export PYTHONPATH=/tmp/site:$PWD
+  run check --impl cuda:kp_ssm_step,cuda:kp_conv1d_causal_step,cuda:kp_conv1d_causal,cuda:kp_ssd_chunked --show-failures 5
+  B="--dtype bf16 --mode chain --min-time 0.2"
+  run bench --op ssm_step --preset nemotron-3-nano $B --impl cuda:kp_ssm_step,torch:ssm_step,torch:mamba_selective_state_update
+  run bench --op conv1d_causal_step --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal_step,torch:conv1d_causal_step
+  run bench --op conv1d_causal --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal,torch:conv1d_causal --no-verify
+  run bench --op ssd_chunked --preset nemotron-3-nano $B --impl cuda:kp_ssd_chunked,torch:ssd_chunked,torch:mamba_chunk_scan_combined --no-verify
+  run ab torch:ssd_chunked cuda:kp_ssd_chunked --preset nemotron-3-nano-t2048 --dtype bf16 --min-time 0.2
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)
