@@ -18,6 +18,7 @@ from cases.model import Case, make_inputs
 from runners.correctness import check, oracle_for, run_impl
 from runners.verdicts import repro_command
 from tests.test_attention import assert_paging_invariant
+from tests.gpu_helpers import cuda_backend as _cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 MUTANTS = "tests/mutants.py"
@@ -30,14 +31,6 @@ CASES = (("sdpa_decode", {**SMALL, "max_len": 300}, "near_tie", {}),
          ("sdpa_decode", {"batch": 2, "heads": 64, "kv_heads": 8, "head_dim": 64,
                           "max_len": 200}, "normal", {"sinks": 1, "window": 128}),
          ("sdpa_decode_paged", PAGED, "normal", {}))
-
-
-def _cuda():
-    backend = gpu_impls.backend("cuda")
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
-    return backend
 
 
 @pytest.mark.parametrize("op, dims, dist, params", CASES)

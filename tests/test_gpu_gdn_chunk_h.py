@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gpu_impls
-from cases.generate import Work, plan
+from cases.generate import plan
 from cases.model import Case
 from oracle.dtypes import round_to, spacing
 from oracle.gdn import EPS
@@ -29,31 +28,11 @@ from oracle.gdn_math import l2norm as l2norm_exact
 from oracle.numerics import U
 from runners.correctness import check
 from runners.verdicts import repro_command
+from tests.gpu_helpers import cuda_backend as _cuda, impl as _impl, assert_passes as _assert_passes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
-MUTANTS = "tests/mutants.py"
 IMPL = "cuda:kp_gdn_chunk_h"
 SEED = {"batch": 1, "heads_k": 2, "heads_v": 4, "dim_k": 128, "dim_v": 128}
-
-
-def _cuda():
-    backend = gpu_impls.backend("cuda")
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
-    return backend
-
-
-def _impl(impl_id: str):
-    if "mutant" in impl_id:
-        gpu_impls.load_plugin(MUTANTS)
-    return gpu_impls.impls()[impl_id]
-
-
-def _assert_passes(impl_id: str, case: Case):
-    row = check(Work(_impl(impl_id), case, "valid"), _cuda())
-    assert row["status"] == "pass", (f"{row['status']} {impl_id} on {case.short()}: "
-                                     f"{row['message']}\ncase: {case.to_json()}")
 
 
 # (id, dims over SEED, dtype, params)

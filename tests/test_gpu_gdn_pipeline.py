@@ -18,18 +18,11 @@ import gpu_impls
 from cases.generate import Work
 from cases.model import Case
 from runners.correctness import check
+from tests.gpu_helpers import cuda_backend as _cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 IMPL = "cuda:kp_gdn_chunked"
 SEED = {"heads_k": 2, "heads_v": 4, "dim_k": 128, "dim_v": 128}
-
-
-def _cuda():
-    backend = gpu_impls.backend("cuda")
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
-    return backend
 
 
 def _row(impl, case: Case) -> dict:

@@ -30,6 +30,7 @@ from runners.correctness import check, run_impl
 from runners.oracle_cache import reference_and_bounds
 from runners.verdicts import repro_command
 from tests.test_ssd import _recurrence, _truth_budget
+from tests.gpu_helpers import cuda_backend as _cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 MUTANTS = "tests/mutants.py"
@@ -40,14 +41,6 @@ TINY = {"heads": 4, "dim_p": 8, "groups": 2, "dim_n": 16}
 NEMOTRON16 = {"heads": 16, "dim_p": 64, "groups": 8, "dim_n": 128}
 NEMOTRON8 = {**NEMOTRON16, "heads": 8}
 GIVEN = {"initial_state": "given"}
-
-
-def _cuda():
-    backend = gpu_impls.backend("cuda")
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
-    return backend
 
 
 def _impl(impl_id: str = IMPL):

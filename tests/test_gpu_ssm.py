@@ -24,31 +24,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gpu_impls
 from cases.generate import Work, plan
 from cases.model import Case, make_inputs
 from cases.ssd import DISTS
 from runners.correctness import check, oracle_for, run_impl
 from runners.verdicts import repro_command
+from tests.gpu_helpers import cuda_backend as _cuda, impl as _impl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
-MUTANTS = "tests/mutants.py"
 NEMOTRON = {"heads": 64, "dim_p": 64, "groups": 8, "dim_n": 128}
 SEQ = ("x", "dt_raw", "Bm", "Cm")
-
-
-def _cuda():
-    backend = gpu_impls.backend("cuda")
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
-    return backend
-
-
-def _impl(impl_id: str):
-    if "mutant" in impl_id:
-        gpu_impls.load_plugin(MUTANTS)
-    return gpu_impls.impls()[impl_id]
 
 
 def _status(impl_id: str, case: Case) -> dict:
