@@ -24,6 +24,11 @@ Where the xBC differ (torch, f32, a fresh sequence), the two paths' y are not he
 sum of their scan bounds of each other: their oracles differ by the recurrence's response to
 the xBC difference (measured: 1.28 times the sum at T1 = 1, the paths' y 1.29 times). 2 bounds
 that difference by the conv bound; 3 carries it.
+
+Batch invariance of the slice's impls (issue 30, "where declared"): MLX's conv, step and scan
+declare it on a CPU and the generic check over declared impls (tests/test_qmm.py) runs them on
+their gate cases; here, a gated batch (z sliced per row) and the measured reason torch's do not
+declare it.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import pytest
 
 import gpu_impls
 from cases.model import Case, make_inputs
-from runners.correctness import run_impl
+from runners.correctness import batch_variant_rows, run_impl
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
 HEADS = {"heads": 4, "dim_p": 8, "groups": 2, "dim_n": 16}
@@ -226,3 +231,35 @@ def test_one_token_from_a_zero_state_misses_the_double_shift():
     mutant: the zero ring shifted twice is still zero."""
     layer = _double_shift_layer(1)
     assert split_failures(layer, layer.one_prefill(), layer.prefill_then_steps(0), False) == []
+
+
+# --- batch invariance of the slice's impls --------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["ssd_scan", "ssm_step"])
+def test_a_gated_batch_is_each_row_alone_on_mlx(op):
+    """MLX's scan and step declare batch invariance on a CPU: row i of a gated batch of 3 is
+    that row run alone, bit for bit; z is one of the rows' own inputs (`OpSpec.batch`), sliced
+    with x. (The generic check over declared impls, tests/test_qmm.py, draws gateless batches
+    from the gate cases.)"""
+    pytest.importorskip("mlx.core")
+    impl, be = gpu_impls.impls()[f"mlx:{op}"], gpu_impls.backend("mlx")
+    dims = {**HEADS, "batch": 3} if op == "ssm_step" else {**HEADS, "batch": 3, "tokens": 5}
+    case = Case.make(op, dims, "bf16", params={"gate": True, "initial_state": "given"})
+    assert impl.batch_invariant_on(be.device())
+    assert batch_variant_rows(impl, be, case) == []
+
+
+@pytest.mark.parametrize("impl_id, case", [
+    ("torch:ssm_step", Case.make("ssm_step", {**HEADS, "batch": 8}, "f32")),
+    ("torch:conv1d_causal", Case.make("conv1d_causal", {"batch": 8, "tokens": 5, "channels": 37,
+                                                        "width": 4}, "f32",
+                                      params={"initial_state": "given"}))])
+def test_torch_scans_and_conv_are_not_batch_invariant_so_they_do_not_declare_it(impl_id, case):
+    """The measured reason behind the torch impls' missing declarations (their module
+    docstrings): on a CPU, rows of a batch differ from each row alone in some bit (F.softplus
+    and F.silu round a vector body and a scalar tail differently). The gate cases' batches are
+    too small to show it, so the generic check would not catch a false declaration there."""
+    pytest.importorskip("torch")
+    impl = gpu_impls.impls()[impl_id]
+    assert impl.batch_invariant is False
+    assert batch_variant_rows(impl, gpu_impls.backend("torch"), case)
