@@ -357,7 +357,7 @@ register(OpSpec(
     outputs=(TensorSpec("y", X), TensorSpec("state", STATE, role="f32")),
     oracle=ssd_scan, tolerance=None, kernel=scan_kernel, params=PARAMS,
     param_values=PARAM_VALUES,
-    batch=BatchDim("batch", ("x", "dt_raw", "Bm", "Cm", "h0"), ("y", "state")), **COMMON))
+    batch=BatchDim("batch", ("x", "dt_raw", "Bm", "Cm", "z", "h0"), ("y", "state")), **COMMON))
 
 VARLEN_PARAMS = {**PARAMS, "segments": (2, 1)}
 register(OpSpec(
@@ -375,5 +375,5 @@ register(OpSpec(
     outputs=(TensorSpec("y", X1), TensorSpec("state_out", STATE1, role="f32")),
     oracle=ssm_step, tolerance=None, kernel=step_kernel, params=STEP_PARAMS,
     param_values={**PARAM_VALUES, "layout": LAYOUTS},
-    batch=BatchDim("batch", ("x", "dt_raw", "Bm", "Cm", "state_in"), ("y", "state_out")),
+    batch=BatchDim("batch", ("x", "dt_raw", "Bm", "Cm", "z", "state_in"), ("y", "state_out")),
     **COMMON))

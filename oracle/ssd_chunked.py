@@ -235,5 +235,5 @@ register(OpSpec(
     oracle=ssd_chunked, tolerance=None, kernel=chunked_kernel,
     params={**PARAMS, "chunk": 64, "dots": "f32"},
     param_values={**PARAM_VALUES, "chunk": CHUNKS, "dots": DOTS},
-    batch=BatchDim("batch", ("x", "dt_raw", "Bm", "Cm", "h0"), ("y", "state")),
+    batch=BatchDim("batch", ("x", "dt_raw", "Bm", "Cm", "z", "h0"), ("y", "state")),
     **{**COMMON, "flops": _flops, "domain": check_chunked_domain, "doc": __doc__}))

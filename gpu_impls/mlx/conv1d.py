@@ -3,13 +3,16 @@ Nemotron-H mixer's `_conv`: `nn.Conv1d(groups=conv_dim, padding=0)` over cat(con
 the new state the last W-1 rows of that, then silu): `mx.conv1d` with groups = D, channels last,
 then the bias. Here x, the weight and the bias are widened to f32 first (the contract's
 registers; mlx-lm runs the conv in the model's dtype) and y is rounded to T once.
-`mlx:conv1d_causal_step` is the same function over one token.
+`mlx:conv1d_causal_step` is the same function over one token. Both declare batch invariance on
+a CPU (verified over the gate cases and a sweep up to batch 64 and 6144 channels).
 """
 
 from __future__ import annotations
 
 from gpu_impls import register
 from gpu_impls.impl import Impl
+
+CPU = ("cpu",)  # batch invariance verified on a CPU (tests/test_qmm.py's generic check)
 
 
 def conv(x, state, weight, bias, act: bool):
@@ -46,9 +49,10 @@ def _conv1d_causal_step(launch, inputs, outputs, case):
 
 
 register(
-    Impl("conv1d_causal", "mlx", "conv1d_causal", _conv1d_causal,
+    Impl("conv1d_causal", "mlx", "conv1d_causal", _conv1d_causal, batch_invariant=CPU,
          doc="mlx-lm's Mamba-2 conv: mx.conv1d(groups=D) over cat(state, x) in f32, + bias, "
              "silu, y rounded to T"),
     Impl("conv1d_causal_step", "mlx", "conv1d_causal_step", _conv1d_causal_step,
+         batch_invariant=CPU,
          doc="one token of mlx:conv1d_causal's function"),
 )

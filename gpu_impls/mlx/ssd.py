@@ -7,6 +7,9 @@ y = Σ_n S C + D x, y *= silu(z) (mlx.nn's x·sigmoid(x)); B and C repeated per 
 `step` on the same per-token shapes, so T calls of `mlx:ssm_step` reproduce it bit for bit
 (`tests/test_ssd.py`). Every input is widened to f32 first (the contract's registers), y is
 rounded to T once. The hnp state layout is transposed in and out around the hpn step.
+Both declare batch invariance on a CPU (row i of a batch is that row alone, bit for bit:
+verified over the gate cases, batches 2-8 at T up to 17, and the step at Nemotron-3-Nano's
+heads up to batch 64).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from gpu_impls import register
 from gpu_impls.impl import Impl
 from oracle.ssd import dt_limits
 
+CPU = ("cpu",)  # batch invariance verified on a CPU (tests/test_qmm.py's generic check)
 EVAL_EVERY = 256  # tokens between evaluations in the loop: keeps MLX's lazy graph shallow
 
 
@@ -74,8 +78,8 @@ def _ssm_step(launch, inputs, outputs, case):
 
 
 register(
-    Impl("ssd_scan", "mlx", "ssd_scan", _scan,
+    Impl("ssd_scan", "mlx", "ssd_scan", _scan, batch_invariant=CPU,
          doc="the sequential loop over mlx:ssm_step's step in f32 mx ops, y rounded once"),
-    Impl("ssm_step", "mlx", "ssm_step", _ssm_step,
+    Impl("ssm_step", "mlx", "ssm_step", _ssm_step, batch_invariant=CPU,
          doc="one token in f32 mx ops (logaddexp softplus, x·sigmoid(x) gate), hpn or hnp"),
 )

@@ -8,7 +8,9 @@ sequence, param initial_state "zero": no `initial_states`) or, with a given stat
 the window cat(state, x), the state shifted by one. Both widen x, w and the bias to f32 first
 (the contract's registers: the reference casts x to the weight's dtype, f32 in a model that
 keeps its conv in f32) and round y to T once, after the silu; the state is the stored T values,
-copied. CUDA where torch sees a GPU, else CPU.
+copied. CUDA where torch sees a GPU, else CPU. Neither declares batch invariance: on a CPU,
+F.silu rounds a vector body and a scalar tail differently and a row's place in the batch picks
+which (measured, a given state, 37 channels: rows of a batch of 2 differ from each alone).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 param cast "once" is mamba_ssm's `rms_norm_ref` (group_size, norm_before_gate=False: the weight
 multiplied in f32, one cast at the end); "hf" is HF's `Zamba2RMSNormGated` (the normalised
 value cast to T, then `weight * x` in T). Both gate and normalise in f32. CUDA where torch sees a
-GPU, else CPU.
+GPU, else CPU. Not declared batch invariant: measured not to be on a CPU (F.silu's vector body
+and scalar tail round differently; a row's place in the batch picks which).
 """
 
 from __future__ import annotations

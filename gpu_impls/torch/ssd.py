@@ -12,6 +12,10 @@ each start. Every intermediate is f32, y is rounded to T once.
 `segsum`; torch.einsum, contracting left to right) as HF Mamba2's `torch_forward` feeds it: f32
 throughout, X = x·dt, A·dt, B and C repeated per head, T zero-padded to a multiple of the chunk,
 then y = Y + D x and the gate. CUDA where torch sees a GPU, else CPU.
+
+None declares batch invariance: on a CPU, F.softplus and F.silu round a vector body and a scalar
+tail differently and a row's place in the batch picks which (measured: torch:ssm_step at batch
+8 differs from each row alone); the chunked listing's einsums reorder their sums by shape.
 """
 
 from __future__ import annotations
