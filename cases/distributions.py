@@ -25,6 +25,8 @@ A distribution fills a tensor viewed as rows (last axis = the reduction axis of 
 |                 | would: level-2 loss against the unquantized W is reported (`OpSpec.loss`)   |
 | `equal_keys`    | N(0, 1) data; an attention op makes every attended key of a sequence one    |
 |                 | vector: all scores tie, the weights are uniform                           |
+| `hot_expert`    | N(0, 1) data; a MoE routing op sends every token to one expert (skew)      |
+| `exact_ties`    | N(0, 1) data; a router's k-th best logit copied into the next ones: ties   |
 
 `values(dist, shape, dtype, rng)` draws one tensor from a distribution; the inits that take the
 case's distribution ("data", "activation", and any registered with `adversarial=True`) call it.
@@ -40,7 +42,8 @@ from oracle.dtypes import is_float, tiny
 DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows",
                  "nonfinite")
 NONFINITE_CYCLE = (np.nan, np.inf, -np.inf, None)  # row r gets NONFINITE_CYCLE[r % 4]
-PLANTED = ("near_tie", "clear_margin", "quantized", "equal_keys")  # normal data; the op's `plant` does the rest
+# normal data; the op's `plant` does the rest
+PLANTED = ("near_tie", "clear_margin", "quantized", "equal_keys", "hot_expert", "exact_ties")
 # Past an op's f32 domain, generated only where the op's cases ask for it (the op's docstring
 # states its verdict there): `f32_overflow` is N(0, 1) * 1e20, whose squares leave f32's range.
 DOMAIN = ("f32_overflow",)
