@@ -6,7 +6,7 @@ two codes per byte, element 2j in the low nibble (vLLM, TE, CUDA's `__nv_fp4x2_e
 Formats (param `format`), x [R, K] in T quantized in blocks of `block` consecutive elements of K:
 
     nvfp4   block 16, UE4M3 block scale (u8 bits of float8_e4m3fn), f32 tensor scale
-            gs_enc = f32(2688 / amax(|X|))   (1 when amax = 0, as TE: vLLM's ref would give inf)
+            gs_enc = f32(2688 / amax(|X|))   clamped to f32 max; 1 when amax = 0 (TE's rule)
             tensor_scale = gs_dec = f32(1 / gs_enc)               (the op's third output)
     mxfp4   block 32, E8M0 block scale (u8 biased exponent e + 127), no tensor scale
             (tensor_scale = 1)
@@ -23,7 +23,8 @@ step is an f32 operation, as the reference computes it):
     mxfp4 "mlx" (`mx.quantize(mode="mxfp4")`, MLX 0.32.4 CPU): e = ceil(log2(f32(amax / 6))) as
           "ceil" (not the round() math.md §4.3 reads in its source: measured bit for bit,
           tests/test_fp4.py), with nearest-low E2M1
-    (mxfp4: e clamped to [-127, 127]; an all-zero block gets e = -127, scale byte 0.)
+    (mxfp4: e clamped to [-127, 127]; an all-zero block gets e = -127, scale byte 0, except
+    under "mlx", where it gets e = 0, byte 127, as MLX 0.32.4 stores it.)
 
 E2M1 rounding of a scaled value v (saturating at ±6):
     "rne"          ties to the even code (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4),
@@ -111,9 +112,13 @@ def _e4m3(s: np.ndarray) -> np.ndarray:
 
 
 def tensor_encode(x: np.ndarray) -> np.float32:
-    """gs_enc = f32(2688 / amax), 1 where amax is 0 (TE's rule)."""
+    """gs_enc = f32(2688 / amax), clamped to f32's max (an amax below 2688 / 3.4e38 = 7.9e-36
+    overflows it), 1 where amax is 0: TE's rule (vLLM's ref would give inf)."""
     amax = F32(np.max(np.abs(x))) if x.size else F32(0)
-    return F32(1) if amax == 0 else F32(F32(2688) / amax)
+    if amax == 0:
+        return F32(1)
+    with np.errstate(over="ignore"):
+        return np.minimum(F32(F32(2688) / amax), np.finfo(F32).max)
 
 
 def nvfp4_exact(x: np.ndarray, rounding: str = "rne"):
@@ -166,7 +171,8 @@ def mx_exponent(amax: np.ndarray, rule: str) -> np.ndarray:
             exp = np.where(m == 0.5, e - 1, e)
         else:
             raise ValueError(f"mxfp4 scale_rule {rule!r}; valid: {', '.join(RULES['mxfp4'])}")
-    return np.where(amax == 0, -127, np.clip(exp, -127, 127)).astype(np.int64)
+    zero = 0 if rule == "mlx" else -127  # MLX gives an all-zero block the scale 2^0
+    return np.where(amax == 0, zero, np.clip(exp, -127, 127)).astype(np.int64)
 
 
 def mxfp4(x: np.ndarray, rule: str, rounding: str):
@@ -280,9 +286,9 @@ def plant(inputs: dict, case) -> dict:
 
 def _from_x(case, raw: dict) -> dict:
     """fp4_dequantize's inputs: the drawn x (planted as fp4_quantize's) quantized by the case's
-    rule, as a checkpoint holds it. A case of partial blocks (a contract's violating case, never
-    launched) gets zeros of the declared shapes."""
-    if case.dims["cols"] % BLOCK[case.params["format"]]:
+    rule, as a checkpoint holds it. A case of partial blocks or of a format without that rule (a
+    contract's violating case, never launched) gets zeros of the declared shapes."""
+    if case.dims["cols"] % BLOCK[case.params["format"]] or case.spec.domain_error(case):
         d, p = case.dims, case.params
         return {"codes": np.zeros(CODES(d), np.uint8), "scales": np.zeros(_nblocks(d, p), np.uint8),
                 "tensor_scale": np.ones(1, F32)}

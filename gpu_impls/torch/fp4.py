@@ -35,8 +35,9 @@ def format_is(fmt: str) -> Invariant:
                      {"format": other}, ("format",))
 
 
-def cast_to_fp4(v):
-    """vLLM's `cast_to_fp4` (RNE thresholds) -> 4-bit codes, the sign kept (as the hardware cvt)."""
+def cast_to_fp4(v, ties_up: bool = False):
+    """vLLM's `cast_to_fp4` (RNE thresholds) -> 4-bit codes, the sign kept (as the hardware cvt).
+    `ties_up`: every tie to the larger magnitude (half away from zero: tests/mutants.py's bug)."""
     import torch
 
     a = v.abs()
@@ -45,7 +46,8 @@ def cast_to_fp4(v):
     for code, (edge, inclusive) in enumerate(((0.25, False), (0.75, True), (1.25, False),
                                               (1.75, True), (2.5, False), (3.5, True),
                                               (5.0, False)), start=1):
-        mag = torch.where((a >= edge) if inclusive else (a > edge), code, mag).to(torch.uint8)
+        up = (a >= edge) if inclusive or ties_up else (a > edge)
+        mag = torch.where(up, code, mag).to(torch.uint8)
     return mag | (torch.signbit(v).to(torch.uint8) << 3)
 
 
@@ -53,21 +55,26 @@ def pack(codes):
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
-def _nvfp4(x):
+def _nvfp4(x, ties_up: bool = False, unscaled_block_max: bool = False):
+    """vLLM's ref_nvfp4_quant. The flags are tests/mutants.py's bugs: ties half away from zero;
+    the block scale e4m3(vmax / 6) without the tensor scale gs_enc."""
     import torch
 
     x = x.float()
     r, k = x.shape
     amax = x.abs().max()
-    gs_enc = torch.where(amax == 0, torch.ones_like(amax), torch.tensor(2688.0) / amax)
+    big = torch.tensor(torch.finfo(torch.float32).max)
+    gs_enc = torch.where(amax == 0, torch.ones_like(amax),
+                         torch.minimum(torch.tensor(2688.0) / amax, big))  # TE's clamps
     gs_dec = 1.0 / gs_enc
     xb = x.reshape(r, k // 16, 16)
     vmax = xb.abs().amax(-1, keepdim=True)
-    s = gs_enc * (vmax * torch.tensor(1.0 / 6.0, dtype=torch.float32))
+    s = vmax * torch.tensor(1.0 / 6.0, dtype=torch.float32)
+    s = s if unscaled_block_max else gs_enc * s
     sf = s.clamp(max=448.0).to(torch.float8_e4m3fn)
     sf32 = sf.float()
     enc = torch.where(sf32 == 0, torch.zeros_like(sf32), 1.0 / (sf32 * gs_dec))
-    q = cast_to_fp4((xb * enc).clamp(-6.0, 6.0)).reshape(r, k)
+    q = cast_to_fp4((xb * enc).clamp(-6.0, 6.0), ties_up).reshape(r, k)
     return pack(q), sf.view(torch.uint8).reshape(r, k // 16), gs_dec.reshape(1)
 
 
@@ -109,8 +116,9 @@ def _dequantize(launch, inputs, outputs, case):
     return {"x_hat": x.to(outputs["x_hat"].dtype)}
 
 
-# torch:fp4_quantize_ref (_quantize) is not registered yet: the runner has no poison bits
-# for u8 outputs (gpu_impls/backend.py POISON_BITS), so it cannot launch an op with u8 outputs.
-register(Impl("fp4_dequantize", "torch", "fp4_dequantize_ref", _dequantize,
+register(Impl("fp4_quantize", "torch", "fp4_quantize_ref", _quantize,
+              Contract(invariants=(whole_blocks(), rules("exact", "ocp", "ceil"))),
+              doc="vLLM ref_nvfp4_quant / OCP and TE (ceil) MXFP4 rules in torch f32 ops"),
+         Impl("fp4_dequantize", "torch", "fp4_dequantize_ref", _dequantize,
               Contract(invariants=(whole_blocks(),)),
               doc="E2M1 LUT x block scale x tensor scale in f32, rounded to T"))
