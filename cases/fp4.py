@@ -1,11 +1,12 @@
 """FP4 (NVFP4, MXFP4) cases: tiny gate shapes (rows 1-4, cols 32-128) for every format and scale
 rule, with the named distributions and three planted ones (`oracle/fp4.py`'s `plant`):
 
-    e2m1_ties        every E2M1 tie point (0.25, 0.75, ..., 5) and its negative, exactly, in
-                     blocks whose amax makes the block scale 1 (nvfp4: amax 6 -> sf 1 with
-                     gs_enc 2688/6 = 448... the tensor amax is 6 * 448 / 448)
-    scale_edges      block amaxes just below, at and just above 6 * 2^k (where the MX rules part)
-    one_outlier      one element 1e4 x the rest in a block, and an all-zero block
+    e2m1_ties        every E2M1 tie point t (0.25, 0.75, ..., 5) and -t, as t/2 in blocks of amax
+                     3 whose scaled values are exactly t (nvfp4: x[0, 0] = 5.25, so gs_enc = 512,
+                     sf = 256, enc = 2; mxfp4: 2^e = 1/2)
+    scale_edges      block amaxes just below, at and just above 6 * 2^k and 4 * 2^k (where
+                     floor(log2 amax) and ceil(log2(amax / 6)) change: the MX rules part)
+    one_outlier      x[0, 0] 1e4 x the rest (the tensor's amax), and an all-zero block
 Model-like shapes are bench presets only.
 """
 
