@@ -42,8 +42,10 @@ from oracle.dtypes import is_float, tiny
 DISTRIBUTIONS = ("normal", "outlier_rows", "f16_overflow", "tiny", "zero_rows", "constant_rows",
                  "nonfinite")
 NONFINITE_CYCLE = (np.nan, np.inf, -np.inf, None)  # row r gets NONFINITE_CYCLE[r % 4]
-# normal data; the op's `plant` does the rest
-PLANTED = ("near_tie", "clear_margin", "quantized", "equal_keys", "hot_expert", "exact_ties")
+# normal data; the op's `plant` does the rest (hot_expert, exact_ties: oracle/moe_route.py;
+# e2m1_ties, scale_edges, one_outlier: oracle/fp4.py)
+PLANTED = ("near_tie", "clear_margin", "quantized", "equal_keys", "hot_expert", "exact_ties",
+           "e2m1_ties", "scale_edges", "one_outlier")
 # Past an op's f32 domain, generated only where the op's cases ask for it (the op's docstring
 # states its verdict there): `f32_overflow` is N(0, 1) * 1e20, whose squares leave f32's range.
 DOMAIN = ("f32_overflow",)

@@ -18,14 +18,14 @@ from oracle.dtypes import storage_dtype
 # element still holding these bits after the launch was never written.
 POISON_BITS = {"f32": np.uint32(0x7FC0DEAD), "f16": np.uint16(0x7EAD),
                "bf16": np.uint16(0x7FED), "u32": np.uint32(0xFFFFFFFF),
-               "i32": np.uint32(0xFFFFFFFF)}
+               "i32": np.uint32(0xFFFFFFFF), "u8": np.uint8(0xFF)}
 # Guard regions (canaries) on both sides of every output: another NaN payload, distinct from
 # the poison and from anything a kernel computes, so any write there changes their bits. 4 KiB
 # a side keeps the output as aligned as the allocation (CUDA allocators: >= 256 bytes) and
 # catches a write up to 1024 f32 / 2048 bf16 elements out.
 CANARY_BITS = {"f32": np.uint32(0xFFA5A5A5), "f16": np.uint16(0xFFA5),
                "bf16": np.uint16(0xFFA5), "u32": np.uint32(0xA5A5A5A5),
-               "i32": np.uint32(0xA5A5A5A5)}
+               "i32": np.uint32(0xA5A5A5A5), "u8": np.uint8(0xA5)}
 GUARD_BYTES = 4096
 INDICES_SHOWN = 8
 

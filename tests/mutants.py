@@ -936,3 +936,36 @@ SSD_CUDA_MUTANTS = (
     ("cuda:kp_ssd_chunked", "mutant_kp_ssd_chunked_drop_d_skip", "KPARITY_MUTANT_DROP_D_SKIP"),
 )
 register_cuda_mutants(SSD_CUDA_MUTANTS)
+
+# --- FP4 quantization (issue 31; gpu_impls/torch/fp4.py) ---------------------------------------
+#
+# | mutant                              | bug                                                   |
+# |-------------------------------------|-------------------------------------------------------|
+# | torch:mutant_fp4_ties_away          | NVFP4 E2M1 rounding half away from zero (0.75 -> 1,   |
+# |                                     | 1.25 -> 1.5, 2.5 -> 3, 5 -> 6): the e2m1_ties cases   |
+# | torch:mutant_fp4_unscaled_block_max | NVFP4 block scale e4m3(vmax / 6) from the unscaled    |
+# |                                     | block max (no gs_enc), elements still x gs_enc / sf   |
+
+
+def _fp4_mutant(**bug):
+    def run(launch, inputs, outputs, case):
+        from gpu_impls.torch.fp4 import _nvfp4
+
+        codes, scales, ts = _nvfp4(inputs["x"], **bug)
+        return {"codes": codes, "scales": scales, "tensor_scale": ts}
+    return run
+
+
+def _fp4_contract():
+    from gpu_impls.torch.fp4 import format_is, rules, whole_blocks
+
+    return Contract(invariants=(format_is("nvfp4"), whole_blocks(), rules("exact")))
+
+
+FP4_MUTANTS = (
+    Impl("fp4_quantize", "torch", "mutant_fp4_ties_away", _fp4_mutant(ties_up=True),
+         _fp4_contract()),
+    Impl("fp4_quantize", "torch", "mutant_fp4_unscaled_block_max",
+         _fp4_mutant(unscaled_block_max=True), _fp4_contract()),
+)
+register(*(m for m in FP4_MUTANTS if m.id not in _existing))

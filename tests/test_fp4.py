@@ -1,0 +1,129 @@
+"""FP4 (NVFP4, MXFP4) oracle: the E2M1 table and its tie rules, packing, each format's scale rule,
+MLX's `mx.quantize` FP4 modes bit for bit against the "mlx" variants, and the two mutants red on
+the gate (`oracle/fp4.py`, `cases/fp4.py`, `tests/mutants.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cases.model import Case, make_inputs
+from oracle import fp4
+from oracle.dtypes import pack_e2m1, round_to
+from verbs.cli import main
+
+MUTANTS = str(Path(__file__).with_name("mutants.py"))
+TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+
+
+def test_e2m1_ties_rne_and_nearest_low():
+    """math.md §4.1: RNE sends 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; MLX's
+    argmin sends every tie to the lower magnitude; half-away to the upper."""
+    values = lambda c: fp4.e2m1_values(c)  # noqa: E731
+    assert list(values(fp4.e2m1_codes(TIES, "rne"))) == [0, 1, 1, 2, 2, 4, 4]
+    assert list(values(fp4.e2m1_codes(TIES, "nearest_low"))) == [0, .5, 1, 1.5, 2, 3, 4]
+    assert list(values(fp4.e2m1_codes(TIES, "half_away"))) == [.5, 1, 1.5, 2, 3, 4, 6]
+    assert list(values(fp4.e2m1_codes([7.0, -100.0], "rne"))) == [6, -6]  # saturates
+
+
+def test_e2m1_rne_agrees_with_ml_dtypes():
+    """An independent RNE: ml_dtypes' float4_e2m1fn cast (saturating) on random and tie values."""
+    rng = np.random.default_rng(0)
+    v = np.concatenate([rng.standard_normal(4000) * 3, TIES, -TIES, TIES + 1e-9, TIES - 1e-9])
+    ours = fp4.e2m1_values(fp4.e2m1_codes(v, "rne"))
+    ref = round_to(np.clip(v, -6, 6), "e2m1").astype(np.float64)
+    np.testing.assert_array_equal(ours, ref)
+
+
+def test_sign_of_a_value_rounding_to_zero():
+    """RNE keeps the sign (-0.1 -> 0x8, as the hardware cvt); MLX's argmin gives +0."""
+    assert list(fp4.e2m1_codes([-0.1, -0.0, -0.75], "rne")) == [8, 8, 10]
+    assert list(fp4.e2m1_codes([-0.1, -0.0, -0.75], "nearest_low")) == [0, 0, 9]
+
+
+def test_packing_element_2j_is_the_low_nibble():
+    codes = np.array([[1, 2, 3, 15]], dtype=np.uint8)
+    assert list(fp4.pack(codes)[0]) == [0x21, 0xF3]
+    np.testing.assert_array_equal(fp4.unpack(fp4.pack(codes)), codes)
+    v = round_to(fp4.e2m1_values(codes), "e2m1")  # the dtypes module's packing agrees
+    np.testing.assert_array_equal(pack_e2m1(v), fp4.pack(codes))
+
+
+def test_nvfp4_exact_scales_and_round_trip():
+    """sf = e4m3(gs_enc vmax / 6) with gs_enc = 2688 / amax: the tensor's largest block gets
+    sf = 448, and x_hat is within half a code step of x (E2M1 steps <= 2 x 0.25 of the scale)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    codes, scales, gs_dec = fp4.nvfp4_exact(x)
+    sf = fp4.scale_values(scales, "nvfp4")
+    amax = np.abs(x).max()
+    assert np.isclose(gs_dec, amax / 2688, rtol=1e-6)
+    assert sf.max() == 448.0
+    x_hat = fp4.dequantize(fp4.pack(codes), scales, gs_dec, "nvfp4")
+    step = np.repeat(sf * gs_dec, 16, axis=-1)  # one unit of the E2M1 grid in x's units
+    assert np.all(np.abs(x_hat - x) <= step * 1.0 + 1e-6 * amax)  # largest gap (4 -> 6) / 2
+
+
+def test_mxfp4_rules_part_where_the_references_do():
+    """amax 7: OCP floor(log2 7) - 2 = 0 (7 saturates to 6), ceil(log2(7/6)) = 1 (7/2 -> 4);
+    amax 6: both 0; amax 7.2 = 6 x 1.2: MLX's scale is ceil's (measured), not round's (0)."""
+    for amax, ocp, ceil in ((7.0, 0, 1), (6.0, 0, 0), (4.0, 0, 0), (7.2, 0, 1), (0.0, -127, -127)):
+        assert fp4.mx_exponent(np.array([amax]), "ocp")[0] == ocp
+        assert fp4.mx_exponent(np.array([amax]), "ceil")[0] == ceil
+    assert fp4.mx_exponent(np.array([0.0]), "mlx")[0] == 0
+
+
+def test_e2m1_ties_case_plants_exact_ties():
+    """The e2m1_ties gate case: every scaled value of the tie blocks is exactly a tie point."""
+    case = Case.make("fp4_quantize", {"rows": 1, "cols": 32}, "bf16", "e2m1_ties")
+    x = make_inputs(case)["x"].astype(np.float64)
+    gs_enc = fp4.tensor_encode(x.astype(np.float32))
+    assert gs_enc == 512 and x[0, 0] == 5.25
+    scaled = np.abs(x[0, 16:]) * 2  # block 1: sf = 256, enc = gs_enc / sf = 2
+    assert set(scaled[:-1]) == set(TIES) and scaled[-1] == 6
+
+
+@pytest.fixture(scope="module")
+def mx():
+    return pytest.importorskip("mlx.core")
+
+
+def _mlx_codes(mx, x, fmt: str, dtype: str):
+    t = {"f32": mx.float32, "bf16": mx.bfloat16, "f16": mx.float16}[dtype]
+    xa = mx.array(x.astype(np.float32)).astype(t)
+    kw = {"global_scale": mx.max(mx.abs(xa)).astype(mx.float32)} if fmt == "nvfp4" else {}
+    words, scales = mx.quantize(xa, mode=fmt, **kw)
+    words = np.array(words)
+    codes = (words[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 15  # element i: bits 4i
+    return codes.reshape(x.shape).astype(np.uint8), np.array(scales)
+
+
+@pytest.mark.parametrize("fmt, dtypes", [("nvfp4", ("f32",)), ("mxfp4", ("f32", "bf16", "f16"))])
+def test_mlx_quantize_is_bit_exact_to_the_mlx_rule(mx, fmt, dtypes):
+    """MLX 0.32.4: nvfp4 (f32 x) and mxfp4 (every dtype) equal the "mlx" rules bit for bit, on
+    normal data over four decades and on exact ties; the RNE rules do not (ties go low)."""
+    rng = np.random.default_rng(2)
+    ties = np.resize(np.concatenate([TIES, -TIES]) / 2, (2, 64))
+    ties[:, 31::32] = 3.0
+    for dtype in dtypes:
+        for x in (rng.standard_normal((16, 128)) * 10.0 ** rng.integers(-2, 2, (16, 1)), ties):
+            x = round_to(x, dtype).astype(np.float64)
+            codes, scales = _mlx_codes(mx, x, fmt, dtype)
+            ours, our_scales, _ = fp4.quantize(x, fmt, "mlx", dtype)
+            np.testing.assert_array_equal(our_scales, scales)
+            np.testing.assert_array_equal(ours, codes)
+    rne_rule = {"nvfp4": "exact", "mxfp4": "ceil"}[fmt]
+    assert (fp4.quantize(ties, fmt, rne_rule, "f32")[0] != _mlx_codes(mx, ties, fmt, "f32")[0]).any()
+
+
+@pytest.mark.parametrize("mutant, dist", [("mutant_fp4_ties_away", "e2m1_ties"),
+                                          ("mutant_fp4_unscaled_block_max", "normal")])
+def test_each_fp4_mutant_fails_a_gate_case(tmp_path, mutant, dist, capsys):
+    rc = main(["--plugin", MUTANTS, "--store", str(tmp_path), "check", "--impl",
+               f"torch:{mutant}", "--preset", "nvfp4-exact", "--dtype", "f32",
+               "--show-failures", "20"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert f"f32 {dist}" in out and f"--impl torch:{mutant}" in out
