@@ -64,6 +64,16 @@ def _experts(launch, inputs, outputs, case):
     return {"y": y}
 
 
+def _gather_mm_half_runs() -> tuple[bool, str]:
+    """mx.gather_mm takes f16/bf16 on an MLX GPU only: its CPU kernel is f32-only."""
+    import mlx.core as mx
+
+    if mx.default_device().type == mx.cpu:
+        return False, ("mx.gather_mm on MLX's CPU takes float32 only ([GatherMM::eval] "
+                       "Currently only supports float32): needs an MLX GPU (Metal, CUDA)")
+    return True, ""
+
+
 def _weights(value, other):
     return param_is("weights", value, f"mlx:grouped_gather_{'qmm' if value == 'dense' else 'mm'}",
                     other=other)
@@ -85,7 +95,8 @@ register(Impl("moe_grouped_gemm", "mlx", "grouped_gather_mm", _grouped,
                   "transpose=True, group 64, bits 4, sorted_indices=True)"),
          Impl("moe_grouped_gemm", "mlx", "grouped_gather_mm_half", _grouped,
               Contract(invariants=DENSE, dtypes=HALF),
-              doc="mx.gather_mm at f16/bf16: a speed baseline", report_only=GATHER_MM_HALF),
+              doc="mx.gather_mm at f16/bf16: a speed baseline", report_only=GATHER_MM_HALF,
+              requires=_gather_mm_half_runs),
          Impl("moe_grouped_gemm", "mlx", "grouped_gather_qmm_half", _grouped,
               Contract(invariants=AFFINE4, dtypes=HALF),
               doc="mx.gather_qmm at f16/bf16: a speed baseline", report_only=HALF_PRODUCT),
@@ -93,4 +104,4 @@ register(Impl("moe_grouped_gemm", "mlx", "grouped_gather_mm", _grouped,
               doc="gather_mm up, act in f32 rounded to T, gather_mm down"),
          Impl("moe_experts", "mlx", "experts_gather_mm_half", _experts,
               Contract(dtypes=HALF), doc="the same at f16/bf16: a speed baseline",
-              report_only=GATHER_MM_HALF))
+              report_only=GATHER_MM_HALF, requires=_gather_mm_half_runs))
