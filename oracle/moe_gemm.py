@@ -155,18 +155,20 @@ def _used(case) -> int:
                                               case.params["routing"])))
 
 
-def _gemm_bytes(case) -> int:
-    """x, y and offsets once, and the weights of the experts that own rows only (a decode step
-    reads k of E experts)."""
-    from oracle.dtypes import storage_dtype
+def _used_bytes(weights: tuple[str, ...]):
+    """bytes(case): every input and output once, but of the stacked expert weights `weights`
+    only the experts that own rows (a decode step reads k of E experts)."""
+    def bytes_of(case) -> int:
+        from oracle.dtypes import storage_dtype
 
-    d, spec = case.dims, case.spec
-    unused = 0
-    for t in spec.inputs:
-        if t.name in ("w", "w_q", "scales", "biases"):
-            size = int(np.prod(t.shape_of(case))) * storage_dtype(t.dtype(case)).itemsize
-            unused += size * (d["experts"] - _used(case)) // d["experts"]
-    return spec.io_bytes(case) - unused
+        d, spec = case.dims, case.spec
+        unused = 0
+        for t in spec.inputs:
+            if t.name in weights:
+                size = int(np.prod(t.shape_of(case))) * storage_dtype(t.dtype(case)).itemsize
+                unused += size * (d["experts"] - _used(case)) // d["experts"]
+        return spec.io_bytes(case) - unused
+    return bytes_of
 
 
 OFFSETS = TensorSpec("offsets", lambda d: (d["experts"] + 1,), role="i32", init=_offsets_init,
@@ -186,7 +188,8 @@ register(OpSpec(
             OFFSETS),
     outputs=(TensorSpec("y", lambda d: (d["rows"], d["out"])),),
     oracle=moe_grouped_gemm, tolerance=None, kernel=grouped_gemm_kernel, domain=_domain,
-    bytes=_gemm_bytes, flops=lambda case: 2 * case.dims["rows"] * case.dims["out"] * case.dims["in"],
+    bytes=_used_bytes(("w", "w_q", "scales", "biases")),
+    flops=lambda case: 2 * case.dims["rows"] * case.dims["out"] * case.dims["in"],
     params={"weights": "dense", "routing": "balanced", "ftz": 0},
     param_values={"weights": ("dense", "affine4"), "routing": ROUTINGS},
     doc=__doc__, inf_may_be_nan=True, chain_input="x"))
@@ -262,7 +265,7 @@ register(OpSpec(
             OFFSETS),
     outputs=(TensorSpec("y", lambda d: (d["rows"], d["hidden"])),),
     oracle=moe_experts, tolerance=None, kernel=experts_kernel, domain=_domain,
-    bytes=lambda case: case.spec.io_bytes(case), flops=_experts_flops,
+    bytes=_used_bytes(("w_up", "w_down")), flops=_experts_flops,
     params={"act": "relu2", "routing": "balanced", "ftz": 0},
     param_values={"act": ("relu2", "silu_mul"), "routing": ROUTINGS},
     doc=__doc__, inf_may_be_nan=True, chain_input="x"))

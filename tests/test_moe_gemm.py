@@ -106,6 +106,8 @@ def test_offsets_are_the_counts_prefix_sums_and_bytes_count_used_experts_only():
     full = case.spec.io_bytes(case)
     weights = 8 * 32 * (64 // 8 * 4 + 2 * 2 * 64 // GROUP)  # words, then scales and biases
     assert case.spec.bytes(case) == full - weights // 2
+    mlp = _mlp(routing="sparse", rows=7, experts=8)  # relu2: w_up [8, 32, 64], w_down [8, 64, 32]
+    assert mlp.spec.bytes(mlp) == mlp.spec.io_bytes(mlp) - 2 * 8 * 32 * 64 * 2 // 2
 
 
 @pytest.mark.parametrize("op", ["moe_grouped_gemm", "moe_experts"])
