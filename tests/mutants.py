@@ -969,3 +969,25 @@ FP4_MUTANTS = (
          _fp4_mutant(unscaled_block_max=True), _fp4_contract()),
 )
 register(*(m for m in FP4_MUTANTS if m.id not in _existing))
+
+# --- MoE grouped GEMM (issue 31; gpu_impls/torch/moe_gemm.py) -------------------------------------
+#
+# | mutant                                 | bug                                                  |
+# |----------------------------------------|------------------------------------------------------|
+# | torch:mutant_moe_segment_off_by_one    | every interior offset read one row early: the last   |
+# |                                        | row of each expert's segment is multiplied by the    |
+# |                                        | NEXT (non-empty) expert's weights                    |
+
+
+def moe_segment_off_by_one(launch, inputs, outputs, case):
+    from gpu_impls.torch.moe_gemm import _grouped_linear
+
+    off = inputs["offsets"].clone()
+    off[1:-1] = (off[1:-1] - 1).clamp(min=0)
+    return _grouped_linear(launch, {**inputs, "offsets": off}, outputs, case)
+
+
+MOE_MUTANTS = (
+    Impl("moe_grouped_gemm", "torch", "mutant_moe_segment_off_by_one", moe_segment_off_by_one),
+)
+register(*(m for m in MOE_MUTANTS if m.id not in _existing))

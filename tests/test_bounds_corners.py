@@ -72,7 +72,10 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         **{op: {"batch": 1, "tokens": 3, "heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16}
            for op in ("ssd_scan", "ssd_chunked")},
         "ssd_scan_varlen": {"heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16},  # segments (2, 1)
-        "ssm_step": {"batch": 2, "heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16}}
+        "ssm_step": {"batch": 2, "heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16},
+        # MoE: two experts' segments (3 + 2 rows), a 64-term dot (one affine4 group)
+        "moe_grouped_gemm": {"rows": 5, "experts": 2, "in": 64, "out": 4},
+        "moe_experts": {"rows": 5, "experts": 2, "hidden": 16, "inter": 8}}
 
 
 def _dims(op: str) -> dict:
@@ -186,6 +189,11 @@ def corners(op: str, dtype: str):
 
 
 def _targeted(op: str, dtype: str):
+    if op in ("moe_grouped_gemm", "moe_experts"):  # the non-default weight form / activation
+        params = {"weights": "affine4"} if op == "moe_grouped_gemm" else {"act": "silu_mul"}
+        for dist in ("normal", "tiny", "outlier_rows"):
+            case = Case.make(op, _dims(op), dtype, dist, seed=4, params=params)
+            yield f"{dist} {params}", case, make_inputs(case)
     if op in ("rms_norm", "rms_norm_residual", "gated_mixer_norm", "add_rms_norm"):
         for rounding in (("once", "normed") if op == "rms_norm" else (None,)):
             params = {"eps": 0.0, **({"rounding": rounding} if rounding else {})}
