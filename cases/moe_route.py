@@ -99,6 +99,11 @@ def moe_unpermute_cases() -> list[Case]:
     return _rows_cases("moe_unpermute")
 
 
+@gate_cases("moe_scatter_add")
+def moe_scatter_add_cases() -> list[Case]:
+    return _rows_cases("moe_scatter_add")
+
+
 @bench_cases("moe_permute")
 def moe_permute_bench() -> list[Case]:
     return _rows_bench("moe_permute")
@@ -107,3 +112,8 @@ def moe_permute_bench() -> list[Case]:
 @bench_cases("moe_unpermute")
 def moe_unpermute_bench() -> list[Case]:
     return _rows_bench("moe_unpermute")
+
+
+@bench_cases("moe_scatter_add")
+def moe_scatter_add_bench() -> list[Case]:
+    return _rows_bench("moe_scatter_add")

@@ -6,6 +6,7 @@ combine around the experts.
     moe_dispatch   ids [T, k] i32 -> counts [E], offsets [E+1], perm [T*k], inv_perm [T*k] (i32)
     moe_permute    x [T, H] (T), perm [T*k] i32 -> x_sorted [T*k, H] (T)
     moe_unpermute  y_sorted [T*k, H] (T), weights [T, k] f32, inv_perm [T*k] i32 -> out [T, H] (T)
+    moe_scatter_add  y_sorted [T*k, H] (T), weights [T, k] f32, perm [T*k] i32 -> out [T, H] (T)
 
 Router, param `scoring`:
 
@@ -39,6 +40,15 @@ for a score that underflows or flushes in f32):
 Dispatch, permute: exact (ids, counts, permutations, gathered copies). Unpermute: the f32 kernel
 forms each product w·y (one rounding) and sums k of them in the fixed j order, then stores once:
 |out - exact| <= γ_k Σ_j |w_j y_j| + half an ULP of T at |exact| + that term (γ_k = k u / (1 - k u)).
+
+Scatter-add: the same combine as an accumulation, in a DECLARED order (the contract: an impl's
+bits are the same on every run): out starts at 0 in f32, the sorted rows are visited in order,
+r = 0 .. T*k - 1, each adding its product w.flat[perm[r]] · y_sorted[r] (one f32 rounding) into
+out[perm[r] // k], and out is stored to T once. A token's k products are thus summed in the
+order of their sorted positions (the experts' order), not j's. The bound is moe_unpermute's: the
+same k products, another order of one k-term f32 sum, and γ_k Σ_j |w_j y_j| holds for any order.
+An atomic scatter-add (arrival order) is inside the bound on every run but fails determinism
+(`kparity check --repeat 2`).
 """
 
 from __future__ import annotations
@@ -327,12 +337,34 @@ def moe_unpermute(inputs: dict, case) -> dict:
         return {"out": _unpermute_terms(inputs, case).sum(axis=1)}
 
 
-def unpermute_bound(inputs: dict, exact: dict, case) -> dict:
-    """γ_k Σ_j |w_j y_j| (k f32 products and a k-term sum) plus the store's half ULP of T."""
+def _combine_bound(terms: np.ndarray, exact: np.ndarray, case) -> dict:
+    """γ_k Σ_j |w_j y_j| (k f32 products and a k-term sum in any order) plus the store's half
+    ULP of T."""
     k = case.dims["top_k"]
     with np.errstate(invalid="ignore"):
-        f32 = k * U32 / (1 - k * U32) * np.abs(_unpermute_terms(inputs, case)).sum(axis=1)
-        return {"out": f32 + 0.5 * spacing(np.abs(exact["out"]) + f32, case.dtype)}
+        f32 = k * U32 / (1 - k * U32) * np.abs(terms).sum(axis=1)
+        return {"out": f32 + 0.5 * spacing(np.abs(exact) + f32, case.dtype)}
+
+
+def unpermute_bound(inputs: dict, exact: dict, case) -> dict:
+    return _combine_bound(_unpermute_terms(inputs, case), exact["out"], case)
+
+
+def _scatter_terms(inputs: dict, case) -> np.ndarray:
+    """The unpermute's terms, with inv_perm the inverse of the given perm."""
+    perm = _perm(inputs, "perm", case.dims["tokens"] * case.dims["top_k"])
+    return _unpermute_terms({**inputs, "inv_perm": np.argsort(perm)}, case)
+
+
+def moe_scatter_add(inputs: dict, case) -> dict:
+    """out[t] = Σ_r [perm[r] // k = t] w.flat[perm[r]] · y_sorted[r]: exact (the declared
+    accumulation order is the kernel's, module docstring), stored once."""
+    with np.errstate(invalid="ignore"):
+        return {"out": _scatter_terms(inputs, case).sum(axis=1)}
+
+
+def scatter_add_bound(inputs: dict, exact: dict, case) -> dict:
+    return _combine_bound(_scatter_terms(inputs, case), exact["out"], case)
 
 
 def _perm_init(shape, dtype, rng, case, drawn):
@@ -367,3 +399,16 @@ register(OpSpec(
                      * (4 if c.dtype == "f32" else 2) + 8 * c.dims["tokens"] * c.dims["top_k"]),
     flops=lambda c: 2 * c.dims["tokens"] * c.dims["top_k"] * c.dims["hidden"],
     doc=moe_unpermute.__doc__, chain_input="y_sorted"))
+
+register(OpSpec(
+    name="moe_scatter_add", family="moe_route", dims=("tokens", "top_k", "hidden"),
+    inputs=(TensorSpec("y_sorted", lambda d: (d["tokens"] * d["top_k"], d["hidden"])),
+            TensorSpec("weights", lambda d: (d["tokens"], d["top_k"]), role="f32",
+                       init=_router_weights, adversarial=False),
+            TensorSpec("perm", SLOTS, role="i32", init=_perm_init, adversarial=False)),
+    outputs=(TensorSpec("out", lambda d: (d["tokens"], d["hidden"])),),
+    oracle=moe_scatter_add, tolerance=scatter_add_bound,
+    bytes=lambda c: ((1 + c.dims["top_k"]) * c.dims["tokens"] * c.dims["hidden"]
+                     * (4 if c.dtype == "f32" else 2) + 8 * c.dims["tokens"] * c.dims["top_k"]),
+    flops=lambda c: 2 * c.dims["tokens"] * c.dims["top_k"] * c.dims["hidden"],
+    doc=moe_scatter_add.__doc__, chain_input="y_sorted"))

@@ -991,3 +991,31 @@ MOE_MUTANTS = (
     Impl("moe_grouped_gemm", "torch", "mutant_moe_segment_off_by_one", moe_segment_off_by_one),
 )
 register(*(m for m in MOE_MUTANTS if m.id not in _existing))
+
+# --- MoE scatter-add (issue 31; gpu_impls/torch/moe_route.py) ---------------------------------------
+#
+# | mutant                                 | bug                                                  |
+# |----------------------------------------|------------------------------------------------------|
+# | torch:mutant_moe_scatter_add_shuffled  | an atomic scatter-add: the rows added in a fresh     |
+# |                                        | random order on every call (arrival order), declared |
+# |                                        | deterministic: inside the bound on every run, caught |
+# |                                        | by `check --repeat 2`                                |
+
+
+def moe_scatter_add_shuffled(launch, inputs, outputs, case):
+    import torch
+
+    t, k = case.dims["tokens"], case.dims["top_k"]
+    y, perm = inputs["y_sorted"], inputs["perm"].long()
+    src = y.float() * inputs["weights"].float().reshape(-1)[perm].unsqueeze(-1)
+    # OS entropy, not torch's generator: a run's seeding must not make the order repeat
+    order = torch.from_numpy(np.random.default_rng().permutation(perm.numel()))
+    out = torch.zeros(t, y.shape[-1], dtype=torch.float32, device=y.device)
+    out.index_add_(0, (perm // k)[order], src[order])
+    return {"out": out.to(y.dtype)}
+
+
+MOE_ROUTE_MUTANTS = (
+    Impl("moe_scatter_add", "torch", "mutant_moe_scatter_add_shuffled", moe_scatter_add_shuffled),
+)
+register(*(m for m in MOE_ROUTE_MUTANTS if m.id not in _existing))

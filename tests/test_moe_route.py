@@ -4,6 +4,8 @@ case, the dispatch properties, and the router mutants red."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,9 +15,13 @@ from cases.model import Case, make_inputs
 from cases.moe_route import router
 from gpu_impls.impl import Impl
 from oracle.spec import get_op
+from results.store import Store
 from runners.correctness import check, run_impl
+from verbs.cli import main
 
-OPS = ("moe_router", "moe_dispatch", "moe_permute", "moe_unpermute")
+MUTANTS = str(Path(__file__).with_name("mutants.py"))
+
+OPS = ("moe_router", "moe_dispatch", "moe_permute", "moe_unpermute", "moe_scatter_add")
 
 
 def _route(logits, bias, k, scoring="sigmoid_bias", norm=1, scale=1.0, groups=1, topk_group=1):
@@ -166,3 +172,59 @@ def test_router_mutants_fail(bug):
     rows = [check(Work(_mutant(bug), c, "valid"), backend) for c in cases]
     assert any(r["status"] == "fail" for r in rows)
     assert rows[-1]["status"] == "fail", rows[-1]["message"]  # the Nemotron-shaped case
+
+
+# --- the scatter-add: its declared order, and a shuffled (atomic) one caught by --repeat ------
+
+def _declared_order(inputs, case) -> np.ndarray:
+    """The declared accumulation as its loop: out = 0 in f32; for r in sorted order,
+    out[perm[r] // k] += w.flat[perm[r]] * y_sorted[r] (f32 product, f32 add)."""
+    t, k = case.dims["tokens"], case.dims["top_k"]
+    y = np.asarray(inputs["y_sorted"]).astype(np.float32)
+    w = np.asarray(inputs["weights"], dtype=np.float32).ravel()
+    perm = np.asarray(inputs["perm"]).astype(int)
+    out = np.zeros((t, y.shape[-1]), np.float32)
+    for r in range(t * k):
+        out[perm[r] // k] += w[perm[r]] * y[r]
+    return out
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "mlx"])
+def test_scatter_add_follows_its_declared_order_bit_for_bit(backend_name):
+    """f32 outputs (no final rounding to hide the order) equal the declared loop's bits, on
+    every f32 gate case; k = 4 makes the order matter (a sum in j order differs somewhere)."""
+    impl, backend = _impl(f"{backend_name}:moe_scatter_add")
+    cases = [c for c in gate_cases("moe_scatter_add") if c.dtype == "f32"]
+    for case in cases:
+        inputs = make_inputs(case)
+        got = np.asarray(run_impl(impl, backend, case, inputs)["out"])
+        assert got.tobytes() == _declared_order(inputs, case).tobytes(), case.short()
+    case = next(c for c in cases if c.dims["top_k"] == 4)  # the j order: other bits
+    inputs = make_inputs(case)
+    terms = np.asarray(inputs["weights"], np.float32)[:, :, None] * np.asarray(
+        inputs["y_sorted"], np.float32)[np.argsort(np.asarray(inputs["perm"]))].reshape(7, 4, -1)
+    in_j_order = terms[:, 0] + terms[:, 1] + terms[:, 2] + terms[:, 3]
+    assert in_j_order.tobytes() != _declared_order(inputs, case).tobytes()
+
+
+def _scatter_check(store, impl, *extra):
+    rc = main(["--store", str(store), "--plugin", MUTANTS, "check", "--impl", impl,
+               "--op", "moe_scatter_add", "--dtype", "f32", "--isolate", "none", *extra])
+    return rc, {r["case_id"]: r for r in Store(store).read("correctness").to_pylist()}
+
+
+def test_a_shuffled_scatter_add_passes_one_run_and_fails_repeats(tmp_path):
+    """The issue's mutant, an atomic (arrival-order) scatter-add declaring determinism: every
+    run is inside the order-free bound, so one run passes; two runs differ in bits at k = 4
+    and --repeat 2 fails it. The real impl passes --repeat 2."""
+    bad = "torch:mutant_moe_scatter_add_shuffled"
+    rc, rows = _scatter_check(tmp_path / "once", bad)
+    assert rc == 0 and {r["status"] for r in rows.values()} == {"pass"}
+    rc, rows = _scatter_check(tmp_path / "twice", bad, "--repeat", "2")
+    assert rc == 1
+    failed = [r for r in rows.values() if r["status"] == "fail"]
+    # k = 2: 0 + a + b = 0 + b + a, any order the same bits; k = 4: not
+    assert len(failed) == 1 and '"top_k": 4' in failed[0]["dims"]
+    assert "nondeterministic: out differ" in failed[0]["message"]
+    rc, rows = _scatter_check(tmp_path / "real", "torch:moe_scatter_add", "--repeat", "2")
+    assert rc == 0 and {r["status"] for r in rows.values()} == {"pass"}

@@ -75,6 +75,18 @@ def _unpermute(launch, inputs, outputs, case):
     return {"out": out.astype(y.dtype)}
 
 
+def _scatter_add(launch, inputs, outputs, case):
+    """Weighted rows in f32, `.at[].add` into an f32 buffer at their tokens, one cast."""
+    import mlx.core as mx
+
+    t, k = case.dims["tokens"], case.dims["top_k"]
+    y, perm = inputs["y_sorted"], inputs["perm"]
+    src = y.astype(mx.float32) * mx.take(inputs["weights"].astype(mx.float32).reshape(-1),
+                                         perm)[:, None]
+    out = mx.zeros((t, y.shape[-1]), dtype=mx.float32).at[perm // k].add(src)
+    return {"out": out.astype(y.dtype)}
+
+
 register(Impl("moe_router", "mlx", "moe_router", _router,
               doc="softmax / sigmoid + bias in f32, argpartition top-k, renormalise, scale"))
 register(Impl("moe_dispatch", "mlx", "moe_dispatch", _dispatch,
@@ -82,3 +94,5 @@ register(Impl("moe_dispatch", "mlx", "moe_dispatch", _dispatch,
 register(Impl("moe_permute", "mlx", "moe_permute", _permute, doc="mx.take of the sorted rows"))
 register(Impl("moe_unpermute", "mlx", "moe_unpermute", _unpermute,
               doc="gather each token's k rows, weight in f32, sum over k, store once"))
+register(Impl("moe_scatter_add", "mlx", "moe_scatter_add", _scatter_add,
+              doc="weighted rows in f32, .at[].add at their tokens, one cast"))

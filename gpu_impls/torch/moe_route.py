@@ -72,6 +72,20 @@ def _unpermute(launch, inputs, outputs, case):
     return {"out": out.to(y.dtype)}
 
 
+def _scatter_add(launch, inputs, outputs, case):
+    """HF's combine (math.md §3.2): each sorted row's weighted product in f32, `index_add_` into
+    an f32 buffer at its token, one cast. On a CPU index_add_ adds the rows in index order: the
+    op's declared order (oracle/moe_route.py), the same bits on every run."""
+    import torch
+
+    t, k = case.dims["tokens"], case.dims["top_k"]
+    y, perm = inputs["y_sorted"], inputs["perm"].long()
+    src = y.float() * inputs["weights"].float().reshape(-1)[perm].unsqueeze(-1)
+    out = torch.zeros(t, y.shape[-1], dtype=torch.float32, device=y.device)
+    out.index_add_(0, perm // k, src)
+    return {"out": out.to(y.dtype)}
+
+
 register(Impl("moe_router", "torch", "moe_router", _router,
               doc="HF router: softmax / sigmoid + bias in f32, torch.topk, renormalise, scale"))
 register(Impl("moe_dispatch", "torch", "moe_dispatch", _dispatch,
@@ -80,3 +94,5 @@ register(Impl("moe_permute", "torch", "moe_permute", _permute,
               doc="index_select of each sorted slot's token row"))
 register(Impl("moe_unpermute", "torch", "moe_unpermute", _unpermute,
               doc="gather each token's k rows, weight in f32, sum over k, store once"))
+register(Impl("moe_scatter_add", "torch", "moe_scatter_add", _scatter_add,
+              doc="weighted rows in f32, index_add_ at their tokens in sorted order, one cast"))
