@@ -146,6 +146,28 @@ def router_bound(inputs: dict, exact: dict, case) -> dict:
     return {"ids": np.nan_to_num(bsel, nan=0.0), "weights": np.nan_to_num(bw, nan=0.0)}
 
 
+def chosen_weights(case, wscore, wbound, ids) -> tuple[np.ndarray, np.ndarray]:
+    """(exact weights, their bound) [T, k] at the given ids: the interval of the module
+    docstring from the weight scores and their bound (the op's `weights` bound)."""
+    s = np.asarray(wscore, dtype=np.float64)
+    b = np.broadcast_to(np.asarray(wbound, dtype=np.float64), s.shape)
+    ids = np.clip(np.asarray(ids).astype(np.int64), 0, s.shape[-1] - 1)
+    se, be = np.take_along_axis(s, ids, -1), np.take_along_axis(b, ids, -1)
+    c, k = _scale(case), ids.shape[-1]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if case.params["norm_topk_prob"]:
+            d = se.sum(-1, keepdims=True) + _eps(case)
+            bd = be.sum(-1, keepdims=True)
+            exact = c * se / d
+            hi = np.where(d - bd > 0, c * (se + be) / (d - bd), np.inf)
+            lo = c * np.maximum(se - be, 0.0) / (d + bd)
+            bound = np.maximum(hi - exact, exact - lo) + (k + 2) * U32 * hi
+        else:
+            exact = c * se
+            bound = c * be + U32 * c * (se + be)
+    return exact, np.nan_to_num(bound, nan=np.inf)
+
+
 @dataclasses.dataclass(frozen=True)
 class RouterWeights(Comparator):
     """The router's weights at the impl's own ids, renormalised over the impl's own set: the
@@ -153,24 +175,7 @@ class RouterWeights(Comparator):
     interval bound of the module docstring from their bounds (the op's `weights` bound)."""
 
     def judge(self, x: OutputCheck) -> Verdict:
-        case = x.case
-        s = np.asarray(x.exacts["wscore"], dtype=np.float64)
-        b = np.broadcast_to(np.asarray(x.bound, dtype=np.float64), s.shape)
-        ids = np.clip(np.asarray(x.outputs["ids"]).astype(np.int64), 0, s.shape[-1] - 1)
-        se, be = np.take_along_axis(s, ids, -1), np.take_along_axis(b, ids, -1)
-        c, k = _scale(case), ids.shape[-1]
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            if case.params["norm_topk_prob"]:
-                d = se.sum(-1, keepdims=True) + _eps(case)
-                bd = be.sum(-1, keepdims=True)
-                exact = c * se / d
-                hi = np.where(d - bd > 0, c * (se + be) / (d - bd), np.inf)
-                lo = c * np.maximum(se - be, 0.0) / (d + bd)
-                bound = np.maximum(hi - exact, exact - lo) + (k + 2) * U32 * hi
-            else:
-                exact = c * se
-                bound = c * be + U32 * c * (se + be)
-        bound = np.nan_to_num(bound, nan=np.inf)
+        exact, bound = chosen_weights(x.case, x.exacts["wscore"], x.bound, x.outputs["ids"])
         return Bounded().judge(dataclasses.replace(
             x, exact=exact, ref=round_to(exact, x.dtype), bound=bound))
 
