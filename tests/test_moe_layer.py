@@ -10,7 +10,7 @@ contract), masked by the oracle's routing and weighted by its exact weights w:
 dense[t] = Σ_e [e ∈ ids(t)] w[t, e] · expert_e(x[t]).
 
 How the bound is composed (each stage judged on the previous stage's STORED outputs):
-1. router: ids equal the oracle's exactly (no near-tie at these inputs: asserted), and
+1. router: ids equal the oracle's exactly (no near-tie at these inputs: asserted),
    |ŵ - w| <= b_w per chosen weight (the op's own bound, `oracle.moe_route.chosen_weights`);
 2. dispatch and permute: exact (their checks are exact; x_sorted = x[perm // k] so the experts'
    oracle on the stored x_sorted is each expert applied to its token's row of x);
@@ -90,7 +90,8 @@ class Layer:
             "moe_experts", ec, {"x": p["x_sorted"], **weights, "offsets": d["offsets"]})
         w_hat = r["weights"][:, ::-1].copy() if plant == "swap_weights" else r["weights"]
         cc = Case.make(combine, {"tokens": T, "top_k": K, "hidden": H}, self.dtype)
-        index = {"moe_unpermute": ("inv_perm", d["inv_perm"]), "moe_scatter_add": ("perm", d["perm"])}
+        index = {"moe_unpermute": ("inv_perm", d["inv_perm"]),
+                 "moe_scatter_add": ("perm", d["perm"])}
         o, _, c_bounds = self.stage(combine, cc, {"y_sorted": y["y"], "weights": w_hat,
                                                   index[combine][0]: index[combine][1]})
         return {"router_exact": r_exact, "ids": r["ids"], "w": w, "b_w": b_w, "x": x,
