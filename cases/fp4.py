@@ -65,3 +65,30 @@ def fp4_quantize_bench():
 @bench_cases("fp4_dequantize")
 def fp4_dequantize_bench():
     return _bench("fp4_dequantize")
+
+
+# --- fp4_gemv: tiny gate shapes (m, out, in); the model shapes as bench presets ----------------
+GEMV_SHAPES = ((1, 8, 64), (3, 32, 256))
+GEMV_DISTS = ("normal", "outlier_rows", "zero_rows", "e2m1_ties", "scale_edges", "one_outlier")
+
+
+@gate_cases("fp4_gemv")
+def fp4_gemv_cases():
+    """Each format's first rule over every shape and distribution; the other rules (the weights'
+    encoding only: the GEMV reads whatever codes and scales it is given) on normal data."""
+    out = []
+    for fmt, rules in RULES.items():
+        for rule, dtype, (m, n, k), dist in product(rules, FLOAT_DTYPES, GEMV_SHAPES, GEMV_DISTS):
+            if rule != rules[0] and (dist != "normal" or m == 1):
+                continue
+            out.append(Case.make("fp4_gemv", {"m": m, "out": n, "in": k}, dtype, dist,
+                                 params={"format": fmt, "scale_rule": rule},
+                                 label=f"preset:{fmt}-{rule}"))
+    return out
+
+
+@bench_cases("fp4_gemv")
+def fp4_gemv_bench():
+    return [Case.make("fp4_gemv", {"m": 1, "out": r, "in": c}, "bf16",
+                      params={"format": fmt, "scale_rule": RULES[fmt][0]}, label=f"bench:{name}")
+            for (name, r, c), fmt in product(BENCH, RULES)]

@@ -1019,3 +1019,28 @@ MOE_ROUTE_MUTANTS = (
     Impl("moe_scatter_add", "torch", "mutant_moe_scatter_add_shuffled", moe_scatter_add_shuffled),
 )
 register(*(m for m in MOE_ROUTE_MUTANTS if m.id not in _existing))
+
+# --- fp4_gemv (issue 31; gpu_impls/torch/fp4.py) ------------------------------------------------
+#
+# | mutant                               | bug                                                  |
+# |--------------------------------------|------------------------------------------------------|
+# | torch:mutant_fp4_gemv_scale_off_by_one | block b's codes times block b+1's scale (the last  |
+# |                                      | block wraps to block 0)                              |
+
+
+def fp4_gemv_scale_off_by_one(launch, inputs, outputs, case):
+    from gpu_impls.torch.fp4 import _gemv
+
+    return _gemv(launch, {**inputs, "scales": inputs["scales"].roll(-1, dims=-1)}, outputs, case)
+
+
+def _fp4_gemv_mutant():
+    from gpu_impls.torch.fp4 import whole_blocks
+
+    return Impl("fp4_gemv", "torch", "mutant_fp4_gemv_scale_off_by_one",
+                fp4_gemv_scale_off_by_one, Contract(invariants=(whole_blocks("in"),)))
+
+
+_m = _fp4_gemv_mutant()
+if _m.id not in _existing:
+    register(_m)

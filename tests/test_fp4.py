@@ -127,3 +127,26 @@ def test_each_fp4_mutant_fails_a_gate_case(tmp_path, mutant, dist, capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert f"f32 {dist}" in out and f"--impl torch:{mutant}" in out
+
+
+def test_fp4_gemv_block_scale_off_by_one_fails_a_gate_case(tmp_path, capsys):
+    rc = main(["--plugin", MUTANTS, "--store", str(tmp_path), "check", "--impl",
+               "torch:mutant_fp4_gemv_scale_off_by_one", "--preset", "mxfp4-ocp", "--dtype", "f32",
+               "--show-failures", "5"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "fp4_gemv[" in out and "--impl torch:mutant_fp4_gemv_scale_off_by_one" in out
+
+
+def test_fp4_gemv_nvfp4_tensor_scale_product_is_not_exact_in_f32():
+    """The module docstring's claim: e2m1 x e4m3 is exact in f32, x the tensor scale is not."""
+    from oracle.fp4_gemv import fp4_gemv
+    case = Case.make("fp4_gemv", {"m": 1, "out": 8, "in": 64}, "f32", "normal",
+                     params={"format": "nvfp4", "scale_rule": "exact"})
+    inp = make_inputs(case)
+    w = fp4.dequantize(inp["codes"], inp["scales"], np.float32(1), "nvfp4")
+    assert np.array_equal(w.astype(np.float32).astype(np.float64), w)
+    wt = w * float(inp["tensor_scale"][0])
+    assert not np.array_equal(wt.astype(np.float32).astype(np.float64), wt)
+    y = fp4_gemv(inp, case)["y"]
+    np.testing.assert_allclose(y, np.asarray(inp["x"], np.float64) @ wt.T, rtol=1e-12)

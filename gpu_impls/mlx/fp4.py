@@ -59,3 +59,38 @@ register(Impl("fp4_quantize", "mlx", "quantize_nvfp4", _quantize,
          Impl("fp4_dequantize", "mlx", "dequantize_mxfp4", _dequantize,
               Contract(invariants=(format_is("mxfp4"), whole_blocks())),
               doc='mx.dequantize(w, scales, mode="mxfp4")'))
+
+
+def _quantized_matmul(launch, inputs, outputs, case):
+    """`mx.quantized_matmul(x, w, scales, transpose=True, mode=fmt)` on our bytes viewed as
+    MLX's uint32 words; MLX 0.32.4's quantized_matmul takes no global scale, so nvfp4's tensor
+    scale multiplies the f32 result (the kernel model's "applied to the finished dot")."""
+    import mlx.core as mx
+
+    fmt = case.params["format"]
+    x = inputs["x"]
+    words = mx.view(inputs["codes"], mx.uint32)
+    y = mx.quantized_matmul(x, words, inputs["scales"], transpose=True, mode=fmt)
+    if fmt == "nvfp4":
+        y = y.astype(mx.float32) * inputs["tensor_scale"]
+    return {"y": y.astype(x.dtype)}
+
+
+# Measured on MLX 0.32.4 CPU over the fp4_gemv gate cases: f32 within 0.05 of the bound; f16/bf16
+# up to 162x (nvfp4) and 139x (mxfp4) the bound, e.g. f16 normal m=1 out=8 in=64 nvfp4: y[6] =
+# -0.216309 against -0.215620, bound 6.1e-5.
+FP4_HALF = ("MLX's quantized_matmul rounds inside the half-precision product (up to 162x the "
+            "f32-accumulation bound on the gate cases, MLX 0.32.4 CPU): a speed baseline only")
+
+
+def _qmm_impls(fmt: str):
+    doc = f'mx.quantized_matmul(x, w, scales, transpose=True, mode="{fmt}")'
+    inv = (format_is(fmt), whole_blocks("in"))
+    return (Impl("fp4_gemv", "mlx", f"quantized_matmul_{fmt}", _quantized_matmul,
+                 Contract(invariants=inv, dtypes=("f32",)), doc=doc),
+            Impl("fp4_gemv", "mlx", f"quantized_matmul_{fmt}_half", _quantized_matmul,
+                 Contract(invariants=inv, dtypes=("f16", "bf16")),
+                 doc=doc + " at f16/bf16: a speed baseline", report_only=FP4_HALF))
+
+
+register(*_qmm_impls("nvfp4"), *_qmm_impls("mxfp4"))

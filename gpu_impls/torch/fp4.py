@@ -11,13 +11,14 @@ from gpu_impls.impl import Impl
 BLOCKS = {"nvfp4": 16, "mxfp4": 32}
 
 
-def whole_blocks() -> Invariant:
-    return Invariant("cols % block == 0",
-                     lambda ns: ns["cols"] % BLOCKS[ns["format"]] == 0,
+def whole_blocks(dim: str = "cols") -> Invariant:
+    """`dim`: the blocked dimension (fp4_gemv's is "in")."""
+    return Invariant(f"{dim} % block == 0",
+                     lambda ns: ns[dim] % BLOCKS[ns["format"]] == 0,
                      "every block of 16 (nvfp4) or 32 (mxfp4) elements has one scale: a partial "
                      "block has none",
-                     lambda ns: f"cols = {nearest_multiples(ns['cols'], BLOCKS[ns['format']])}",
-                     {"cols": 40}, ("cols", "format"))
+                     lambda ns: f"{dim} = {nearest_multiples(ns[dim], BLOCKS[ns['format']])}",
+                     {dim: 40}, (dim, "format"))
 
 
 def rules(*allowed: str, other: str = "mlx") -> Invariant:
@@ -102,18 +103,32 @@ def _quantize(launch, inputs, outputs, case):
     return {"codes": codes, "scales": scales, "tensor_scale": ts}
 
 
-def _dequantize(launch, inputs, outputs, case):
-    """e2m1 LUT[codes] * scale (float8 -> f32, or 2^(e - 127)) * tensor_scale in f32, then T."""
+def dequant_f32(codes, scales, tensor_scale, fmt: str):
+    """W [N, K] in f32 as users write the dequantization: E2M1 LUT[codes] x the block scale
+    (float8 -> f32, or 2^(e - 127)) x the tensor scale, f32 products."""
     import torch
 
-    fmt = case.params["format"]
     lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-    b = inputs["codes"]
-    q = lut[torch.stack([b & 15, b >> 4], -1).reshape(b.shape[0], -1).long()]
-    s = inputs["scales"]
-    s = s.view(torch.float8_e4m3fn).float() if fmt == "nvfp4" else torch.exp2(s.float() - 127)
-    x = q * s.repeat_interleave(BLOCKS[fmt], -1) * inputs["tensor_scale"].float()
+    q = lut[torch.stack([codes & 15, codes >> 4], -1).reshape(codes.shape[0], -1).long()]
+    s = scales.view(torch.float8_e4m3fn).float() if fmt == "nvfp4" else torch.exp2(
+        scales.float() - 127)
+    return q * s.repeat_interleave(BLOCKS[fmt], -1) * tensor_scale.float()
+
+
+def _dequantize(launch, inputs, outputs, case):
+    """e2m1 LUT[codes] * scale * tensor_scale in f32, then T."""
+    x = dequant_f32(inputs["codes"], inputs["scales"], inputs["tensor_scale"],
+                    case.params["format"])
     return {"x_hat": x.to(outputs["x_hat"].dtype)}
+
+
+def _gemv(launch, inputs, outputs, case):
+    """Dequantize to f32, then F.linear in f32 (x upcast), rounded to T once."""
+    import torch.nn.functional as F
+
+    w = dequant_f32(inputs["codes"], inputs["scales"], inputs["tensor_scale"],
+                    case.params["format"])
+    return {"y": F.linear(inputs["x"].float(), w).to(outputs["y"].dtype)}
 
 
 register(Impl("fp4_quantize", "torch", "fp4_quantize_ref", _quantize,
@@ -121,4 +136,7 @@ register(Impl("fp4_quantize", "torch", "fp4_quantize_ref", _quantize,
               doc="vLLM ref_nvfp4_quant / OCP and TE (ceil) MXFP4 rules in torch f32 ops"),
          Impl("fp4_dequantize", "torch", "fp4_dequantize_ref", _dequantize,
               Contract(invariants=(whole_blocks(),)),
-              doc="E2M1 LUT x block scale x tensor scale in f32, rounded to T"))
+              doc="E2M1 LUT x block scale x tensor scale in f32, rounded to T"),
+         Impl("fp4_gemv", "torch", "fp4_dequant_linear", _gemv,
+              Contract(invariants=(whole_blocks("in"),)),
+              doc="dequantize to f32 (LUT x scale x tensor scale), F.linear in f32, then T"))
