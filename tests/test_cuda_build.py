@@ -214,7 +214,20 @@ def test_every_mutant_define_reaches_some_kernel():
 
     reached = {d for p in KERNEL_DIR.glob("*.cu") for d in defines_for(p)}
     assert reached == set(MUTANT_DEFINES), sorted(set(MUTANT_DEFINES) - reached)
-    assert "KPARITY_MUTANT_DROP_EPS" in defines_for(KERNEL_DIR / "silu_mul.cu")  # via common.cuh
+    # through a header: rms_math.cuh holds the RMS math's hooks, which only its includers get
+    assert "KPARITY_MUTANT_DROP_EPS" in defines_for(KERNEL_DIR / "mt_rms_norm.cu")
+    assert "KPARITY_MUTANT_DROP_EPS" not in (KERNEL_DIR / "mt_rms_norm.cu").read_text()
+    assert "KPARITY_MUTANT_DROP_EPS" not in defines_for(KERNEL_DIR / "silu_mul.cu")
+
+
+def test_a_define_named_only_in_a_comment_reaches_nothing(tmp_path):
+    """A define a source names only in a comment cannot change its code: no variant for it."""
+    from gpu_impls.cuda.nvcc_check import defines_for
+
+    source = tmp_path / "k.cu"
+    source.write_text("// KPARITY_MUTANT_DROP_EPS: see rms_math.cuh\n/* KPARITY_MUTANT_SKIP_LANE */\n"
+                      "#ifdef KPARITY_MUTANT_DROP_BIAS\n#endif\n")
+    assert defines_for(source) == ("KPARITY_MUTANT_DROP_BIAS",)
 
 
 # --- the compile cache, with a stand-in nvcc (no CUDA needed) ----------------------------------

@@ -116,12 +116,16 @@ def local_includes(text: str, include_dir: Path = KERNEL_DIR) -> dict[str, str]:
     return found
 
 
+COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
 def defines_for(path: Path) -> tuple[str, ...]:
     """The MUTANT_DEFINES that `path` or the headers it includes from KERNEL_DIR (transitively)
-    mention: only these can change what nvcc generates for it."""
+    mention outside comments: only these can change what nvcc generates for it."""
     text = path.read_text() if path.exists() else ""
     text += "".join(local_includes(text, path.parent).values())
-    return tuple(d for d in MUTANT_DEFINES if d in text)
+    code = COMMENTS.sub("", text)
+    return tuple(d for d in MUTANT_DEFINES if d in code)
 
 
 class Compiled(NamedTuple):

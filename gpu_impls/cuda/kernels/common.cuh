@@ -4,9 +4,8 @@
 // (only -I for this directory). f16 and bf16 cross the host boundary as raw uint16 bits and are
 // converted here with PTX `cvt`; every kernel computes in f32 and rounds to T once, at the store.
 //
-// Test-only mutation hooks (compiled in only by the mutants, `-DKPARITY_MUTANT_...`): the two that
-// change the math live here, in `rms_inv` and `normed`, so every kernel gets them from one place;
-// KPARITY_MUTANT_SKIP_LANE is placed in each kernel, right before its stores.
+// The RMS math (and its test-only mutation hooks) is in rms_math.cuh, included by the norm kernels
+// only: a header's mutant defines make nvcc_check compile every includer once more per define.
 #pragma once
 
 // --- storage traits: T::load(p, i) -> float, T::store(p, i, float) rounds to T (RNE) ----------
@@ -116,28 +115,7 @@ __device__ __forceinline__ float block_sum(float v) {
     return total;
 }
 
-// --- RMS math ------------------------------------------------------------------------------------
-
-// inv = rsqrt(ssq / n + eps): the seed's `rsqrt(tg_ssq / n + eps)`, in f32.
-__device__ __forceinline__ float rms_inv(float ssq, int n, float eps) {
-#ifdef KPARITY_MUTANT_DROP_EPS
-    eps = 0.0f;  // mutant: eps not added (all-zero rows give inf * 0 = NaN)
-#endif
-    return rsqrtf(ssq / (float)n + eps);
-}
-
-// The normalised, weighted value x * inv * w in f32, w already (weight + weight_offset). The seed's
-// order: x * inv first, then * w, with no rounding in between.
-template <typename T>
-__device__ __forceinline__ float normed(float x, float inv, float w) {
-#ifdef KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
-    return T::round(x * inv) * w;  // mutant: HF-Llama's w * T(x * inv), rounded twice
-#else
-    return x * inv * w;
-#endif
-}
-
-// --- programmatic dependent launch (sm_90+) -----------------------------------------------------
+// --- RMS math -----------------------------------------------------------------------------------
 // A kernel launched with pdl=True (gpu_impls/cuda/_module.py `launch`) may start while the kernel
 // before it in the stream is still running. `pdl_launch_dependents` lets the next kernel's
 // blocks be scheduled once every block of this one has run it (or exited); `pdl_wait` returns

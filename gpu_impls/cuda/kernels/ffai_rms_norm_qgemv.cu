@@ -36,6 +36,7 @@
 // does), KPARITY_MUTANT_DROP_BIAS (w = q * s), KPARITY_MUTANT_SKIP_LAST_GROUP (a row's last
 // group is never accumulated), KPARITY_MUTANT_DROP_EPS (in common.cuh's rms_inv).
 #include "common.cuh"
+#include "rms_math.cuh"
 #include "quant.cuh"
 
 namespace rq {

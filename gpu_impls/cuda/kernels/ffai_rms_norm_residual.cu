@@ -15,6 +15,7 @@
 // Belt and braces, as in mt_rms_norm: a thread whose 4 elements are not all in the row re-reads
 // the row start, contributes 0 to the sum and stores nothing.
 #include "common.cuh"
+#include "rms_math.cuh"
 
 template <typename T>
 __global__ void ffai_rms_norm_residual(const typename T::storage* __restrict__ x,

@@ -63,6 +63,7 @@
 // shapes (2 us kernels) that launch latency is a large part of the time; on an ordinary launch
 // the two instructions are no-ops.
 #include "common.cuh"
+#include "rms_math.cuh"
 
 namespace kp {
 

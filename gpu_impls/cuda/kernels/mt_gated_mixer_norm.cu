@@ -17,6 +17,7 @@
 // Belt and braces, as in the seed: a thread whose 4 elements are not all in the row re-reads the
 // row start, contributes 0 to the sum and stores nothing.
 #include "common.cuh"
+#include "rms_math.cuh"
 
 template <typename T>
 __global__ void mt_gated_mixer_norm(const float* __restrict__ y,

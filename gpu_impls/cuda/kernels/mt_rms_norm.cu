@@ -14,6 +14,7 @@
 // Belt and braces, as in the seed: a thread whose 4 elements are not all in the row (only
 // possible under a wrong TPG) re-reads the row start, contributes 0 to the sum and stores nothing.
 #include "common.cuh"
+#include "rms_math.cuh"
 
 template <typename T>
 __global__ void mt_rms_norm(const typename T::storage* __restrict__ x,

@@ -14,6 +14,7 @@
 //   - Grid: one block per row.
 // Unlike mt_rms_norm, the seed has no out-of-bounds clamp here: the contract is the only guard.
 #include "common.cuh"
+#include "rms_math.cuh"
 
 template <typename T>
 __global__ void mt_rms_norm_small(const typename T::storage* __restrict__ x,

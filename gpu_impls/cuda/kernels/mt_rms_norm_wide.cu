@@ -16,6 +16,7 @@
 //   - n may be any positive value: the strided loops bound on n, threads past it run no
 //     iterations (and still take part in the reduction, contributing 0).
 #include "common.cuh"
+#include "rms_math.cuh"
 
 template <typename T>
 __global__ void mt_rms_norm_wide(const typename T::storage* __restrict__ x,
