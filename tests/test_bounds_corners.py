@@ -75,7 +75,9 @@ DIMS = {"rms_norm": LONG, "rms_norm_residual": LONG, "add_rms_norm": LONG, "rms_
         "ssm_step": {"batch": 2, "heads": 2, "dim_p": 2, "groups": 1, "dim_n": 16},
         # MoE: two experts' segments (3 + 2 rows), a 64-term dot (one affine4 group)
         "moe_grouped_gemm": {"rows": 5, "experts": 2, "in": 64, "out": 4},
-        "moe_experts": {"rows": 5, "experts": 2, "hidden": 16, "inter": 8}}
+        "moe_experts": {"rows": 5, "experts": 2, "hidden": 16, "inter": 8},
+        # FP4 GEMV: one row, a 256-term dot (16 NVFP4 blocks, 8 MXFP4 ones)
+        "fp4_gemv": {"m": 1, "out": 4, "in": 256}}
 
 
 def _dims(op: str) -> dict:
