@@ -6,9 +6,10 @@ No GPU and no CuPy needed. For each `.cu` in `kernels/`, a temporary translation
 the source and takes the address of every kernel template the wrapper modules list in their
 `KERNELS` (instantiated for F32, F16 and BF16), so the device code of every instance is really
 generated; then once per test-mutant define that the source or a local header it includes
-mentions (a define nothing reads cannot change the object code), with the first template-argument
-tuple of each kernel only (every dtype): the define's code is compiled, without the whole
-configuration matrix again (cold, that matrix per define took 2m53s of a CI run's ~8 minutes). A `KERNELS` entry is
+mentions outside comments (a define nothing reads cannot change the object code), with the first
+template-argument tuple of each kernel only, in bf16 only: the define's code is compiled,
+without the whole configuration matrix again (cold, that matrix per define took 2m53s of a CI
+run's ~8 minutes; all three dtypes per define, 110 s of a 9-minute CI). A `KERNELS` entry is
 `(source, kernel)`, or `(source, kernel, template_args)` for a kernel with more template
 parameters after the trait: `template_args` lists the argument tuples to instantiate (e.g.
 `[(4, 256), (3, 1024)]` -> `kernel<F32, 4, 256>`, ...), as `_module.kernel` compiles them. One
@@ -70,6 +71,7 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_DIAG_SUBTRACT",  # tests/test_gpu.py, scripts/kp_variants.py
                   "KPARITY_DIAG_TRACE")  # scripts/mma_trace.py
 NOT_WRAPPERS = {"backend", "nvcc_check"}
+VARIANT_DTYPE = "bf16"  # the one dtype a define's variant instantiates
 FLAGS = ("-std=c++17",)
 HANG_GUARD_S = 3600.0  # per nvcc process (KPARITY_NVCC_TIMEOUT): a hang, not a slow machine
 CACHE_FORMAT = 1
@@ -94,9 +96,10 @@ def listed_kernels() -> dict[str, list[Kernel]]:
     return out
 
 
-def instantiation_unit(source: str, kernels: list[Kernel]) -> str:
+def instantiation_unit(source: str, kernels: list[Kernel], dtypes=None) -> str:
     refs = "\n".join(f"    (void*)&{name_expression(name, dtype, args)},"
-                     for name, arg_sets in kernels for dtype in TRAIT for args in arg_sets)
+                     for name, arg_sets in kernels for dtype in (dtypes or TRAIT)
+                     for args in arg_sets)
     return (f'#include "{source}"\n'
             "// Taking each instance's address makes nvcc generate its device code.\n"
             f"void* kparity_instances[] = {{\n{refs}\n}};\n")
@@ -232,8 +235,10 @@ def check_file(path: Path, kernels: list[Kernel], arch: str,
     """Compile `path`'s unit once per variant (no define, then each mutant define it reads), on
     `pool` where given (nvcc runs as a subprocess, so threads compile in parallel)."""
     full = instantiation_unit(path.name, kernels)
-    # a define's variant: each kernel's first configuration (every dtype), not the whole matrix
-    first = instantiation_unit(path.name, [(name, args[:1]) for name, args in kernels])
+    # a define's variant: each kernel's first configuration in bf16 (the dtype whose loads and
+    # stores convert), not the whole matrix: the define's code is compiled, once
+    first = instantiation_unit(path.name, [(name, args[:1]) for name, args in kernels],
+                               dtypes=(VARIANT_DTYPE,))
     defines = (None, *defines_for(path))
     units = [full if d is None else first for d in defines]
     if pool is None:
