@@ -392,28 +392,22 @@ register(OpSpec(
                      * (4 if c.dtype == "f32" else 2) + 4 * c.dims["tokens"] * c.dims["top_k"]),
     flops=lambda c: 0, doc=moe_permute.__doc__, chain_input="x"))
 
-register(OpSpec(
-    name="moe_unpermute", family="moe_route", dims=("tokens", "top_k", "hidden"),
-    inputs=(TensorSpec("y_sorted", lambda d: (d["tokens"] * d["top_k"], d["hidden"])),
-            TensorSpec("weights", lambda d: (d["tokens"], d["top_k"]), role="f32",
-                       init=_router_weights, adversarial=False),
-            TensorSpec("inv_perm", SLOTS, role="i32", init=_perm_init, adversarial=False)),
-    outputs=(TensorSpec("out", lambda d: (d["tokens"], d["hidden"])),),
-    oracle=moe_unpermute, tolerance=unpermute_bound,
-    bytes=lambda c: ((1 + c.dims["top_k"]) * c.dims["tokens"] * c.dims["hidden"]
-                     * (4 if c.dtype == "f32" else 2) + 8 * c.dims["tokens"] * c.dims["top_k"]),
-    flops=lambda c: 2 * c.dims["tokens"] * c.dims["top_k"] * c.dims["hidden"],
-    doc=moe_unpermute.__doc__, chain_input="y_sorted"))
+def _register_combine(name: str, index: str, oracle, tolerance) -> None:
+    """`moe_unpermute` and `moe_scatter_add`: the same weighted combine of the sorted rows, read
+    through the inverse permutation or visited in the sorted order (`index` names which)."""
+    register(OpSpec(
+        name=name, family="moe_route", dims=("tokens", "top_k", "hidden"),
+        inputs=(TensorSpec("y_sorted", lambda d: (d["tokens"] * d["top_k"], d["hidden"])),
+                TensorSpec("weights", lambda d: (d["tokens"], d["top_k"]), role="f32",
+                           init=_router_weights, adversarial=False),
+                TensorSpec(index, SLOTS, role="i32", init=_perm_init, adversarial=False)),
+        outputs=(TensorSpec("out", lambda d: (d["tokens"], d["hidden"])),),
+        oracle=oracle, tolerance=tolerance,
+        bytes=lambda c: ((1 + c.dims["top_k"]) * c.dims["tokens"] * c.dims["hidden"]
+                         * (4 if c.dtype == "f32" else 2) + 8 * c.dims["tokens"] * c.dims["top_k"]),
+        flops=lambda c: 2 * c.dims["tokens"] * c.dims["top_k"] * c.dims["hidden"],
+        doc=oracle.__doc__, chain_input="y_sorted"))
 
-register(OpSpec(
-    name="moe_scatter_add", family="moe_route", dims=("tokens", "top_k", "hidden"),
-    inputs=(TensorSpec("y_sorted", lambda d: (d["tokens"] * d["top_k"], d["hidden"])),
-            TensorSpec("weights", lambda d: (d["tokens"], d["top_k"]), role="f32",
-                       init=_router_weights, adversarial=False),
-            TensorSpec("perm", SLOTS, role="i32", init=_perm_init, adversarial=False)),
-    outputs=(TensorSpec("out", lambda d: (d["tokens"], d["hidden"])),),
-    oracle=moe_scatter_add, tolerance=scatter_add_bound,
-    bytes=lambda c: ((1 + c.dims["top_k"]) * c.dims["tokens"] * c.dims["hidden"]
-                     * (4 if c.dtype == "f32" else 2) + 8 * c.dims["tokens"] * c.dims["top_k"]),
-    flops=lambda c: 2 * c.dims["tokens"] * c.dims["top_k"] * c.dims["hidden"],
-    doc=moe_scatter_add.__doc__, chain_input="y_sorted"))
+
+_register_combine("moe_unpermute", "inv_perm", moe_unpermute, unpermute_bound)
+_register_combine("moe_scatter_add", "perm", moe_scatter_add, scatter_add_bound)
