@@ -96,6 +96,11 @@ class CudaTimer(Timer):
         """(copy callable, bytes) for a device-to-device copy of random data."""
         raise NotImplementedError
 
+    def _copy_kernel_pair(self, nbytes: int):
+        """(call, src): one ordinary kernel (never a memcpy, which a graph would turn into a
+        memcpy node) copying `nbytes` (a multiple of 16) of random data from src to a dst."""
+        raise NotImplementedError
+
     def _gemm(self, n: int):
         """(callable, dtype name) for an n^3 matrix product on random data, or (None, '')."""
         return None, ""
@@ -172,6 +177,10 @@ class CudaTimer(Timer):
         self.elapsed(batch)  # warm: handles, workspaces
         times = sorted(self.elapsed(batch) / calls for _ in range(samples))
         return times[len(times) // 2]
+
+    def copy_calls(self, nbytes: int, k: int) -> list:
+        half = max(16, -(-nbytes // 32) * 16)  # read + write: half each way, whole 16-byte words
+        return [self._copy_kernel_pair(half) for _ in range(k)]
 
     def ceilings(self) -> dict:
         copy, nbytes = self._copy_pair(COPY_BYTES)

@@ -104,6 +104,15 @@ class Timer:
     def context(self) -> dict:
         return {"cache_bytes": self.cache_bytes(), "cpu_count": os.cpu_count()}
 
+    def copy_calls(self, nbytes: int, k: int) -> list:
+        """`kparity bench --copy-same-bytes`: k (call, src) pairs, each call one ordinary kernel
+        copying its own src (random data) to its own dst, nbytes read + written in all: a
+        copy of a case's bytes, timed in the case's mode and rotation, is the ceiling of a
+        kernel that small (launch and latency included, which a 1 GiB copy amortises away).
+        Only the CUDA timers have one."""
+        raise NotImplementedError(f"{type(self).__name__} has no size-matched copy: "
+                                  "--copy-same-bytes needs a CUDA timer")
+
     def ceilings(self) -> dict:
         """A large copy (GB/s, read + write) and, where cheap, a GEMM (TFLOP/s)."""
         src = np.random.default_rng(0).standard_normal(32 << 20, dtype=np.float32)  # 128 MiB

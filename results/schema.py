@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 6  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
+SCHEMA_VERSION = 7  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
 #                     4: bench.pred_median_ns (the chain mode's subtracted predecessor);
 #                     5: the model table (`kparity model`, issue 28);
 #                     6: model.prefill_tokens, decode_mode, eager_tok_s, batch_size,
-#                        batch_tok_s
+#                        batch_tok_s;
+#                     7: bench.copy_same_ns, pct_copy_same (`--copy-same-bytes`)
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -100,6 +101,9 @@ BENCH = pa.schema([
     ("tflops", pa.float64()),
     ("pct_peak_spec", pa.float64()),   # % of 2 * mem clock * bus width / 8
     ("pct_copy_ceiling", pa.float64()),  # % of this run's measured copy
+    ("copy_same_ns", pa.float64()),    # `--copy-same-bytes`: a copy of bytes_model, same mode and
+                                       # rotation (runners/bench.py); null without the flag
+    ("pct_copy_same", pa.float64()),   # 100 x copy_same_ns / median_ns
     ("cache_resident", pa.bool_()),    # above 100 % of peak: the data came from cache
     ("sm_clock_mhz", pa.float64()),    # mean over kept samples (NVML)
     ("mem_clock_mhz", pa.float64()),

@@ -5,12 +5,21 @@ oracle on the same case (a wrong kernel is never timed; cases too large for a fl
 reasonable time are marked `skipped:size`, and are covered at gate shapes by `kparity check`
 and, in an A/B, by A against B) -> k rotating input sets uploaded (fresh allocations every
 run) -> in `chain`, each set's predecessor on the op's chain input (`Timer.predecessor`) ->
-`runners.timing.measure` -> the work model.
+`runners.timing.measure` -> the work model -> with `copy_same`, the size-matched copy.
 
 Work model (`OpSpec.bytes`, `OpSpec.flops`): GB/s = bytes / median, TFLOP/s = flops / median,
 % of the spec peak (2 x memory clock x bus width / 8, NVML) and % of the copy ceiling measured in
 the same run. Above 100 % of the peak (of the copy ceiling where the spec is unknown) the data
 must have come from a cache: the row is flagged `cache_resident`.
+
+The size-matched copy (`copy_same`, `kparity bench --copy-same-bytes`): the run's copy ceiling
+is a 1 GiB copy, which amortises the launch and the memory latency away; a decode kernel moving
+100 KB cannot, and no kernel of its size can reach it. So the timer's copy kernel moving the
+row's `bytes_model` (half read, half written), over as many rotating sets and in the same mode
+(in `chain` after the same predecessor on its source), is timed right after the impl:
+`copy_same_ns`, and `pct_copy_same` = 100 x copy_same_ns / median_ns, the share of the best
+time of any kernel that must move these bytes. Both ceilings stay in the row: the small-size
+one says how close a kernel is to what its size allows, the large one what the size costs.
 """
 
 from __future__ import annotations
@@ -132,12 +141,30 @@ def timed_mode(mode: str, spec) -> tuple[str, str]:
     return mode, ""
 
 
+def copy_same_ns(timer, mode: str, nbytes: int, k: int, new_stop) -> float | None:
+    """Median ns per call of the timer's copy of `nbytes` over k rotating sets in `mode` (module
+    docstring); None where the timer has none or the chain subtraction left nothing."""
+    try:
+        pairs = timer.copy_calls(nbytes, k)
+    except NotImplementedError:
+        return None
+    calls = [call for call, _ in pairs]
+    before = [timer.predecessor(src) for _, src in pairs] if mode == "chain" else None
+    m = measure(timer, mode, calls, new_stop(), before=before)
+    pairs = calls = before = None
+    if not m.samples_s:
+        return None
+    median = summarize(m.samples_s)["median"]
+    return median * 1e9 if median > 0 else None
+
+
 def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = None,
               run_id: str = "", host_inputs: dict | None = None, verify: bool = True,
-              progress=None) -> dict:
+              progress=None, copy_same: bool = False) -> dict:
     """One measurement of `impl` on `case` in `mode`; never raises (errors are rows).
     `new_stop()` makes the measurement's stopping rule (a fresh `runners.stopping.StdRel`).
-    `chain` rewrites each set's chain input before its call (`timed_mode` for an op without)."""
+    `chain` rewrites each set's chain input before its call (`timed_mode` for an op without).
+    `copy_same`: the size-matched copy after it (module docstring)."""
     mode, fallback = timed_mode(mode, case.spec)
     row = _base_row(impl, backend, case, mode, run_id)
     row["message"] = fallback
@@ -180,6 +207,12 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
                     "rel_iqr": s["rel_iqr"], "rel_std": s["rel_std"]})
         work_model(row, s["median"], ceilings)
         row["status"] = "ok"
+        if copy_same:
+            sets = calls = None  # the impl's sets freed before the copy allocates its own
+            gc.collect()
+            row["copy_same_ns"] = copy_same_ns(timer, mode, row["bytes_model"], k, new_stop)
+            if row["copy_same_ns"] is not None:
+                row["pct_copy_same"] = 100 * row["copy_same_ns"] / row["median_ns"]
     except ContractError as e:
         row["status"] = "rejected"
         row["message"] = str(e)

@@ -57,7 +57,12 @@
 #     at Nemotron-3-Nano's heads (bf16, `chain`): ssm_step (B = 1, 64, both layouts) beside torch
 #     and mamba_ssm's selective_state_update, the conv step (B = 1, 64) and prefill (T = 2048)
 #     beside torch, ssd_chunked (T = 2048 / 16384, dots f32 and T) beside torch's listing and
-#     mamba_ssm's mamba_chunk_scan_combined; the A/B of kp_ssd_chunked against the listing
+#     mamba_ssm's mamba_chunk_scan_combined
+#   bash scripts/gpu_bench.sh mamba-decode  issue 30: ssm_step and the conv step at B = 1, 64 against
+#     a copy of each case's own bytes in `chain` (--copy-same-bytes)
+#   bash scripts/gpu_bench.sh mamba-ab  issue 30: the A/Bs in `chain`: kp_ssd_chunked against torch's
+#     listing and mamba_chunk_scan_combined (T = 2048), kp_ssm_step and kp_conv1d_causal_step
+#     against torch (B = 1, 64)
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -211,7 +216,21 @@ mamba)
   run bench --op conv1d_causal_step --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal_step,torch:conv1d_causal_step
   run bench --op conv1d_causal --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal,torch:conv1d_causal --no-verify
   run bench --op ssd_chunked --preset nemotron-3-nano $B --impl cuda:kp_ssd_chunked,torch:ssd_chunked,torch:mamba_chunk_scan_combined --no-verify
-  run ab torch:ssd_chunked cuda:kp_ssd_chunked --preset nemotron-3-nano-t2048 --dtype bf16 --min-time 0.2
+  ;;
+mamba-decode)
+  # the decode step and the conv step against a copy of their own bytes in chain
+  # (--copy-same-bytes: %cp-same); mamba_ssm as in `mamba`
+  B="--dtype bf16 --mode chain --min-time 0.2 --copy-same-bytes"
+  run bench --op ssm_step --preset nemotron-3-nano $B --impl cuda:kp_ssm_step,torch:ssm_step,torch:mamba_selective_state_update
+  run bench --op conv1d_causal_step --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal_step,torch:conv1d_causal_step
+  ;;
+mamba-ab)
+  # the A/Bs of the Mamba-2 table, in chain
+  A="--dtype bf16 --mode chain --min-time 0.2"
+  run ab torch:ssd_chunked cuda:kp_ssd_chunked --preset nemotron-3-nano-t2048 $A
+  run ab torch:mamba_chunk_scan_combined cuda:kp_ssd_chunked --preset nemotron-3-nano-t2048-dotsT $A
+  run ab torch:ssm_step cuda:kp_ssm_step --preset nemotron-3-nano-b1-hpn,nemotron-3-nano-b64-hpn $A
+  run ab torch:conv1d_causal_step cuda:kp_conv1d_causal_step --preset nemotron-3-nano-b1,nemotron-3-nano-b64 $A
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)

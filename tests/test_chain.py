@@ -176,6 +176,60 @@ def test_bench_one_times_chain_on_the_ops_chain_input(monkeypatch):
     assert sum(isinstance(c, Pred) for c in chained) == row["calls_per_sample"]
 
 
+COPY_S = 4e-6  # the size-matched copy after an ordinary kernel
+
+
+class Copy:
+    """A size-matched copy call (`CopyTimer.copy_calls`)."""
+
+    def __call__(self):
+        pass
+
+
+class CopyTimer(FakeChainTimer):
+    """FakeChainTimer with a size-matched copy charged COPY_S where a call is charged CALL_S."""
+
+    def copy_calls(self, nbytes, k):
+        self.copy_args = (nbytes, k)
+        return [(Copy(), object()) for _ in range(k)]
+
+    def elapsed(self, fn):
+        calls = fn if isinstance(fn, Unit) else [fn]
+        copies = sum(isinstance(c, Copy) for c in calls)
+        return super().elapsed(fn) - copies * (CALL_S - COPY_S)
+
+
+def test_copy_same_bytes_times_a_copy_of_the_rows_bytes_in_the_same_mode(monkeypatch):
+    from gpu_impls import backend, impls
+    from runners.bench import bench_one
+
+    be = backend("torch")
+    timer = CopyTimer()
+    monkeypatch.setattr(be, "timer", lambda: timer)
+    case = Case.make("rms_norm", {"rows": 2, "n": 64}, "f32", label="bench:tiny")
+    row = bench_one(impls()["torch:rms_norm"], be, case, "chain", _stop, verify=False,
+                    copy_same=True)
+    assert row["status"] == "ok", row["message"]
+    assert timer.copy_args == (row["bytes_model"], row["n_sets"])  # same bytes, same rotation
+    assert row["copy_same_ns"] == pytest.approx(COPY_S * 1e9)  # after its own predecessor
+    assert row["pct_copy_same"] == pytest.approx(100 * COPY_S / CALL_S)
+    plain = bench_one(impls()["torch:rms_norm"], be, case, "chain", _stop, verify=False)
+    assert "copy_same_ns" not in plain  # only when asked
+
+
+def test_copy_same_bytes_is_null_on_a_timer_without_one(monkeypatch):
+    from gpu_impls import backend, impls
+    from runners.bench import bench_one
+
+    be = backend("torch")
+    monkeypatch.setattr(be, "timer", lambda: FakeChainTimer())  # the base Timer's copy_calls
+    case = Case.make("rms_norm", {"rows": 2, "n": 64}, "f32", label="bench:tiny")
+    row = bench_one(impls()["torch:rms_norm"], be, case, "chain", _stop, verify=False,
+                    copy_same=True)
+    assert row["status"] == "ok" and row["copy_same_ns"] is None
+    assert row.get("pct_copy_same") is None
+
+
 def test_an_op_without_a_chain_input_falls_back_to_graph_rot_and_says_so(monkeypatch):
     monkeypatch.setitem(_REGISTRY, "rms_norm",
                         dataclasses.replace(get_op("rms_norm"), chain_input=""))

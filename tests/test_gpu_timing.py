@@ -53,3 +53,27 @@ def test_chain_agrees_with_graph_rot_for_an_ordinary_launch(impl, case):
     chain, rot = _median_us(impl, case, "chain"), _median_us(impl, case, "graph_rot")
     print(f"{impl} {case.label} bf16: chain {chain:.2f} us, graph_rot {rot:.2f} us")
     assert abs(chain / rot - 1) <= AGREE, f"chain {chain:.2f} us vs graph_rot {rot:.2f} us"
+
+
+@pytest.mark.parametrize("case, big", [(LLAMA3_8B_UP, True), (DECODE_1X4096, False)],
+                         ids=["gemv-llama3-8b-up", "rms_norm-decode-1x4096"])
+def test_the_size_matched_copy_is_a_copy_at_bandwidth_and_never_beats_the_large_one(case, big):
+    """`--copy-same-bytes` (runners/bench.py): at 29 MiB (the GEMV's bytes, over the L2's
+    rotation) the copy kernel moves the bytes near the 1 GiB copy's rate (it is a real copy at
+    bandwidth, not a no-op); at 16 KiB (one RMSNorm row) it takes at least the large copy's
+    time for those bytes, and more: its launch and latency."""
+    be = backend("cuda")
+    timer = be.timer()
+    large = timer.ceilings()["copy_gbps"]
+    stop = lambda: StdRel(max_noise=0.005, min_time_s=0.3, min_samples=10, timeout_s=5.0)  # noqa
+    row = bench_one(impls()["cuda:mt_rms_norm" if not big else "cuda:kp_qgemv_mma"], be, case,
+                    "chain", stop, verify=False, ceilings={"copy_gbps": large}, copy_same=True)
+    assert row["status"] == "ok", row["message"]
+    at_large = row["bytes_model"] / large  # ns at the large copy's rate
+    print(f"{case.label}: copy of {row['bytes_model']} B {row['copy_same_ns']:.0f} ns, "
+          f"large-copy rate {at_large:.0f} ns, impl {row['median_ns']:.0f} ns")
+    assert row["copy_same_ns"] >= 0.95 * at_large
+    if big:
+        assert row["copy_same_ns"] <= 1.25 * at_large
+    else:
+        assert row["copy_same_ns"] >= 3 * at_large

@@ -30,8 +30,8 @@ from verbs.common import global_flags, repro_line
 CHECK_METRICS = ("budget", "max_abs", "max_rel", "nmse", "cosine", "max_ulp", "frac_within",
                  "nonfinite_mismatch", "worst_output")
 BENCH_METRICS = ("median_ns", "min_ns", "q1_ns", "q3_ns", "rel_std", "n_samples", "n_dropped",
-                 "stop_reason", "gbps", "tflops", "pct_copy_ceiling", "pct_peak_spec",
-                 "cache_resident", "correct", "budget")
+                 "stop_reason", "gbps", "tflops", "pct_copy_ceiling", "pct_copy_same",
+                 "pct_peak_spec", "cache_resident", "correct", "budget")
 # Outcomes that JUnit shows as skipped: nothing wrong, nothing measured against the oracle.
 SKIPPED = {"rejected ok": "refused by its contract, as expected for a violating case",
            "xfail": "known issue (xfail)", "quarantined": "known issue, not launched"}

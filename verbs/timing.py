@@ -256,7 +256,7 @@ def cmd_bench(args) -> int:
             backend = _backend(w.impl.backend)
             row = bench_one(w.impl, backend, w.case, mode, stop, ceilings[w.impl.backend],
                             run_id, host_inputs=inputs[w.case.id], verify=not args.no_verify,
-                            progress=tell)
+                            progress=tell, copy_same=args.copy_same_bytes)
             writer.add(row)
             rows.append(row)
             if row["status"] not in ("ok",):
@@ -294,8 +294,10 @@ def bench_table(rows: list[dict], run_id: str, notes: dict[int, str]) -> None:
     """One line per measurement; % spec only where the device reports a spec peak; the status
     says when an ok row stopped short of the noise target (`notes`)."""
     spec = any(r.get("pct_peak_spec") is not None for r in rows)
+    same = any(r.get("pct_copy_same") is not None for r in rows)
     table = Table(title=f"bench {run_id}: median per call")
-    cols = ["impl", "case", "dtype", "mode", "µs", "GB/s", "%copy"] + (["%spec"] if spec else [])
+    cols = (["impl", "case", "dtype", "mode", "µs", "GB/s", "%copy"] + (["%spec"] if spec else [])
+            + (["%cp-same"] if same else []))
     for col in cols + ["noise", "n", "stop", "status"]:
         table.add_column(col, justify="left" if col in ("impl", "case", "dtype", "mode", "stop",
                                                         "status") else "right",
@@ -312,12 +314,17 @@ def bench_table(rows: list[dict], run_id: str, notes: dict[int, str]) -> None:
                  _fmt(r.get("pct_copy_ceiling"), ".1f")]
         if spec:
             cells.append(_fmt(r.get("pct_peak_spec"), ".1f"))
+        if same:
+            cells.append(_fmt(r.get("pct_copy_same"), ".1f"))
         status = (f"[yellow]ok, {escape(notes[i])}[/]" if notes.get(i) else "ok") if ok else \
             f"[red]{r['status']}[/]"
         cells += [f"{100 * r['rel_std']:.2f}%" if ok and r.get("rel_std") is not None else "-",
                   str(r.get("n_samples") or "-"), r.get("stop_reason") or "-", status]
         table.add_row(*cells)
     console.print(table)
+    if same:
+        console.print("%cp-same: the time of a copy of the row's bytes in the same mode and "
+                      "rotation, as % of the row's time (--copy-same-bytes)")
     if any(r.get("cache_resident") for r in rows):
         console.print("[yellow]*[/] above 100% of peak: the data came from a cache (a benchmark "
                       "bug for an HBM-sized case)")
@@ -559,6 +566,10 @@ def add_parsers(sub) -> None:
     timing_flags(bench)
     bench.add_argument("--no-verify", action="store_true",
                        help="skip the oracle check before timing")
+    bench.add_argument("--copy-same-bytes", action="store_true",
+                       help="also time a copy of each case's bytes in the same mode and "
+                            "rotation (CUDA timers): the %%cp-same column, the ceiling of a "
+                            "kernel that small (a 1 GiB copy's %%copy is out of its reach)")
     outputs.add_flags(bench, "(impl, case, mode) measurement")
     ab = sub.add_parser("ab", help="A/B of a baseline and one or more impls: correctness, "
                                    "interleaved runs, verdicts")

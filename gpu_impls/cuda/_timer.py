@@ -31,7 +31,19 @@ def _rewrite_kernel():
         " if (i < n) p[i] ^= (unsigned char)key; }", "kparity_rewrite")
 
 
+@functools.lru_cache(maxsize=None)
+def _copy_kernel():
+    """d[i] = s[i] over n 16-byte words, one word a thread (`--copy-same-bytes`)."""
+    import cupy
+
+    return cupy.RawKernel(
+        'extern "C" __global__ void kparity_copy16(const int4* __restrict__ s,'
+        " int4* __restrict__ d, long long n) { long long i = (long long)blockIdx.x *"
+        " blockDim.x + threadIdx.x; if (i < n) d[i] = s[i]; }", "kparity_copy16")
+
+
 REWRITE_BLOCK = 256
+COPY_BLOCK = 256
 
 
 class CupyTimer(CudaTimer):
@@ -90,6 +102,15 @@ class CupyTimer(CudaTimer):
         src = cupy.random.default_rng(0).standard_normal(nbytes // 4, dtype=cupy.float32)
         dst = cupy.empty_like(src)
         return (lambda: cupy.copyto(dst, src)), 2 * src.nbytes
+
+    def _copy_kernel_pair(self, nbytes):
+        import cupy
+
+        src = cupy.random.default_rng(0).standard_normal(nbytes // 4, dtype=cupy.float32)
+        dst = cupy.empty_like(src)
+        words = nbytes // 16
+        grid = (words + COPY_BLOCK - 1) // COPY_BLOCK
+        return (lambda: _copy_kernel()((grid,), (COPY_BLOCK,), (src, dst, np.int64(words)))), src
 
     def _gemm(self, n):
         import cupy
