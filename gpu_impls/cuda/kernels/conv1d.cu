@@ -41,7 +41,9 @@
 #include "common.cuh"
 
 #define KP_CONV_MAX_W 4      // the instances: W in 2..4 (causal-conv1d's widths)
+#ifndef KP_CONV_THREADS      // (-D only in scripts/conv_step_variants.py's profile)
 #define KP_CONV_THREADS 64   // threads per block (both kernels)
+#endif
 #define KP_CONV_SPAN 32      // prefill: tokens per block
 #define KP_CONV_AHEAD 8      // prefill: tokens whose x loads are issued together
 
