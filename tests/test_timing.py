@@ -283,6 +283,22 @@ def test_ab_same_impl_twice_is_not_a_difference(tmp_path, capsys, small_cache):
     assert "verdict" in out
 
 
+def test_ab_no_verify_skips_the_oracle_and_still_compares_the_arms(tmp_path, capsys,
+                                                                   small_cache, monkeypatch):
+    import runners.ab
+
+    def no_oracle(*_):
+        raise AssertionError("the oracle ran under --no-verify")
+    monkeypatch.setattr(runners.ab, "correctness", no_oracle)
+    rc = main(["--store", str(tmp_path), "ab", "torch:rms_norm", "torch:rms_norm",
+               "--preset", "decode-64x4096", "--dtype", "f32", "--runs", "5", *FAST,
+               "--max-noise", "0.5", "--no-verify"])
+    assert rc == 0, capsys.readouterr().out
+    (row,) = _table(tmp_path, "ab", AB)
+    assert row["correct_a"] == row["correct_b"] == "unverified"
+    assert row["ab_max_ulp"] == 0 and len(row["runs_b_ns"]) == 5  # A against B still ran
+
+
 def test_ab_refuses_to_mix_timers(tmp_path, capsys):
     pytest.importorskip("mlx.core")
     rc = main(["--store", str(tmp_path), "ab", "torch:rms_norm", "mlx:rms_norm_f32", *FAST])

@@ -442,7 +442,8 @@ def cmd_ab(args) -> int:
                 bench_writer.add(row)
                 runs.append(row)
                 progress.update(task, advance=1)
-            rows = ab_group(arms, case, mode, args.runs, stop, ceilings, run_id, on_row=landed)
+            rows = ab_group(arms, case, mode, args.runs, stop, ceilings, run_id, on_row=landed,
+                            verify=not args.no_verify)
             for row in rows:
                 ab_writer.add(row)
                 results.append(row)
@@ -580,6 +581,9 @@ def add_parsers(sub) -> None:
         ab.add_argument(flag, action="append", help=help_text)
     timing_flags(ab)
     ab.add_argument("--runs", type=int, default=5, help="interleaved runs per arm (>= 5)")
+    ab.add_argument("--no-verify", action="store_true",
+                    help="skip each arm's oracle check (correct: unverified), for cases whose "
+                         "float64 oracle takes minutes; A against the others still runs")
     ab.add_argument("--require", choices=("faster", "not-slower", "same"),
                     help="exit 1 unless every impl's verdict against A on every case is this")
 
