@@ -1020,6 +1020,22 @@ MOE_ROUTE_MUTANTS = (
 )
 register(*(m for m in MOE_ROUTE_MUTANTS if m.id not in _existing))
 
+# --- MoE routing on CUDA (issue 31; gpu_impls/cuda/moe_route.py) ---------------------------------
+#
+# | mutant                                  | bug                                                 |
+# |-----------------------------------------|-----------------------------------------------------|
+# | cuda:mutant_kp_moe_scatter_add_atomic   | kp_moe_scatter_add as an atomic scatter: a thread   |
+# |                                         | per sorted row atomicAdds its products into an f32  |
+# |                                         | accumulator (arrival order), stored once; declared  |
+# |                                         | deterministic: inside the bound on every run, its   |
+# |                                         | bits differ between runs (tests/test_gpu_moe_route) |
+
+MOE_ROUTE_CUDA_MUTANTS = (
+    ("cuda:kp_moe_scatter_add", "mutant_kp_moe_scatter_add_atomic",
+     "KPARITY_MUTANT_ATOMIC_SCATTER_ADD"),
+)
+register_cuda_mutants(MOE_ROUTE_CUDA_MUTANTS)
+
 # --- fp4_gemv (issue 31; gpu_impls/torch/fp4.py) ------------------------------------------------
 #
 # | mutant                               | bug                                                  |
