@@ -992,6 +992,16 @@ MOE_MUTANTS = (
 )
 register(*(m for m in MOE_MUTANTS if m.id not in _existing))
 
+# | cuda:mutant_kp_moe_tile_first_row      | kp_moe_grouped_gemm: every row tile of an expert     |
+# |                                        | starts at the expert's first row: right wherever     |
+# |                                        | each expert fits one tile (decode), rows past an     |
+# |                                        | expert's first tile never written (the hot routing)  |
+
+MOE_CUDA_MUTANTS = (
+    ("cuda:kp_moe_grouped_gemm", "mutant_kp_moe_tile_first_row", "KPARITY_MUTANT_TILE_FIRST_ROW"),
+)
+register_cuda_mutants(MOE_CUDA_MUTANTS)
+
 # --- MoE scatter-add (issue 31; gpu_impls/torch/moe_route.py) ---------------------------------------
 #
 # | mutant                                 | bug                                                  |

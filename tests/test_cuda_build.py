@@ -67,12 +67,13 @@ def test_kp_qgemv_mma_static_shared_memory_is_1024_bytes():
 
 
 # Sources whose kernels the wrappers launch as programmatic dependent launches (kp_norms.py,
-# gemv.py `_kp`, `_mma`), each with the parameters it may read before `griddepcontrol.wait`:
+# gemv.py `_kp`, `_mma`, moe_gemm.py), each with the parameters it may read before
+# `griddepcontrol.wait`:
 # kp_qgemv_mma copies its scales and biases (parameters 1 and 2: weights, which no kernel
 # before it writes) while the kernel before finishes. Nothing else, and no store, comes first.
 # kp_rope.py's kernel computes its table from scalar parameters only before it.
 PDL_SOURCES = {"kp_rms_norm.cu": set(), "kp_qgemv.cu": set(), "kp_qgemv_mma.cu": {1, 2},
-               "kp_rope.cu": set()}
+               "kp_rope.cu": set(), "kp_moe_gemm.cu": set()}
 
 _GLOBAL_ACCESS = re.compile(r"^(?:ld|st|atom|red)\.global|^cp\.async[\w.:]*\.global")
 

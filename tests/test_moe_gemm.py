@@ -215,3 +215,59 @@ def test_segment_off_by_one_is_caught_by_a_gate_case(mutants):
               if is_failure(check(Work(mutants["torch:mutant_moe_segment_off_by_one"], c,
                                        "valid"), torch_be))]
     assert failed == cases
+
+
+# --- torch:grouped_mm (torch._grouped_mm: CUDA sm_90 / sm_100 only) ------------------------------
+
+def test_grouped_mm_is_unavailable_off_its_gpus():
+    """Registered for bf16 dense weights (in % 8), `requires` turning it away with the reason
+    on a machine without an sm_90 / sm_100 GPU: `check` skips it there."""
+    import torch
+
+    impl = gpu_impls.impls()["torch:grouped_mm"]
+    assert impl.contract.dtypes == ("bf16",)
+    assert [inv.name for inv in impl.contract.invariants] == ["weights == 'dense'", "in % 8 == 0"]
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: tests/test_gpu_moe_gemm.py runs the impl")
+    ok, why = impl.available(gpu_impls.backend("torch"))
+    assert not ok and "sm_90" in why and "no GPU here" in why
+
+
+def _grouped_mm_budget(case, call) -> float:
+    """The largest error / bound of `call(x, w, offsets)` (torch CPU tensors) over the case's
+    rows, judged as torch:grouped_mm is."""
+    import torch
+
+    from runners.correctness import oracle_for
+
+    inputs = make_inputs(case)
+    be = gpu_impls.backend("torch")
+    args = (be.to_device(inputs[k]) for k in ("x", "w", "offsets"))
+    with torch.no_grad(), np.errstate(invalid="ignore"):  # unwritten rows may hold NaN bits
+        y = be.to_host(call(*args), case.dtype).astype(np.float64)
+    exact, _, bound = oracle_for(gpu_impls.impls()["torch:grouped_mm"], be, case, inputs)
+    err = np.abs(y - exact["y"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err == 0, 0.0, err / bound["y"])
+    return float(np.max(np.where(np.isnan(ratio), np.inf, ratio)))  # NaN: rows never written
+
+
+@pytest.mark.parametrize("routing", ["hot", "sparse", "random"])
+def test_grouped_mm_call_takes_end_offsets_and_w_transposed(routing):
+    """The impl's call (offs = offsets[1:], each group's END row, int32; W [E, N, K] viewed
+    [E, K, N]) within the op's bound over empty experts and a 66-row expert, run by torch's CPU
+    fallback (the same op: a per-group mm loop) where this torch has one; the start offsets
+    instead (offsets[:-1], a leading zero) shift every group by one and leave the last
+    expert's rows unwritten (torch's output is uninitialized past offs[-1]): they fail."""
+    import torch
+
+    from gpu_impls.torch.moe_gemm import grouped_mm
+
+    case = _gemm("dense", routing, rows=70, experts=8, out=64, **{"in": 128})
+    try:
+        assert _grouped_mm_budget(case, grouped_mm) <= 1.0
+    except (NotImplementedError, RuntimeError) as e:
+        pytest.skip(f"torch {torch.__version__} runs no _grouped_mm on a CPU: {e}")
+    starts = lambda x, w, off: torch._grouped_mm(x, w.transpose(-2, -1),  # noqa: E731
+                                                 offs=off[:-1].to(torch.int32))
+    assert _grouped_mm_budget(case, starts) > 1.0

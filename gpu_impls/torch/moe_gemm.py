@@ -6,13 +6,22 @@ declared rounding point). affine4 weights are dequantized per expert in f32 exac
 dense rows equal this impl run on the expert's rows alone (E = 1): tests/test_moe_gemm.py.
 Deterministic: a fixed loop, no atomics.
 
-`torch._grouped_mm` (one launch for all experts) runs on CUDA only: not registered here (CPU
-round)."""
+`torch:grouped_mm`: `torch._grouped_mm(x, W^T, offs=offsets[1:])`, one launch for all experts
+and no host sync, where torch runs it as its grouped GEMM kernel (CUTLASS, f32 accumulation,
+one rounding to bf16): torch 2.11 takes that path for bf16 x, W and out on sm_90 / sm_100 only;
+elsewhere (other GPUs, other dtypes, a CPU) it falls back to a per-group loop of `mm` after
+`offs.cpu()`, a host sync: so the impl `requires` such a GPU and is skipped (unavailable) on
+other machines. Its signature: x [M, K] (2-D, row-major) against mat_b [E, K, N] (3-D: W [E, N,
+K] viewed transposed, column-major, no copy), offs int32 [E] holding each group's END row
+(cumulative, no leading zero: our offsets[1:]; group e's rows are offs[e-1]:offs[e], from 0),
+no bias; both operands' strides a multiple of 16 bytes (K % 8) and 16-byte aligned (fresh
+tensors are); the output [M, N] is torch's own, its row stride padded to 16 bytes. Contract:
+bf16, dense weights, in % 8 == 0."""
 
 from __future__ import annotations
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, param_is
+from gpu_impls.contract import Contract, Invariant, nearest_multiples, param_is
 from gpu_impls.impl import Impl
 from gpu_impls.torch.gemv import dequantize_f32
 from oracle.moe_gemm import BITS, GROUP, segments
@@ -48,6 +57,55 @@ def _grouped_linear(launch, inputs, outputs, case):
     return {"y": y}
 
 
+GROUPED_MM_STRIDE = 8  # bf16 elements in 16 bytes: the operands' stride rule
+
+
+def _grouped_mm_fast_path() -> tuple[bool, str]:
+    """Where torch._grouped_mm runs its grouped kernel (no host sync): a CUDA GPU of compute
+    capability 9.x or 10.x (torch 2.11's `_scaled_mm_allowed_device(sm90_only, sm100_only)`)."""
+    import torch
+
+    if not hasattr(torch, "_grouped_mm"):
+        return False, f"torch {torch.__version__} has no torch._grouped_mm"
+    if not torch.cuda.is_available():
+        return False, ("torch:grouped_mm times torch._grouped_mm's CUDA kernel (sm_90 / sm_100); "
+                       "no GPU here (torch would run a per-group loop after offs.cpu())")
+    major, minor = torch.cuda.get_device_capability()
+    if major not in (9, 10):
+        return False, (f"torch._grouped_mm runs its grouped kernel on sm_90 / sm_100 only; this "
+                       f"GPU is sm_{major}{minor}, where torch falls back to a per-group loop "
+                       "with a host sync")
+    return True, ""
+
+
+def grouped_mm(x, w, offsets):
+    """y [M, N] = x [M, K] against w [E, N, K] per the CSR offsets [E+1] (offsets[0] = 0), in one
+    torch._grouped_mm call: its offs are each group's end row, int32."""
+    import torch
+
+    ends = offsets[1:].to(torch.int32)
+    return torch._grouped_mm(x, w.transpose(-2, -1), offs=ends)
+
+
+def _grouped_mm(launch, inputs, outputs, case):
+    return {"y": grouped_mm(inputs["x"], inputs["w"], inputs["offsets"])}
+
+
+GROUPED_MM = Contract(
+    invariants=(
+        param_is("weights", "dense", "torch:grouped_dequant_linear", other="affine4"),
+        Invariant(
+            name=f"in % {GROUPED_MM_STRIDE} == 0",
+            holds=lambda ns: ns["in"] % GROUPED_MM_STRIDE == 0,
+            why="torch._grouped_mm needs every operand stride a multiple of 16 bytes: x's rows "
+                "and W^T's columns are K bf16 elements apart",
+            fix=lambda ns: f"in = {nearest_multiples(ns['in'], GROUPED_MM_STRIDE)}, or "
+                           "torch:grouped_linear",
+            violation={"in": 66}, shows=("in",)),
+    ),
+    dtypes=("bf16",))
+
+
 def _activation(h, case):
     """act(h) in f32 over h [m, U] (`oracle.moe_gemm.activation`)."""
     import torch.nn.functional as F
@@ -77,6 +135,10 @@ register(Impl("moe_grouped_gemm", "torch", "grouped_linear", _grouped_linear, DE
          Impl("moe_grouped_gemm", "torch", "grouped_dequant_linear", _grouped_linear, AFFINE4,
               doc="per-expert loop: W[e] unpacked and dequantized in f32 (as "
                   "torch:qmm_dequant_linear), F.linear in f32, rounded to T"),
+         Impl("moe_grouped_gemm", "torch", "grouped_mm", _grouped_mm, GROUPED_MM,
+              requires=_grouped_mm_fast_path,
+              doc="torch._grouped_mm(x, W^T, offs=offsets[1:]): one launch, no host sync "
+                  "(sm_90 / sm_100, bf16)"),
          Impl("moe_experts", "torch", "experts_linear_loop", _experts_loop,
               doc="per-expert loop: F.linear up in f32, act in f32, rounded to T, F.linear "
                   "down in f32, rounded to T"))
