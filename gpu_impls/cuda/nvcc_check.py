@@ -65,6 +65,8 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_MUTANT_CONV_STATE_SKIPS_LAST",
                   # Mamba-2's chunked SSD (kernels/kp_ssd_chunked.cu)
                   "KPARITY_MUTANT_GROUP_MODULO", "KPARITY_MUTANT_DROP_D_SKIP",
+                  # FP4 quantize (kernels/kp_fp4_quantize.cu)
+                  "KPARITY_MUTANT_FP4_TIES_AWAY", "KPARITY_MUTANT_FP4_UNSCALED_BLOCK_MAX",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
