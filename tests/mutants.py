@@ -970,6 +970,17 @@ FP4_MUTANTS = (
 )
 register(*(m for m in FP4_MUTANTS if m.id not in _existing))
 
+# The same two bugs in cuda:kp_fp4_quantize (kernels/kp_fp4_quantize.cu), GPU gate:
+# | cuda:mutant_kp_fp4_ties_away          | E2M1 ties half away from zero (NVFP4 and MXFP4)     |
+# | cuda:mutant_kp_fp4_unscaled_block_max | the NVFP4 block scale from the block max without    |
+# |                                       | gs_enc (the elements still x * enc)                 |
+FP4_CUDA_MUTANTS = (
+    ("cuda:kp_fp4_quantize", "mutant_kp_fp4_ties_away", "KPARITY_MUTANT_FP4_TIES_AWAY"),
+    ("cuda:kp_fp4_quantize", "mutant_kp_fp4_unscaled_block_max",
+     "KPARITY_MUTANT_FP4_UNSCALED_BLOCK_MAX"),
+)
+register_cuda_mutants(FP4_CUDA_MUTANTS)
+
 # --- MoE grouped GEMM (issue 31; gpu_impls/torch/moe_gemm.py) -------------------------------------
 #
 # | mutant                                 | bug                                                  |

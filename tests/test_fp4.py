@@ -150,3 +150,25 @@ def test_fp4_gemv_nvfp4_tensor_scale_product_is_not_exact_in_f32():
     assert not np.array_equal(wt.astype(np.float32).astype(np.float64), wt)
     y = fp4_gemv(inp, case)["y"]
     np.testing.assert_allclose(y, np.asarray(inp["x"], np.float64) @ wt.T, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_torch_dtype_dequantize_every_code_and_scale_byte(fmt):
+    """torch:fp4_dequantize_dtypes reads the scales through torch.float8_e4m3fn / float8_e8m0fnu:
+    every code byte under every UE4M3 byte 0..0x7E (0 and the subnormals 1..7) or E8M0 byte
+    0..252 (0: 2^-127, an f32 subnormal; 6 x 2^125 f32's last finite product), f32 x_hat within
+    the oracle's bound."""
+    import gpu_impls
+    from cases.generate import Work
+    from runners.correctness import check_op
+
+    rows, cols = 16, 512
+    count = 0x7F if fmt == "nvfp4" else 253
+    inputs = {"codes": np.tile(np.arange(256, dtype=np.uint8), (rows, 1)),
+              "scales": (np.arange(rows * cols // fp4.BLOCK[fmt]) % count).astype(np.uint8)
+              .reshape(rows, -1), "tensor_scale": np.array([0.37], dtype=np.float32)}
+    case = Case.make("fp4_dequantize", {"rows": rows, "cols": cols}, "f32",
+                     params={"format": fmt, "scale_rule": "exact" if fmt == "nvfp4" else "ocp"})
+    row = check_op(Work(gpu_impls.impls()["torch:fp4_dequantize_dtypes"], case, "valid"),
+                   gpu_impls.backend("torch"), inputs=inputs)
+    assert row["status"] == "pass", row["message"]

@@ -67,6 +67,8 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_MUTANT_GROUP_MODULO", "KPARITY_MUTANT_DROP_D_SKIP",
                   "KPARITY_MUTANT_ATOMIC_SCATTER_ADD",  # kernels/moe_route.cu
                   "KPARITY_MUTANT_TILE_FIRST_ROW",  # kernels/kp_moe_gemm.cu
+                  # FP4 quantize (kernels/kp_fp4_quantize.cu)
+                  "KPARITY_MUTANT_FP4_TIES_AWAY", "KPARITY_MUTANT_FP4_UNSCALED_BLOCK_MAX",
                   # timing diagnostics (scripts/kp_variants.py)
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",

@@ -122,6 +122,29 @@ def _dequantize(launch, inputs, outputs, case):
     return {"x_hat": x.to(outputs["x_hat"].dtype)}
 
 
+def _dequantize_dtypes(launch, inputs, outputs, case):
+    """The block scales through torch's own dtypes: `.view(torch.float8_e4m3fn)` (NVFP4) or
+    `.view(torch.float8_e8m0fnu)` (MXFP4), `.float()`; E2M1 by the LUT, because
+    `torch.float4_e2m1fn_x2` is storage only (torch 2.13 CPU: `.float()` raises
+    '"copy_kernel" not implemented for 'Float4_e2m1fn_x2''); f32 products, then T."""
+    import torch
+
+    codes, fmt = inputs["codes"], case.params["format"]
+    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    q = lut[torch.stack([codes & 15, codes >> 4], -1).reshape(codes.shape[0], -1).long()]
+    dtype = torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu
+    s = inputs["scales"].view(dtype).float().repeat_interleave(BLOCKS[fmt], -1)
+    x = q * s * inputs["tensor_scale"].float()
+    return {"x_hat": x.to(outputs["x_hat"].dtype)}
+
+
+def _has_e8m0() -> tuple[bool, str]:
+    import torch
+
+    ok = hasattr(torch, "float8_e8m0fnu")
+    return ok, "" if ok else f"torch {torch.__version__} has no float8_e8m0fnu (2.7+)"
+
+
 def _gemv(launch, inputs, outputs, case):
     """Dequantize to f32, then F.linear in f32 (x upcast), rounded to T once."""
     import torch.nn.functional as F
@@ -137,6 +160,10 @@ register(Impl("fp4_quantize", "torch", "fp4_quantize_ref", _quantize,
          Impl("fp4_dequantize", "torch", "fp4_dequantize_ref", _dequantize,
               Contract(invariants=(whole_blocks(),)),
               doc="E2M1 LUT x block scale x tensor scale in f32, rounded to T"),
+         Impl("fp4_dequantize", "torch", "fp4_dequantize_dtypes", _dequantize_dtypes,
+              Contract(invariants=(whole_blocks(),)), requires=_has_e8m0,
+              doc="block scales via torch.float8_e4m3fn / float8_e8m0fnu views, E2M1 by LUT "
+                  "(float4_e2m1fn_x2 has no conversion), f32 products, then T"),
          Impl("fp4_gemv", "torch", "fp4_dequant_linear", _gemv,
               Contract(invariants=(whole_blocks("in"),)),
               doc="dequantize to f32 (LUT x scale x tensor scale), F.linear in f32, then T"))
