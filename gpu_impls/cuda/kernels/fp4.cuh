@@ -30,6 +30,12 @@ __device__ __forceinline__ float kp_fma_rn(float a, float b, float c) {
     return d;
 }
 
+__device__ __forceinline__ float kp_add_rn(float a, float b) {
+    float d;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));  // subnormal a, b, d kept
+    return d;
+}
+
 __device__ __forceinline__ double kp_f32_to_f64(float a) {
     double d;
     asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(a));  // exact, subnormal a included

@@ -201,8 +201,9 @@ kp_fp4_gemv(const uint4* __restrict__ codes, const unsigned char* __restrict__ s
         for (int m = 0; m < MAXM; ++m) {
             float v = acc[r][m];
 #pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, offset);
+            for (int offset = 16; offset > 0; offset >>= 1)  // without .ftz: a lane's
+                v = kp_add_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));  // partial may be
+                                                                           // subnormal
             if ((t & 31) == 0) partial[t / 32][r][m] = v;
         }
     }
@@ -211,7 +212,7 @@ kp_fp4_gemv(const uint4* __restrict__ codes, const unsigned char* __restrict__ s
         const int r = t / MAXM, m = t % MAXM;
         if (row0 + r < out_dim && m < m_rows) {
             float v = partial[0][r][m];
-            for (int j = 1; j < threads / 32; ++j) v += partial[j][r][m];
+            for (int j = 1; j < threads / 32; ++j) v = kp_add_rn(v, partial[j][r][m]);
             T::store(y, (size_t)m * out_dim + row0 + r, kp_mul_rn(v, tensor_scale[0]));
         }
     }
