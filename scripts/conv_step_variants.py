@@ -1,6 +1,5 @@
 """Profile of `cuda:kp_conv1d_causal_step` at its bench cases against threads per block (issue
-30's speed analysis): the kernel compiled with -DKP_CONV_THREADS=t for t in 32..256, launched
-back to back over enough input sets to overflow the L2 four times (each launch reads its own
+30's speed analysis): the kernel launched with t threads a block for t in 32..256, back to back over enough input sets to overflow the L2 four times (each launch reads its own
 set from memory), timed with CUDA events, beside the timer's copy of the same bytes timed the
 same way. A profile, not a kparity measurement (back to back, no chain predecessor).
 
@@ -57,8 +56,8 @@ def main() -> None:
         vec, chunks = ssm._chunks(d, {**p, "dtype": case.dtype})
         line = [f"{case.label:32s} {nbytes / 1e3:7.1f} kB"]
         for threads in (32, 64, 128, 256):
-            kern = kernel(ssm.CONV_SOURCE, "kp_conv1d_causal_step", case.dtype,
-                          (f"KP_CONV_THREADS={threads}",), (d["width"],))
+            kern = kernel(ssm.CONV_SOURCE, "kp_conv1d_causal_step", case.dtype, (),
+                          (d["width"],))
             grid = (-(-d["batch"] * chunks // threads),)
             calls = []
             for ins, outs in sets:

@@ -1,5 +1,5 @@
 """Per-kernel device time of `cuda:kp_ssd_chunked` (issue 30's speed analysis): at each bench
-case of ssd_chunked (or --label), each of the three kernels (cb, state, out) launched alone
+case of ssd_chunked (or --label), each of its kernels (cb, state, pass, out) launched alone
 N times back to back after one full run, timed with CUDA events; median of 7 such batches per
 kernel. A profile, not a kparity measurement (no chain predecessor, no rotation: the inputs stay
 in the L2 where they fit): it says where the pipeline's time goes, not what a user sees.
@@ -52,7 +52,7 @@ def main() -> None:
         impl.run(launches, inputs, outputs, case)
         ws = ssd.workspace(case)
         parts = {}
-        for name in ("cb", "state", "out"):
+        for name in ssd.KERNEL_OF:
             k = kernel(ssd.SOURCE, ssd.KERNEL_OF[name], case.dtype)
             a = ssd.args_of(name, inputs, outputs, ws, case)
             ln = launches[name]
@@ -60,7 +60,7 @@ def main() -> None:
                                                     shared_bytes=ln.shared_bytes))
         total = _time(lambda: impl.run(launches, inputs, outputs, case))
         print(f"{case.label:40s} " + "  ".join(f"{n} {t:8.1f} us" for n, t in parts.items())
-              + f"  all three {total:8.1f} us")
+              + f"  all {total:8.1f} us")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,17 @@ def test_wrapper_constants_are_the_kernels():
     assert ssm.SSM_SLICE == step["KP_SSM_WARPS"] * step["KP_SSM_ROWS"] == step["KP_SSM_COLS"]
     assert (ssm.CONV_THREADS, ssm.CONV_SPAN, ssm.CONV_MAX_W) == (
         conv["KP_CONV_THREADS"], conv["KP_CONV_SPAN"], conv["KP_CONV_MAX_W"])
+    assert max(ssm.CONV_STEP_THREADS) == conv["KP_CONV_STEP_MAX_THREADS"]
+
+
+@pytest.mark.parametrize("batch, threads", [(1, 64), (42, 64), (43, 256), (64, 256)])
+def test_the_conv_step_block_widens_once_the_work_fills_the_gpu(batch, threads):
+    """64 threads a block while B x 768 channel vectors (Nemotron-3-Nano's 6144 bf16) is under
+    32768 threads of work, 256 from there (the profile in gpu_impls/cuda/ssm.py)."""
+    step = _launch("kp_conv1d_causal_step", _conv("conv1d_causal_step", "bf16", batch=batch,
+                                                  channels=6144))
+    assert step.block == (threads, 1, 1)
+    assert (step.grid[0] - 1) * threads < batch * 768 <= step.grid[0] * threads
 
 
 # --- geometry -------------------------------------------------------------------------------------
@@ -124,7 +135,8 @@ def test_conv_threads_cover_every_channel_vector(dtype, vec, channels):
     step = _launch("kp_conv1d_causal_step", _conv("conv1d_causal_step", dtype, batch=3,
                                                   channels=channels))
     assert (step.extra["vec"], step.extra["chunks"]) == (vec, chunks)
-    assert (step.grid[0] - 1) * ssm.CONV_THREADS < 3 * chunks <= step.grid[0] * ssm.CONV_THREADS
+    t = step.block[0]
+    assert (step.grid[0] - 1) * t < 3 * chunks <= step.grid[0] * t
     for tokens, spans in ((1, 1), (32, 1), (33, 2), (2048, 64)):
         pre = _launch("kp_conv1d_causal", _conv("conv1d_causal", dtype, batch=3, tokens=tokens,
                                                 channels=channels))
@@ -226,7 +238,7 @@ def test_runs_pass_each_kernel_its_declared_arguments(monkeypatch):
     """Each run's arguments match its kernel's PTX parameters in number and kind (pointers,
     32-bit ints, f32), the tensors are the op's in the kernel's order, the ints the case's dims,
     params and derived geometry, the instance the case's dtype and N / 32 or width; the block
-    is the kernel's launch bound."""
+    is the kernel's launch bound (the conv step's: the larger of its two blocks)."""
     entries = _entries()
     for layout in ("hpn", "hnp"):
         case = _step(2, layout=layout, dim_p=20, dim_n=128).replace(
@@ -250,7 +262,11 @@ def test_runs_pass_each_kernel_its_declared_arguments(monkeypatch):
         assert _kinds(seen["args"]) == entries[name]["params"]
         assert [a.name for a in seen["args"] if isinstance(a, _Array)] == CONV_TENSORS[name]
         assert [int(a) for a in seen["args"][6:]] == ints
-        assert seen["block"][0] == entries[name]["maxntid"]
+        if name == "kp_conv1d_causal_step":  # a block of 64 under a launch bound of 256
+            assert seen["block"][0] in ssm.CONV_STEP_THREADS
+            assert max(ssm.CONV_STEP_THREADS) == entries[name]["maxntid"]
+        else:
+            assert seen["block"][0] == entries[name]["maxntid"]
 
 
 def test_conv_vectors_only_where_whole_and_aligned(monkeypatch):

@@ -43,7 +43,13 @@ SSM_THREADS = 128        # KP_SSM_WARPS * 32
 SSM_SLICE = 16           # KP_SSM_WARPS * KP_SSM_ROWS (hpn) == KP_SSM_COLS (hnp): p per block
 SSM_MAX_N = 256          # 32 lanes (row groups) x 8 elements (the instances: N / 32 in 1..8)
 SSM_KERNELS = {"hpn": "kp_ssm_step_hpn", "hnp": "kp_ssm_step_hnp"}
-CONV_THREADS = 64        # KP_CONV_THREADS
+CONV_THREADS = 64        # KP_CONV_THREADS: the prefill's block
+# The step's block: 64 threads, or 256 from CONV_STEP_WIDE_AT threads of work on (B = 64 at
+# Nemotron-3-Nano's 6144 channels): profiled on an H100 (scripts/conv_step_variants.py, back to
+# back over rotating sets), 256 read 7.38 against 8.24 us at B = 64 and 11.57 against 9.86 at
+# B = 1, where 64 spread the few chunks over more SMs.
+CONV_STEP_THREADS = (64, 256)    # KP_CONV_STEP_MAX_THREADS is the larger
+CONV_STEP_WIDE_AT = 32768
 CONV_SPAN = 32           # KP_CONV_SPAN: prefill tokens per block
 CONV_MAX_W = 4           # KP_CONV_MAX_W: the instances W in 2..4
 CONV_VEC_BYTES = 16      # a thread's channels: one 16-byte vector
@@ -122,9 +128,10 @@ def _chunks(dims, params) -> tuple[int, int]:
 def _conv_step_geometry(dims, params):
     vec, chunks = _chunks(dims, params)
     derived = {"vec": vec, "chunks": chunks}
-    blocks = -(-dims["batch"] * chunks // CONV_THREADS)
-    return derived, Launch(grid=(max(1, blocks), 1, 1), block=(CONV_THREADS, 1, 1),
-                           extra=derived)
+    work = dims["batch"] * chunks
+    threads = CONV_STEP_THREADS[work >= CONV_STEP_WIDE_AT]
+    blocks = -(-work // threads)
+    return derived, Launch(grid=(max(1, blocks), 1, 1), block=(threads, 1, 1), extra=derived)
 
 
 def _conv_geometry(dims, params):

@@ -41,9 +41,8 @@
 #include "common.cuh"
 
 #define KP_CONV_MAX_W 4      // the instances: W in 2..4 (causal-conv1d's widths)
-#ifndef KP_CONV_THREADS      // (-D only in scripts/conv_step_variants.py's profile)
-#define KP_CONV_THREADS 64   // threads per block (both kernels)
-#endif
+#define KP_CONV_THREADS 64   // threads per block of the prefill
+#define KP_CONV_STEP_MAX_THREADS 256  // the step: 64 or 256 threads a block (the wrapper's choice)
 #define KP_CONV_SPAN 32      // prefill: tokens per block
 #define KP_CONV_AHEAD 8      // prefill: tokens whose x loads are issued together
 
@@ -133,9 +132,10 @@ __device__ __forceinline__ void load_weights(const typename T::storage* weight,
 }  // namespace kp_conv_detail
 
 // x, y [B, D]; weight [W, D]; bias [D]; state_in, state_out [B, W-1, D] (all T). Block:
-// KP_CONV_THREADS threads; grid: ceil(B chunks / KP_CONV_THREADS), chunks = ceil(D / VEC).
+// blockDim.x threads (64, or 256 where B chunks fills the GPU: gpu_impls/cuda/ssm.py); grid:
+// ceil(B chunks / blockDim.x), chunks = ceil(D / VEC).
 template <typename T, int W>
-__global__ void __launch_bounds__(KP_CONV_THREADS)
+__global__ void __launch_bounds__(KP_CONV_STEP_MAX_THREADS)
 kp_conv1d_causal_step(const typename T::storage* __restrict__ x,
                       const typename T::storage* __restrict__ weight,
                       const typename T::storage* __restrict__ bias,
@@ -145,7 +145,7 @@ kp_conv1d_causal_step(const typename T::storage* __restrict__ x,
     using namespace kp_conv_detail;
     typedef Chunk<T> C;
     constexpr int N = Vec<T>::N;
-    const long long i = (long long)blockIdx.x * KP_CONV_THREADS + threadIdx.x;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)batch * chunks) return;
     const int b = (int)(i / chunks), c0 = (int)(i % chunks) * N;
     const int valid = min(N, channels - c0);
