@@ -1,5 +1,5 @@
 """Per-kernel device time of `cuda:kp_ssd_chunked` (issue 30's speed analysis): at each bench
-case of ssd_chunked (or --label), each of its kernels (cb, state, pass, out) launched alone
+case of ssd_chunked (or --label), each of its kernels (`ssd.KERNEL_OF`: cb, state, out) launched alone
 N times back to back after one full run, timed with CUDA events; median of 7 such batches per
 kernel. A profile, not a kparity measurement (no chain predecessor, no rotation: the inputs stay
 in the L2 where they fit): it says where the pipeline's time goes, not what a user sees.

@@ -71,15 +71,14 @@ def test_shared_memory_is_the_layouts_and_fits():
 
 @pytest.mark.parametrize("tokens, chunks", [(2048, 32), (16384, 256)])
 def test_geometry_at_nemotron_heads(tokens, chunks):
-    """Batch 1: cb over (T / 64 row blocks, 8 groups); state over (2 P tiles of 32 x the chunks,
-    64 heads); pass a thread per 4 state columns p (64 heads x 128 n x 16); out over (T / 64 row
-    blocks, 64 heads x 1 P tile). 256 threads each, the shared memory of the layouts."""
+    """Batch 1: cb over (T / 64 row blocks, 8 groups); state over (2 P tiles of 32, 64 heads) =
+    128 blocks, one an SM; out over (T / 64 row blocks, 64 heads x 1 P tile). 256 threads each,
+    the shared memory of the layouts."""
     launch = _launches(_case(tokens=tokens))
-    assert list(launch) == ["cb", "state", "pass", "out"]
+    assert list(launch) == ["cb", "state", "out"]
     rows = tokens // 64
     assert (launch["cb"].grid, launch["cb"].shared_bytes) == ((rows, 8, 1), mod.CB_SHARED)
-    assert (launch["state"].grid, launch["state"].shared_bytes) == ((2 * chunks, 64, 1), 0)
-    assert launch["pass"].grid == (64 * 128 * 16 // 256, 1, 1)
+    assert (launch["state"].grid, launch["state"].shared_bytes) == ((2, 64, 1), 0)
     assert (launch["out"].grid, launch["out"].shared_bytes) == ((rows, 64, 1), mod.OUT_SHARED)
     assert all(v.block == (256, 1, 1) for v in launch.values())
     assert launch["out"].extra == {"n_chunks": chunks, "row_blocks": rows, "p_pad": 64}
@@ -90,11 +89,10 @@ def test_partial_tiles_and_chunks_are_admitted():
     odd, T not a multiple of the chunk or of 64, one token: every gate shape runs."""
     launch = _launches(Case.make("ssd_chunked", {"batch": 1, "tokens": 70, "heads": 6,
                                                  "dim_p": 3, "groups": 3, "dim_n": 5}, "f32"))
-    assert launch["state"].grid == (2, 6, 1) and launch["out"].grid == (2, 6, 1)
-    assert launch["pass"].grid == (1, 1, 1)  # 6 heads x 5 n x 1 vector of 4 p
+    assert launch["state"].grid == (1, 6, 1) and launch["out"].grid == (2, 6, 1)
     assert launch["out"].extra == {"n_chunks": 2, "row_blocks": 2, "p_pad": 4}
     launch = _launches(_case(tokens=259, params={"chunk": 256}, dim_p=130))
-    assert launch["state"].grid == (5 * 2, 64, 1) and launch["out"].grid == (5, 64 * 3, 1)
+    assert launch["state"].grid == (5, 64, 1) and launch["out"].grid == (5, 64 * 3, 1)
     assert launch["out"].extra["n_chunks"] == 2 and launch["out"].extra["p_pad"] == 132
     assert _launches(_case(tokens=1, dim_n=128))["cb"].grid == (1, 8, 1)
 
@@ -103,8 +101,7 @@ def test_grid_y_capped_at_cudas_limit():
     """B·H = 65600 heads: grid.y capped at 65535 in every launch, the blocks stride over the
     rest."""
     launch = _launches(_case(tokens=64, batch=1025))
-    assert launch["state"].grid == (2, 65535, 1)  # one chunk
-    assert launch["pass"].grid == (1025 * 64 * 128 * 16 // 256, 1, 1)  # a flat grid: no cap
+    assert launch["state"].grid == (2, 65535, 1)
     assert launch["out"].grid == (1, 65535, 1)
     assert launch["cb"].grid == (1, 8200, 1)
 
@@ -150,7 +147,7 @@ class _Launches:
 
     def __init__(self, monkeypatch):
         self.kernels, self.calls = [], []
-        self.ws = {"states": _Device("states"), "decay": _Device("decay"), "cb": _Device("cb")}
+        self.ws = {"states": _Device("states"), "cb": _Device("cb")}
         monkeypatch.setattr(mod, "kernel", lambda *a: self.kernels.append(a) or a)
         monkeypatch.setattr(mod, "cuda_launch", lambda k, grid, block, args, **kw:
                             self.calls.append((k, grid, block, args, kw)))
@@ -161,7 +158,7 @@ class _Launches:
 @pytest.mark.parametrize("params", [{"gate": True, "dt_min": 0.01, "dt_max": 0.1},
                                     {"chunk": 128}])
 def test_run_passes_each_kernel_its_signature(monkeypatch, defines, params):
-    """cb, state, pass, out in that order, each with the geometry its contract derived and the
+    """cb, state, out in that order, each with the geometry its contract derived and the
     arguments in the order of its kernel's parameters, each by its name: an input, an output or
     a workspace array of that name; a dim, the chunk, n_chunks or the gate flag as int32; the dt
     clamp as float32 (no dt_max: +inf)."""
@@ -172,14 +169,13 @@ def test_run_passes_each_kernel_its_signature(monkeypatch, defines, params):
     inputs = {n: _Device(n) for n in names}
     outputs = {n: _Device(n) for n in ("y", "state")}
     assert mod._chunked(defines)(launch, inputs, outputs, case) is None
-    assert [c[0][1] for c in stub.calls] == ["kp_ssd_cb", "kp_ssd_chunk_state", "kp_ssd_pass",
-                                             "kp_ssd_out"]
+    assert [c[0][1] for c in stub.calls] == ["kp_ssd_cb", "kp_ssd_state", "kp_ssd_out"]
     tensors = {**inputs, **outputs, **stub.ws}
     numbers = {**case.dims, "chunk": case.params["chunk"], "n_chunks": -(-300 // case.params[
         "chunk"]), "gate": int(bool(case.params["gate"])),
         "dt_min": np.float32(case.params["dt_min"]),
         "dt_max": np.float32(case.params["dt_max"] or np.inf)}
-    for (k, grid, block, args, kw), name in zip(stub.calls, ("cb", "state", "pass", "out")):
+    for (k, grid, block, args, kw), name in zip(stub.calls, ("cb", "state", "out")):
         assert k == (mod.SOURCE, mod.KERNEL_OF[name], "f16", defines)
         assert (grid, block, kw) == (launch[name].grid, launch[name].block,
                                      {"shared_bytes": launch[name].shared_bytes})

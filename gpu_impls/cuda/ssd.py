@@ -1,33 +1,27 @@
 """`cuda:kp_ssd_chunked` (op `ssd_chunked`, `oracle/ssd_chunked.py`; `kernels/kp_ssd_chunked.cu`):
-kparity's chunked SSD (Mamba-2's scan in its state-space-duality form, issue 30), four kernels
+kparity's chunked SSD (Mamba-2's scan in its state-space-duality form, issue 30), three kernels
 run in order on one stream, registered as one impl with a contract per launch:
 
     cb     kp_ssd_cb     C·Bᵀ of every chunk and B/C group (f32), once per group, not per head;
                          grid (ceil(T / 64), B·G): 64 rows of a chunk against its column blocks
-    state  kp_ssd_chunk_state  each chunk's own state st_n = Σ_s x_s ⊗ B_s·(exp(cs_last −
-                         cs_s)·dt_s), every chunk in parallel, and its exp(cs_last);
-                         grid (ceil(P / 32)·NT, B·H): 32 state columns p of a head and chunk
-    pass   kp_ssd_pass   the passing S_{n+1} = exp(cs_last)·S_n + st_n, sequential over the
-                         chunks per state element; S_n replaces st_n for `out`, the last S is
-                         the op's `state`; grid ceil(B·H·N·PP / 4 / 256)
+    state  kp_ssd_state  the chunk states st_n = Σ_s x_s ⊗ B_s·(exp(cs_last − cs_s)·dt_s) and
+                         their passing S_{n+1} = exp(cs_last)·S_n + st_n, sequential over the
+                         chunks; S_n stored for `out`, the last S is the op's `state`;
+                         grid (ceil(P / 32), B·H): 32 state columns p of a head, in registers
     out    kp_ssd_out    y = (C·S_n)·exp(cs_l) + Σ_{s<=l} (CB·exp(cs_l − cs_s))·dt_s·x_s + D·x,
                          the gate, one rounding; grid (ceil(T / 64), B·H·ceil(P / 64))
 
-Parallelism at batch 1 comes from the heads, the P tiles and the chunks: only `pass` is
-sequential over the chunks, and it is a stream of the states' bytes (an FMA per element and
-chunk). Until 2026-11-26 one kernel formed the chunk states and passed them, sequential over the
-chunks in B·H·ceil(P / 32) blocks (128 at Nemotron-3-Nano's heads): 164 of the 353 us at T =
-2048 on an H100 (`scripts/ssd_stages.py`). The sums are in the same order either way (each
-st_n from zero over its tokens, then one fmaf per chunk), so the two forms give the same bits.
-The dt, its chunk-local cumsum and the decays are formed in `state` and in `out` by one device
-function (same bits). Every dot is f32
+Parallelism at batch 1 comes from the heads, the P tiles and (for `cb` and `out`, which hold
+~2/3 of the FLOPs) the chunks; `state`'s chunk loop is sequential, over B·H·ceil(P / 32)
+blocks (128 at Nemotron-3-Nano's heads: one an SM). The dt, its chunk-local cumsum and the
+decays are formed in `state` and in `out` by one device function (same bits). Every dot is f32
 operands and f32 CUDA-core FMAs: the oracle's rounding points under either value of its param
 `dots` (the kernel rounds none of the three operands the param lets it round). The kernel
 header has the math, the thread layouts and the shared memory.
 
 Workspace (f32, kept per shape, allocated outside any timed region: the first call is a warm-up):
-the states before each chunk, [B, NT, H, N, PP] (PP = P rounded up to 4), each chunk's
-exp(cs_last), [B, NT, H], and C·Bᵀ, [B, NT, G, Q, Q]: 537 MB and 34 MB at Nemotron-3-Nano's heads, T = 16384, chunk 64.
+the states before each chunk, [B, NT, H, N, PP] (PP = P rounded up to 4), and C·Bᵀ,
+[B, NT, G, Q, Q]: 537 MB and 34 MB at Nemotron-3-Nano's heads, T = 16384, chunk 64.
 
 Contract: chunk in {64, 128, 256} (the op's own set: the kernels take a chunk in 64-token
 sub-blocks and a thread per token of it for dt and the cumsum), dim_n <= 128 (N padded to 128
@@ -64,8 +58,7 @@ WARPS = THREADS // 32
 GRID_Y_MAX = 65535  # CUDA's gridDim.y limit
 ALIGN = 16          # bytes: the 16-byte vector loads
 SHARED_OPT_IN_MAX = 227 * 1024  # dynamic shared memory a block may opt in to on sm_90
-KERNELS = [(SOURCE, "kp_ssd_cb"), (SOURCE, "kp_ssd_chunk_state"), (SOURCE, "kp_ssd_pass"),
-           (SOURCE, "kp_ssd_out")]
+KERNELS = [(SOURCE, "kp_ssd_cb"), (SOURCE, "kp_ssd_state"), (SOURCE, "kp_ssd_out")]
 
 # shared memory, f32 (mirrors the kernels' layouts)
 CB_SHARED = 4 * 2 * SB * (NP + PAD)                     # C rows and B rows
@@ -100,14 +93,8 @@ def _cb_geometry(dims, params):
 
 def _state_geometry(dims, params):
     d = _derived(dims, params)
-    grid = (-(-dims["dim_p"] // PT) * d["n_chunks"], _capped(dims["batch"] * dims["heads"]), 1)
+    grid = (-(-dims["dim_p"] // PT), _capped(dims["batch"] * dims["heads"]), 1)
     return d, Launch(grid=grid, block=(THREADS, 1, 1), extra=d)
-
-
-def _pass_geometry(dims, params):
-    d = _derived(dims, params)
-    threads = dims["batch"] * dims["heads"] * dims["dim_n"] * d["p_pad"] // 4
-    return d, Launch(grid=(max(1, -(-threads // THREADS)), 1, 1), block=(THREADS, 1, 1), extra=d)
 
 
 def _out_geometry(dims, params):
@@ -132,7 +119,6 @@ DIM_N = Invariant(
 
 LAUNCHES = {"cb": Contract(invariants=(CHUNK, DIM_N), geometry=_cb_geometry),
             "state": Contract(geometry=_state_geometry),
-            "pass": Contract(geometry=_pass_geometry),
             "out": Contract(geometry=_out_geometry)}
 
 
@@ -152,7 +138,6 @@ def workspace(case) -> dict:
     if key not in _WORKSPACE:
         _WORKSPACE[key] = {
             "states": cupy.empty((d["batch"], nt, d["heads"], d["dim_n"], pp), cupy.float32),
-            "decay": cupy.empty((d["batch"], nt, d["heads"]), cupy.float32),
             "cb": cupy.empty((d["batch"], nt, d["groups"], q, q), cupy.float32)}
     return _WORKSPACE[key]
 
@@ -176,28 +161,24 @@ def args_of(launch_name: str, inputs: dict, outputs: dict, ws: dict, case) -> tu
                 np.int32(p["chunk"]), nt)
     if launch_name == "state":
         return (inputs["x"], inputs["dt_raw"], inputs["A_log"], inputs["dt_bias"], inputs["Bm"],
-                ws["states"], ws["decay"],
+                inputs["h0"], ws["states"], outputs["state"],
                 *ints("batch", "tokens", "heads", "dim_p", "groups", "dim_n"),
                 np.int32(p["chunk"]), nt, *limits)
-    if launch_name == "pass":
-        return (inputs["h0"], ws["states"], ws["decay"], outputs["state"],
-                *ints("batch", "heads", "dim_p", "dim_n"), nt)
     return (inputs["x"], inputs["dt_raw"], inputs["A_log"], inputs["dt_bias"], inputs["Cm"],
             inputs["D"], inputs["z"], ws["states"], ws["cb"], outputs["y"],
             *ints("batch", "tokens", "heads", "dim_p", "groups", "dim_n"),
             np.int32(p["chunk"]), nt, np.int32(bool(p["gate"])), *limits)
 
 
-KERNEL_OF = {"cb": "kp_ssd_cb", "state": "kp_ssd_chunk_state", "pass": "kp_ssd_pass",
-             "out": "kp_ssd_out"}
+KERNEL_OF = {"cb": "kp_ssd_cb", "state": "kp_ssd_state", "out": "kp_ssd_out"}
 
 
 def _chunked(defines: tuple = ()):
-    """The run function of `cuda:kp_ssd_chunked` (with `defines`: a mutant's): cb, state, pass, out."""
+    """The run function of `cuda:kp_ssd_chunked` (with `defines`: a mutant's): cb, state, out."""
     def run(launch, inputs, outputs, case):
         _aligned({n: inputs[n] for n in ("x", "Bm", "Cm")})
         ws = workspace(case)
-        for name in KERNEL_OF:
+        for name in ("cb", "state", "out"):
             k = kernel(SOURCE, KERNEL_OF[name], case.dtype, defines)
             cuda_launch(k, launch[name].grid, launch[name].block,
                         args_of(name, inputs, outputs, ws, case),

@@ -1,18 +1,14 @@
 // kparity's chunked SSD (Mamba-2's state-space-duality scan, op `ssd_chunked`,
-// oracle/ssd_chunked.py): four kernels that `cuda:kp_ssd_chunked` (gpu_impls/cuda/ssd.py) runs
+// oracle/ssd_chunked.py): three kernels that `cuda:kp_ssd_chunked` (gpu_impls/cuda/ssd.py) runs
 // in this order on one stream.
 //
 //   kp_ssd_cb<T>     CB[b, n, g, l, s] = C_l . B_s (N-term f32 dot) per chunk n and B/C group g,
 //                    for the 64 x 64 blocks of (l, s) on or below the block diagonal: the C.B^T
 //                    of a chunk, shared by the H / G heads of a group (computed once, not per head)
-//   kp_ssd_chunk_state<T>  each chunk's own state, every chunk in parallel, per (b, h, chunk n,
-//                    32 columns p): st_n = sum_s x_s (B_s * (exp(cs_last - cs_s) dt_s)) to the
-//                    workspace `states`, and exp(cs_last) to `decay`
-//   kp_ssd_pass<T>   the passing, sequential over the chunks per state element: S_0 = h0; the
-//                    state before chunk n, S_n, replaces st_n in `states`; S_{n+1} =
-//                    exp(cs_last) S_n + st_n; the last S is `state`. (Until 2026-11-26 one
-//                    kernel did both per (b, h, 32 columns p), sequential over the chunks: 128
-//                    blocks at Nemotron's heads, 164 of the 353 us at T = 2048 on an H100.)
+//   kp_ssd_state<T>  the chunk states and their passing, sequential over the chunks per
+//                    (b, h, 32 columns p of the state): S_0 = h0; the state before chunk n,
+//                    S_n, stored to the workspace `states`; S_{n+1} = exp(cs_last) S_n + st_n,
+//                    st_n = sum_s x_s (B_s * (exp(cs_last - cs_s) dt_s)); the last S is `state`
 //   kp_ssd_out<T>    y per 64 rows l of a chunk, per (b, h, 64 columns p):
 //                    y_l = (C_l . S_n) exp(cs_l)
 //                          + sum_{s <= l} (CB[l, s] exp(cs_l - cs_s) dt_s) x_s
@@ -33,26 +29,25 @@
 // round three operands to T, and does not make it). Tokens past T (the last chunk's padding) read
 // x, B and C as 0 and have dt = 0; the state's decay uses cs at the last token below T.
 //
-// Workspace (f32, allocated by the wrapper per shape): states [B, NT, H, N, PP] (st_n, then S_n,
-// transposed, p innermost, PP = P rounded up to 4 so that rows take float4 stores; the columns
-// past P hold 0), decay [B, NT, H] (exp(cs_last) of each chunk) and cb [B, NT, G, Q, Q] (row l, column s; only the blocks with s-block <= l-block are written
+// Workspace (f32, allocated by the wrapper per shape): states [B, NT, H, N, PP] (S_n transposed,
+// p innermost, PP = P rounded up to 4 so that rows take float4 stores; the columns past P hold 0)
+// and cb [B, NT, G, Q, Q] (row l, column s; only the blocks with s-block <= l-block are written
 // and read).
 //
 // Geometry (256 threads = 8 warps in every kernel; grid.y is capped at 65535 by the wrapper and
 // a block strides over the rest, so every loop bound below is block-uniform):
 //   kp_ssd_cb     grid (ceil(T / 64), B G): the 64 rows l of row block x against each column
 //                 block s <= it. Thread (lq, sq): rows 4 lq + r, columns sq + 16 c (r, c < 4).
-//   kp_ssd_chunk_state  grid (ceil(P / 32) NT, B H): blockIdx.x = n ceil(P / 32) + p tile; the
-//                 chunk in sub-blocks of 64 tokens; st's 32 x 128 (p, n) elements in registers,
-//                 4 x 4 a thread (p = 4 pq + c, n = 4 nq + d). The next sub-block's x and B rows
+//   kp_ssd_state  grid (ceil(P / 32), B H): chunks in order, each in sub-blocks of 64 tokens; the
+//                 state's 32 x 128 (p, n) elements in registers, 4 x 4 a thread (p = 4 pq + c,
+//                 n = 4 nq + d). The next sub-block's x and B rows (and the next chunk's dt_raw)
 //                 are loaded into registers while this one computes.
-//   kp_ssd_pass   grid ceil(B H N PP / 4 / 256): a thread per 4 columns p of one (b, h, n) row.
 //   kp_ssd_out    grid (ceil(T / 64), B H ceil(P / 64)): y's 64 x 64 (l, p) tile, 4 x 4 a thread
 //                 (l = 4 lq + r, p = 4 pq + c); warp w owns rows 8 w .. 8 w + 7, so the diagonal
 //                 block's sum over s stops at 8 w + 8.
 // Shared memory (f32, rows padded by 4 floats: 16-byte aligned rows, conflict-free float4 reads):
 //   kp_ssd_cb     C rows [64][132], B rows [64][132]                           66 KiB dynamic
-//   kp_ssd_chunk_state  x rows [64][36], B*w rows [64][132], dt, cs, w [256]     45 KiB static
+//   kp_ssd_state  x rows [64][36], B*w rows [64][132], dt, cs, w [256]           45 KiB static
 //   kp_ssd_out    C rows [64][132], S_n^T [128][68], x rows [64][68], tile [64][68],
 //                 dt, cs [256]                                                103 KiB dynamic
 // The sizes do not depend on the dims: N is padded to 128 (zeros), P and T are tiled.
@@ -72,7 +67,7 @@
 #define KP_SSD_THREADS 256  // 8 warps, every kernel
 #define KP_SSD_SB 64        // tokens per sub-block (rows of every tile)
 #define KP_SSD_NP 128       // N padded: the largest N
-#define KP_SSD_PT 32        // state columns p per kp_ssd_chunk_state block
+#define KP_SSD_PT 32        // state columns p per kp_ssd_state block
 #define KP_SSD_PO 64        // y columns p per kp_ssd_out block
 #define KP_SSD_QMAX 256     // the largest chunk
 #define KP_SSD_PAD 4        // floats of padding per shared row
@@ -86,7 +81,7 @@ constexpr int PT = KP_SSD_PT;
 constexpr int PO = KP_SSD_PO;
 constexpr int QMAX = KP_SSD_QMAX;
 constexpr int LDN = NP + KP_SSD_PAD;  // floats per shared row of C or B (over n)
-constexpr int LDT = PT + KP_SSD_PAD;  // x rows of kp_ssd_chunk_state
+constexpr int LDT = PT + KP_SSD_PAD;  // x rows of kp_ssd_state
 constexpr int LDO = PO + KP_SSD_PAD;  // S_n^T and x rows of kp_ssd_out
 constexpr int LDQ = SB + KP_SSD_PAD;  // rows of kp_ssd_out's tile
 constexpr int WARPS = THREADS / 32;
@@ -301,19 +296,16 @@ kp_ssd_cb(const typename T::storage* __restrict__ Bm, const typename T::storage*
     }
 }
 
-// --- kp_ssd_chunk_state: each chunk's own state, all chunks in parallel ----------------------------
+// --- kp_ssd_state: chunk states and their passing ------------------------------------------------
 
-// Two blocks an SM (128 registers, a few of the prefetch's spilled to L1): the chunks give
-// B H ceil(P / 32) NT blocks (1024 at Nemotron's heads, T = 2048, chunk 256), so occupancy
-// hides the sub-blocks' barriers better than one block's 179 spill-free registers would.
 template <typename T>
-__global__ void __launch_bounds__(KP_SSD_THREADS, 2)
-kp_ssd_chunk_state(const typename T::storage* __restrict__ x,
-                   const typename T::storage* __restrict__ dt_raw,
-                   const float* __restrict__ A_log, const float* __restrict__ dt_bias,
-                   const typename T::storage* __restrict__ Bm, float* __restrict__ states,
-                   float* __restrict__ decay, int batch, int tokens, int heads, int dim_p,
-                   int groups, int dim_n, int chunk, int n_chunks, float dt_min, float dt_max) {
+__global__ void __launch_bounds__(KP_SSD_THREADS, 1)
+kp_ssd_state(const typename T::storage* __restrict__ x,
+             const typename T::storage* __restrict__ dt_raw, const float* __restrict__ A_log,
+             const float* __restrict__ dt_bias, const typename T::storage* __restrict__ Bm,
+             const float* __restrict__ h0, float* __restrict__ states, float* __restrict__ state,
+             int batch, int tokens, int heads, int dim_p, int groups, int dim_n, int chunk,
+             int n_chunks, float dt_min, float dt_max) {
     using namespace kp_ssd_detail;
     typedef typename T::storage storage;
     __shared__ __align__(16) float x_s[SB * LDT];  // the sub-block's x rows (32 columns p)
@@ -322,10 +314,7 @@ kp_ssd_chunk_state(const typename T::storage* __restrict__ x,
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int pq = 4 * (warp % 2) + lane / 8, nq = 8 * (warp / 2) + lane % 8;
-    const int ptiles = (dim_p + PT - 1) / PT;
-    const int n = blockIdx.x / ptiles, p0 = (blockIdx.x % ptiles) * PT;  // chunk, p tile
-    const int t0 = n * chunk, m = min(chunk, tokens - t0);  // the chunk's tokens below T (>= 1)
-    const int nsb = (m + SB - 1) / SB;                      // its sub-blocks with a token
+    const int p0 = blockIdx.x * PT;
     const int pp = (dim_p + 3) & ~3;  // the workspace's row length
     const int xcols = min(PT, dim_p - p0);
     const bool xvec = dim_p % Vec<T>::N == 0, bvec = dim_n % Vec<T>::N == 0;
@@ -335,115 +324,127 @@ kp_ssd_chunk_state(const typename T::storage* __restrict__ x,
         const int b = bh / heads, h = bh - b * heads;
         const int g = group_of(h, heads, groups);
         const float A = -expf(A_log[h]), bias = dt_bias[h];
-        const storage* xh = x + (((size_t)b * tokens + t0) * heads + h) * dim_p + p0;
-        const storage* bg = Bm + (((size_t)b * tokens + t0) * groups + g) * dim_n;
-        const storage* dth = dt_raw + ((size_t)b * tokens + t0) * heads + h;
+        const storage* xh = x + ((size_t)b * tokens * heads + h) * dim_p + p0;  // + t x_stride
+        const storage* bg = Bm + ((size_t)b * tokens * groups + g) * dim_n;     // + t b_stride
+        const storage* dth = dt_raw + (size_t)b * tokens * heads + h;            // + t heads
 
-        // The chunk's dt, cs and w = exp(cs_last - cs_s) dt_s, its first sub-block staged.
+        // The state S[p][n], p = p0 + 4 pq + c, n = 4 nq + d: 0 past P and N.
+        float S[4][4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+            for (int d = 0; d < 4; ++d) {
+                const int p = p0 + 4 * pq + c, nn = 4 * nq + d;
+                S[c][d] = (p < dim_p && nn < dim_n) ? h0[((size_t)bh * dim_p + p) * dim_n + nn]
+                                                    : 0.0f;
+            }
+
+        // Chunk 0: its dt, cs and w, and its first sub-block staged.
         __syncthreads();  // the previous (b, h)'s reads of x_s, b_s, tw are done
-        const float raw = threadIdx.x < m ? T::load(dth, (size_t)threadIdx.x * heads) : 0.0f;
+        int m = min(chunk, tokens);
+        float raw = threadIdx.x < m ? T::load(dth, (size_t)threadIdx.x * heads) : 0.0f;
         Tile<T, SB, PT> xt;
         Tile<T, SB, NP> bt;
         xt.fetch(xh, x_stride, min(SB, m), xcols, xvec);
         bt.fetch(bg, b_stride, min(SB, m), dim_n, bvec);
         chunk_time(raw, m, chunk, A, bias, dt_min, dt_max, tdt, tcs, scratch);
+        float e;  // exp(cs_last) of the chunk being computed
         {
             const float last = tcs[m - 1];
             if (threadIdx.x < chunk)
                 tw[threadIdx.x] = threadIdx.x < m
                     ? __fmul_rn(expf(last - tcs[threadIdx.x]), tdt[threadIdx.x]) : 0.0f;
-            if (threadIdx.x == 0 && p0 == 0)  // the passing's factor exp(cs_last), once a head
-                decay[((size_t)b * n_chunks + n) * heads + h] = expf(last);
+            e = expf(last);
         }
         __syncthreads();  // tw visible
         xt.commit(x_s, LDT, nullptr);
         bt.commit(b_s, LDN, tw);
         __syncthreads();  // x_s, b_s visible
 
-        // st = x^T (B w) over the chunk's rows, sub-block by sub-block in token order (rows
-        // past T are 0), the next sub-block's rows loaded while this one computes.
-        float st[4][4];
+        for (int n = 0; n < n_chunks; ++n) {
+            const int t0 = n * chunk;
+            m = min(chunk, tokens - t0);
+            const int nsb = (m + SB - 1) / SB;  // sub-blocks with a token below T
+
+            // S_n, the state before chunk n, to the workspace: for each n a float4 over 4 p.
+            if (p0 + 4 * pq < pp) {
+                float* sn = states + (((size_t)b * n_chunks + n) * heads + h) * dim_n * pp
+                            + p0 + 4 * pq;
+#pragma unroll
+                for (int d = 0; d < 4; ++d) {
+                    const int nn = 4 * nq + d;
+                    if (nn < dim_n)
+                        *reinterpret_cast<float4*>(sn + (size_t)nn * pp) =
+                            make_float4(S[0][d], S[1][d], S[2][d], S[3][d]);
+                }
+            }
+
+            float st[4][4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+#pragma unroll
+                for (int d = 0; d < 4; ++d) st[c][d] = 0.0f;
+            float e_next = 0.0f;
+            for (int j = 0; j < nsb; ++j) {
+                // The next sub-block: (n, j + 1), or (n + 1, 0), or none.
+                const bool in_chunk = j + 1 < nsb;
+                const bool new_chunk = !in_chunk && n + 1 < n_chunks;
+                const int nt0 = in_chunk ? t0 + (j + 1) * SB : t0 + chunk;
+                const int m_next = new_chunk ? min(chunk, tokens - nt0) : m;
+                const int rows_next = in_chunk ? min(SB, m - (j + 1) * SB) : min(SB, m_next);
+                if (in_chunk || new_chunk) {
+                    xt.fetch(xh + (size_t)nt0 * x_stride, x_stride, rows_next, xcols, xvec);
+                    bt.fetch(bg + (size_t)nt0 * b_stride, b_stride, rows_next, dim_n, bvec);
+                }
+                if (new_chunk)
+                    raw = threadIdx.x < m_next
+                        ? T::load(dth, (size_t)(nt0 + threadIdx.x) * heads) : 0.0f;
+
+                // st += x^T (B w) over the sub-block's 64 rows (rows past T are 0).
+#pragma unroll 4
+                for (int s = 0; s < SB; ++s) {
+                    float xv[4], bv[4];
+                    to_array(*reinterpret_cast<const float4*>(x_s + s * LDT + 4 * pq), xv);
+                    to_array(*reinterpret_cast<const float4*>(b_s + s * LDN + 4 * nq), bv);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c)
+#pragma unroll
+                        for (int d = 0; d < 4; ++d) st[c][d] = fmaf(xv[c], bv[d], st[c][d]);
+                }
+                __syncthreads();  // every read of x_s and b_s (and of tw, by the commits) done
+
+                if (new_chunk) {  // chunk n + 1's dt, cs, w (chunk n's are no longer read)
+                    chunk_time(raw, m_next, chunk, A, bias, dt_min, dt_max, tdt, tcs, scratch);
+                    const float last = tcs[m_next - 1];
+                    if (threadIdx.x < chunk)
+                        tw[threadIdx.x] = threadIdx.x < m_next
+                            ? __fmul_rn(expf(last - tcs[threadIdx.x]), tdt[threadIdx.x]) : 0.0f;
+                    e_next = expf(last);
+                    __syncthreads();  // tw visible
+                }
+                if (in_chunk || new_chunk) {
+                    xt.commit(x_s, LDT, nullptr);
+                    bt.commit(b_s, LDN, tw + (in_chunk ? (j + 1) * SB : 0));
+                    __syncthreads();  // x_s, b_s visible
+                }
+            }
+            // The passing: S_{n+1} = exp(cs_last) S_n + st_n.
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+#pragma unroll
+                for (int d = 0; d < 4; ++d) S[c][d] = fmaf(S[c][d], e, st[c][d]);
+            e = e_next;
+        }
+
+        // The final state.
 #pragma unroll
         for (int c = 0; c < 4; ++c)
 #pragma unroll
-            for (int d = 0; d < 4; ++d) st[c][d] = 0.0f;
-        for (int j = 0; j < nsb; ++j) {
-            const bool more = j + 1 < nsb;
-            if (more) {
-                const int r0 = (j + 1) * SB;
-                xt.fetch(xh + (size_t)r0 * x_stride, x_stride, min(SB, m - r0), xcols, xvec);
-                bt.fetch(bg + (size_t)r0 * b_stride, b_stride, min(SB, m - r0), dim_n, bvec);
-            }
-#pragma unroll 4
-            for (int s = 0; s < SB; ++s) {
-                float xv[4], bv[4];
-                to_array(*reinterpret_cast<const float4*>(x_s + s * LDT + 4 * pq), xv);
-                to_array(*reinterpret_cast<const float4*>(b_s + s * LDN + 4 * nq), bv);
-#pragma unroll
-                for (int c = 0; c < 4; ++c)
-#pragma unroll
-                    for (int d = 0; d < 4; ++d) st[c][d] = fmaf(xv[c], bv[d], st[c][d]);
-            }
-            if (more) {
-                __syncthreads();  // every read of x_s and b_s done
-                xt.commit(x_s, LDT, nullptr);
-                bt.commit(b_s, LDN, tw + (j + 1) * SB);
-                __syncthreads();  // x_s, b_s visible
-            }
-        }
-
-        // st_n to the workspace, where kp_ssd_pass turns it into S_n: a float4 over 4 p (the
-        // columns past P hold 0: x_s is 0 there).
-        if (p0 + 4 * pq < pp) {
-            float* sn = states + (((size_t)b * n_chunks + n) * heads + h) * dim_n * pp
-                        + p0 + 4 * pq;
-#pragma unroll
             for (int d = 0; d < 4; ++d) {
-                const int nn = 4 * nq + d;
-                if (nn < dim_n)
-                    *reinterpret_cast<float4*>(sn + (size_t)nn * pp) =
-                        make_float4(st[0][d], st[1][d], st[2][d], st[3][d]);
+                const int p = p0 + 4 * pq + c, nn = 4 * nq + d;
+                if (p < dim_p && nn < dim_n) state[((size_t)bh * dim_p + p) * dim_n + nn] = S[c][d];
             }
-        }
     }
-}
-
-// --- kp_ssd_pass: the states passed from chunk to chunk ----------------------------------------
-
-// One thread per (b, h, n, 4 columns p) of the states [B, NT, H, N, PP], p fastest: S = h0
-// (0 past P), then for each chunk in order st = states[chunk], states[chunk] = S (S_n, the state
-// before the chunk), S = fmaf(S, decay[chunk], st); the last S is `state` [B, H, P, N].
-template <typename T>
-__global__ void __launch_bounds__(KP_SSD_THREADS)
-kp_ssd_pass(const float* __restrict__ h0, float* __restrict__ states,
-            const float* __restrict__ decay, float* __restrict__ state, int batch, int heads,
-            int dim_p, int dim_n, int n_chunks) {
-    const int pp = (dim_p + 3) & ~3, p4s = pp / 4;
-    const long long i = (long long)blockIdx.x * KP_SSD_THREADS + threadIdx.x;
-    if (i >= (long long)batch * heads * dim_n * p4s) return;
-    const int p = (int)(i % p4s) * 4;
-    const long long rest = i / p4s;
-    const int nn = (int)(rest % dim_n);
-    const int bh = (int)(rest / dim_n), b = bh / heads, h = bh - b * heads;
-    float S[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-        S[c] = p + c < dim_p ? h0[((size_t)bh * dim_p + p + c) * dim_n + nn] : 0.0f;
-    const size_t chunk_stride = (size_t)heads * dim_n * pp;
-    float* sn = states + (((size_t)b * n_chunks * heads + h) * dim_n + nn) * pp + p;
-    const float* dec = decay + (size_t)b * n_chunks * heads + h;
-    for (int n = 0; n < n_chunks; ++n, sn += chunk_stride) {
-        const float4 st = *reinterpret_cast<const float4*>(sn);
-        const float e = dec[(size_t)n * heads];
-        *reinterpret_cast<float4*>(sn) = make_float4(S[0], S[1], S[2], S[3]);
-        S[0] = fmaf(S[0], e, st.x);
-        S[1] = fmaf(S[1], e, st.y);
-        S[2] = fmaf(S[2], e, st.z);
-        S[3] = fmaf(S[3], e, st.w);
-    }
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-        if (p + c < dim_p) state[((size_t)bh * dim_p + p + c) * dim_n + nn] = S[c];
 }
 
 // --- kp_ssd_out: y per 64 rows of a chunk --------------------------------------------------------
