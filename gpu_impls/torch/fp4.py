@@ -64,13 +64,14 @@ def _nvfp4(x, ties_up: bool = False, unscaled_block_max: bool = False):
     x = x.float()
     r, k = x.shape
     amax = x.abs().max()
-    big = torch.tensor(torch.finfo(torch.float32).max)
+    big = torch.tensor(torch.finfo(torch.float32).max, device=x.device)
     gs_enc = torch.where(amax == 0, torch.ones_like(amax),
-                         torch.minimum(torch.tensor(2688.0) / amax, big))  # TE's clamps
+                         torch.minimum(torch.tensor(2688.0, device=x.device) / amax,
+                                       big))  # TE's clamps
     gs_dec = 1.0 / gs_enc
     xb = x.reshape(r, k // 16, 16)
     vmax = xb.abs().amax(-1, keepdim=True)
-    s = vmax * torch.tensor(1.0 / 6.0, dtype=torch.float32)
+    s = vmax * torch.tensor(1.0 / 6.0, dtype=torch.float32, device=x.device)
     s = s if unscaled_block_max else gs_enc * s
     sf = s.clamp(max=448.0).to(torch.float8_e4m3fn)
     sf32 = sf.float()
@@ -94,7 +95,8 @@ def _mxfp4(x, rule: str):
         exp = torch.where(m == 0.5, e - 1, e)
     exp = torch.where(amax == 0, -127, exp.clamp(-127, 127))
     q = cast_to_fp4(xb.double() * torch.exp2(-exp.double())).reshape(r, k)  # exact: 2^-e
-    return pack(q), (exp + 127).to(torch.uint8).reshape(r, k // 32), torch.ones(1)
+    return (pack(q), (exp + 127).to(torch.uint8).reshape(r, k // 32),
+            torch.ones(1, device=x.device))
 
 
 def _quantize(launch, inputs, outputs, case):
@@ -108,7 +110,8 @@ def dequant_f32(codes, scales, tensor_scale, fmt: str):
     (float8 -> f32, or 2^(e - 127)) x the tensor scale, f32 products."""
     import torch
 
-    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6],
+                       device=codes.device)
     q = lut[torch.stack([codes & 15, codes >> 4], -1).reshape(codes.shape[0], -1).long()]
     s = scales.view(torch.float8_e4m3fn).float() if fmt == "nvfp4" else torch.exp2(
         scales.float() - 127)
@@ -130,7 +133,8 @@ def _dequantize_dtypes(launch, inputs, outputs, case):
     import torch
 
     codes, fmt = inputs["codes"], case.params["format"]
-    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6],
+                       device=codes.device)
     q = lut[torch.stack([codes & 15, codes >> 4], -1).reshape(codes.shape[0], -1).long()]
     dtype = torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu
     s = inputs["scales"].view(dtype).float().repeat_interleave(BLOCKS[fmt], -1)
