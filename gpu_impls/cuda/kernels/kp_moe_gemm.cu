@@ -65,6 +65,7 @@
 // expert start at the expert's first row: right wherever each expert fits one tile (decode),
 // wrong (rows past the first tile never written) where one expert owns more.
 #include "common.cuh"
+#include "mma16.cuh"
 
 #define KPMOE_MAX_EXPERTS 1024
 #define KPMOE_ROWS 4            // kp_moe_gemv: output columns (weight rows) per block
@@ -150,29 +151,9 @@ __device__ __forceinline__ float chunk_dot4(const uint4 chunk, const float (&xf)
     return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-template <typename T> constexpr bool IS_BF16 = false;
-template <> constexpr bool IS_BF16<BF16> = true;
-
-// c += A (16 x 16, T) B (16 x 8, T), f32 accumulation.
-template <typename T>
-__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0,
-                                    unsigned b1) {
-    if constexpr (IS_BF16<T>)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two consecutive 16-bit elements (p[0] low, p[1] high) as one 32-bit shared load.
-__device__ __forceinline__ unsigned pair(const unsigned short* p) {
-    return *reinterpret_cast<const unsigned*>(p);
-}
+using kp_mma16::IS_BF16;
+using kp_mma16::mma;
+using kp_mma16::pair;
 
 }  // namespace kpmoe
 
