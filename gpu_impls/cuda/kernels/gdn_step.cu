@@ -30,35 +30,14 @@
 // Test-only mutant: KPARITY_MUTANT_DECAY_AFTER_UPDATE applies exp(g) after the rank-1 update
 // (the delta then reads the undecayed state).
 #include "common.cuh"
+#include "floatvec.cuh"
 
 #define KP_GDN_WARPS 4
 #define KP_GDN_ROWS 4    // rows of S per warp
 
 namespace kp_gdn_step_detail {
 
-template <int W> struct FloatVec;
-template <> struct FloatVec<1> {
-    static __device__ __forceinline__ void load(const float* p, float* f) { f[0] = p[0]; }
-    static __device__ __forceinline__ void store(float* p, const float* f) { p[0] = f[0]; }
-};
-template <> struct FloatVec<2> {
-    static __device__ __forceinline__ void load(const float* p, float* f) {
-        const float2 v = *reinterpret_cast<const float2*>(p);
-        f[0] = v.x, f[1] = v.y;
-    }
-    static __device__ __forceinline__ void store(float* p, const float* f) {
-        *reinterpret_cast<float2*>(p) = make_float2(f[0], f[1]);
-    }
-};
-template <> struct FloatVec<4> {
-    static __device__ __forceinline__ void load(const float* p, float* f) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-    }
-    static __device__ __forceinline__ void store(float* p, const float* f) {
-        *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
-    }
-};
+using kp_floatvec::FloatVec;
 
 // The butterfly sum of each of the N values over the warp: every lane gets the same bits.
 template <int N>

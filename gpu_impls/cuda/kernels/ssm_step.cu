@@ -42,6 +42,7 @@
 // inside the decay (exp(softplus(dt) A)); the input term dt x B keeps the right dt. A zero state
 // hides it (the decay multiplies 0).
 #include "common.cuh"
+#include "floatvec.cuh"
 
 #define KP_SSM_WARPS 4   // warps per block: 128 threads (both layouts)
 #define KP_SSM_ROWS 4    // hpn: rows p of S per warp (KP_SSM_WARPS * KP_SSM_ROWS = 16 a block)
@@ -49,29 +50,7 @@
 
 namespace kp_ssm_detail {
 
-template <int W> struct FloatVec;
-template <> struct FloatVec<1> {
-    static __device__ __forceinline__ void load(const float* p, float* f) { f[0] = p[0]; }
-    static __device__ __forceinline__ void store(float* p, const float* f) { p[0] = f[0]; }
-};
-template <> struct FloatVec<2> {
-    static __device__ __forceinline__ void load(const float* p, float* f) {
-        const float2 v = *reinterpret_cast<const float2*>(p);
-        f[0] = v.x, f[1] = v.y;
-    }
-    static __device__ __forceinline__ void store(float* p, const float* f) {
-        *reinterpret_cast<float2*>(p) = make_float2(f[0], f[1]);
-    }
-};
-template <> struct FloatVec<4> {
-    static __device__ __forceinline__ void load(const float* p, float* f) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-    }
-    static __device__ __forceinline__ void store(float* p, const float* f) {
-        *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
-    }
-};
+using kp_floatvec::FloatVec;
 
 // mamba_ssm's softplus: log1p(exp(v)) up to 20, v above (log1p(exp(-20)) < half an f32 ULP of
 // 20); a NaN compares false and passes through.
