@@ -126,8 +126,16 @@ class CudaTimer(Timer):
     def memory_budget(self) -> int:
         return min(int(0.5 * self.free_bytes()), 16 << 30)
 
-    def sequence(self, calls: list):
-        return self._capture(self._get_stream(), calls)
+    def sequence(self, calls: list, capture: bool = True):
+        stream = self._get_stream()
+        if capture:
+            return self._capture(stream, calls)
+
+        def enqueue():  # uncaptured: each call launched from Python, its host syncs included
+            with self._stream_context(stream):
+                for call in calls:
+                    call()
+        return enqueue
 
     def predecessor(self, array):
         nbytes = min(self._nbytes(array), CHAIN_BYTES)

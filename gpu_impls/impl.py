@@ -58,6 +58,11 @@ class Impl:
     # Row i of a batch equals the batch-of-1 result on row i bit for bit (`OpSpec.batch`): True
     # on every device, or the `Backend.device()` prefixes where it was verified (e.g. ("cpu",)).
     batch_invariant: bool | tuple[str, ...] = False
+    # Non-empty: why a call reads device data on the host mid-call (e.g. `offsets.cpu()` to
+    # size a loop, `torch.bincount`'s max): such a call cannot be captured in a CUDA graph, so
+    # `chain` and `graph_rot` time it uncaptured (`runners/timing.py`), as a user's step would
+    # run it, and the row says so.
+    host_sync: str = ""
     # What the impl declares about its f32 arithmetic (`oracle/numerics.py`): the order of its
     # sums (default: any order, the bound that holds for every kernel) and its functions' ULPs.
     # A declared order tightens the bound; it must be true of the impl on every device.

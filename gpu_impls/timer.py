@@ -69,8 +69,9 @@ class Timer:
         """Context manager under which calls run on the timed stream."""
         return nullcontext()
 
-    def sequence(self, calls: list):
-        """A callable that runs `calls` in order, once, synchronously for host timers."""
+    def sequence(self, calls: list, capture: bool = True):
+        """A callable that runs `calls` in order, once, synchronously for host timers. GPU
+        timers capture the calls in a graph; `capture=False`: a plain loop enqueuing them."""
         def run():
             for call in calls:
                 call()

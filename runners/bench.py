@@ -37,7 +37,7 @@ from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from runners.abstats import summarize
 from runners.correctness import check
-from runners.timing import measure, rotation_sets
+from runners.timing import UNCAPTURED_SETS, measure, rotation_sets
 
 # The oracle check before timing runs up to this many elements over all inputs and outputs
 # (about 2.5 s of float64 NumPy per impl and case on one core); larger cases are `skipped:size`.
@@ -141,6 +141,27 @@ def timed_mode(mode: str, spec) -> tuple[str, str]:
     return mode, ""
 
 
+GRAPH_MODES = ("chain", "graph_rot")  # the modes that capture the calls in a CUDA graph
+
+
+def uncaptured_note(impl, mode: str) -> str:
+    """The row's note where `impl` is timed uncaptured (`Impl.host_sync`), else ""."""
+    if not impl.host_sync or mode not in GRAPH_MODES:
+        return ""
+    return (f"timed uncaptured: {impl.host_sync}, so no CUDA graph can hold a call; each call "
+            f"launched from Python (its host wait included), at most {UNCAPTURED_SETS} "
+            "rotating sets")
+
+
+def capture_hint(impl, error: Exception, mode: str) -> str:
+    """The fix, where capturing an undeclared impl's calls in a graph failed."""
+    if impl.host_sync or mode not in GRAPH_MODES or "captur" not in str(error).lower():
+        return ""
+    return (f"{impl.id} could not be captured in a CUDA graph (does a call read device data on "
+            "the host?): declare it with Impl(host_sync='why') and chain / graph_rot time it "
+            "uncaptured. ")
+
+
 def copy_same_ns(timer, mode: str, nbytes: int, k: int, new_stop) -> float | None:
     """Median ns per call of the timer's copy of `nbytes` over k rotating sets in `mode` (module
     docstring); None where the timer has none or the chain subtraction left nothing."""
@@ -167,7 +188,8 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
     `copy_same`: the size-matched copy after it (module docstring)."""
     mode, fallback = timed_mode(mode, case.spec)
     row = _base_row(impl, backend, case, mode, run_id)
-    row["message"] = fallback
+    row["message"] = "; ".join(m for m in (fallback, uncaptured_note(impl, mode)) if m)
+    capture = not (impl.host_sync and mode in GRAPH_MODES)
     t0 = time.perf_counter()
     sets = calls = None
     try:
@@ -181,11 +203,13 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
         timer = backend.timer()
         host_inputs = host_inputs if host_inputs is not None else make_inputs(case)
         k = rotation_sets(row["bytes_model"], timer) if mode not in ("cold", "eager") else 1
+        k = k if capture else min(k, UNCAPTURED_SETS)
         sets = _input_sets(impl, backend, case, host_inputs, k)
         calls = [_SetCall(partial(impl.run, launch, ins, outs, case)) for ins, outs in sets]
         before = ([timer.predecessor(ins[case.spec.chain_input]) for ins, _ in sets]
                   if mode == "chain" else None)
-        m = measure(timer, mode, calls, new_stop(), progress=progress, before=before)
+        m = measure(timer, mode, calls, new_stop(), progress=progress, before=before,
+                    capture=capture)
         row.update({"n_sets": m.n_sets, "calls_per_sample": m.calls_per_sample,
                     "n_warmup": m.n_warmup, "warmup_s": m.warmup_s,
                     "n_samples": len(m.samples_s), "n_dropped": m.n_dropped,
@@ -218,7 +242,8 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
         row["message"] = str(e)
     except Exception as e:  # the impl (or the device) is under suspicion: the error is data
         row["status"] = "error"
-        row["message"] = f"{type(e).__name__}: {e} | {traceback.format_exc(limit=3)[-400:]}"
+        row["message"] = (f"{capture_hint(impl, e, mode)}{type(e).__name__}: {e} | "
+                          f"{traceback.format_exc(limit=3)[-400:]}")
     finally:
         sets = calls = None
         gc.collect()  # free the rotating sets before the next measurement allocates its own

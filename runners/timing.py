@@ -30,6 +30,14 @@ replays share the clock and thermal state, so slow drift cancels in each differe
 stopping rule and the row's rel_std judge the differences themselves, so the subtraction's own
 noise (both graphs' jitter) is in the reported noise, not hidden by it. The median of the
 differences is robust to one disturbed replay as the plain median is.
+
+Uncaptured (`measure(..., capture=False)`, for an impl declaring `Impl.host_sync`): a call that
+reads device data on the host cannot be captured in a graph, and a user's step could not capture
+it either. `chain` and `graph_rot` then run the same sequences as plain loops launched from
+Python between the events, so each call's launches and its wait for the GPU are in its time:
+what the call costs a step that runs it. `bench_one` caps such a rotation at `UNCAPTURED_SETS`
+(the row's n_sets says how many): each call costs tens of microseconds of host time there, and
+65536 of them would make one sample last seconds.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from dataclasses import dataclass, field
 from runners.stopping import StdRel
 
 WARMUP_CALLS = 3
+UNCAPTURED_SETS = 50      # rotating sets at most for an impl timed uncaptured
 WARMUP_S = 0.1
 HOST_SAMPLE_S = 0.01      # `wall` mode: a sample should last at least this long
 THROTTLE_PAUSE_S = 0.05
@@ -91,14 +100,14 @@ def _calls_per_sample(mode: str, timer, calls: list, est_s: float) -> int:
     return int(math.ceil(r / k) * k)
 
 
-def _chain(timer, calls: list, before: list, est_s: float):
+def _chain(timer, calls: list, before: list, est_s: float, capture: bool = True):
     """(R, sample, warm-up calls, warm-up seconds) of `chain` (module docstring): graphs P
     (the predecessors alone) and C (each call after its set's predecessor) over the same
     rotation of R calls; a sample is (t(C) - t(P)) / R, with t(P) / R beside it."""
     r = _calls_per_sample("chain", timer, calls, est_s)
     sets = [i % len(calls) for i in range(r)]
-    preds = timer.sequence([before[i] for i in sets])
-    chained = timer.sequence([f for i in sets for f in (before[i], calls[i])])
+    preds = timer.sequence([before[i] for i in sets], capture)
+    chained = timer.sequence([f for i in sets for f in (before[i], calls[i])], capture)
     n1, s1 = _warm(timer, preds, r)
     n2, s2 = _warm(timer, chained, r)
 
@@ -109,9 +118,10 @@ def _chain(timer, calls: list, before: list, est_s: float):
 
 
 def measure(timer, mode: str, calls: list, stop: StdRel, progress=None,
-            before: list | None = None) -> Measurement:
+            before: list | None = None, capture: bool = True) -> Measurement:
     """Per-call samples of `calls` in `mode`; `progress(samples, noise)` is told as it goes.
-    `before`: for `chain`, the predecessor of each set's call (`Timer.predecessor`), in order."""
+    `before`: for `chain`, the predecessor of each set's call (`Timer.predecessor`), in order.
+    `capture=False`: the rotating and chain sequences run uncaptured (module docstring)."""
     if mode not in timer.modes:
         raise ValueError(f"mode {mode!r} is not available on this timer ({timer.kind}); "
                          f"choose one of {', '.join(timer.modes)}")
@@ -128,13 +138,13 @@ def measure(timer, mode: str, calls: list, stop: StdRel, progress=None,
     est = secs / n
     if mode in ROTATING:
         r = _calls_per_sample(mode, timer, calls, est)
-        unit = timer.sequence([calls[i % len(calls)] for i in range(r)])
+        unit = timer.sequence([calls[i % len(calls)] for i in range(r)], capture)
         n2, secs2 = _warm(timer, unit, r)
         n, secs = n + n2, secs + secs2
         m.calls_per_sample = r
         sample = lambda: (timer.elapsed(unit) / r, None)  # noqa: E731
     elif mode == "chain":
-        r, sample, n2, secs2 = _chain(timer, calls, before, est)
+        r, sample, n2, secs2 = _chain(timer, calls, before, est, capture)
         n, secs = n + n2, secs + secs2
         m.calls_per_sample = r
     elif mode == "cold":

@@ -63,6 +63,13 @@
 #   bash scripts/gpu_bench.sh mamba-ab  issue 30: the A/Bs in `chain`: kp_ssd_chunked against torch's
 #     listing and mamba_chunk_scan_combined (T = 2048, --no-verify: minutes of float64 oracle),
 #     kp_ssm_step and kp_conv1d_causal_step against torch (B = 1, 64)
+#   bash scripts/gpu_bench.sh moe       issue 31: MoE at the models' shapes (bf16, `chain`): route
+#     (kp_moe_router) and sort (kp_moe_dispatch) beside torch's (its bincount a host sync) at
+#     T = 1 and 2048; the grouped GEMM (the experts' up projection, dense and affine int4)
+#     beside torch's per-expert loops and torch._grouped_mm, against a copy of the same bytes
+#     (--copy-same-bytes: decode reads k experts' weights)
+#   bash scripts/gpu_bench.sh moe-ab    issue 31: the A/Bs in `chain`: route, sort, the up projection
+#     against torch._grouped_mm (T = 2048) and the int4 per-expert loop (T = 1, 2048)
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -75,7 +82,7 @@ STORE=$OUT/store-$STAGE
 K="python3 -m verbs.cli --store $STORE"
 T="--min-time 0.25"   # per run; the A/B replicates runs, not samples
 LOG=$OUT/$STAGE.log
-run() { echo "\$ kparity ${*}" | sed "s|--store [^ ]* ||" >> "$LOG"; $K "$@" >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"; }
+run() { echo "\$ kparity ${*}" | sed "s|--store [^ ]* ||" >> "$LOG"; $K "$@" >> "$LOG" 2>&1; echo "rc=$? at ${SECONDS} s" >> "$LOG"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,ecc.mode.current --format=csv > "$LOG"
 case $STAGE in
 aa)
@@ -232,6 +239,25 @@ mamba-ab)
   run ab torch:mamba_chunk_scan_combined cuda:kp_ssd_chunked --preset nemotron-3-nano-t2048-dotsT $A --no-verify
   run ab torch:ssm_step cuda:kp_ssm_step --preset nemotron-3-nano-b1-hpn,nemotron-3-nano-b64-hpn $A
   run ab torch:conv1d_causal_step cuda:kp_conv1d_causal_step --preset nemotron-3-nano-b1,nemotron-3-nano-b64 $A
+  ;;
+moe)
+  B="--mode chain --min-time 0.2"
+  run bench --op moe_router --impl cuda:kp_moe_router,torch:moe_router --dtype bf16 $B
+  run bench --op moe_dispatch --impl cuda:kp_moe_dispatch,torch:moe_dispatch $B
+  G="--op moe_grouped_gemm --impl cuda:kp_moe_grouped_gemm,torch:grouped_linear,torch:grouped_dequant_linear,torch:grouped_mm --dtype bf16"
+  run bench $G --preset nemotron3-nano-up-dense-t1,nemotron3-nano-up-affine4-t1,qwen3-30b-a3b-up-affine4-t1 $B --copy-same-bytes
+  # --no-verify: the float64 oracle of 12288 x 2688 x 1856 per case; the gate and
+  # tests/test_gpu_moe_gemm.py verify the kernels at T = 2048
+  run bench $G --preset nemotron3-nano-up-dense-t2048,nemotron3-nano-up-affine4-t2048,qwen3-30b-a3b-up-dense-t2048 $B --no-verify
+  ;;
+moe-ab)
+  # the A/Bs of the MoE table, in chain (nemotron-3-nano's router, sort and up projection)
+  A="--mode chain --min-time 0.2"
+  m=nemotron-3-nano-30b-a3b
+  run ab torch:moe_router cuda:kp_moe_router --preset $m-t1,$m-t2048 --dtype bf16 $A
+  run ab torch:moe_dispatch cuda:kp_moe_dispatch --preset $m-t1,$m-t2048 $A
+  run ab torch:grouped_mm cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-dense-t2048 --dtype bf16 $A --no-verify
+  run ab torch:grouped_dequant_linear cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-affine4-t1,nemotron3-nano-up-affine4-t2048 --dtype bf16 $A --no-verify
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)

@@ -31,7 +31,9 @@ class Pred:
 
 
 class Unit(list):
-    """A 'graph': the calls, run in order when elapsed."""
+    """A 'graph' (or, `captured` False, a plain loop): the calls, run in order when elapsed."""
+
+    captured = True
 
 
 class FakeChainTimer(Timer):
@@ -58,8 +60,9 @@ class FakeChainTimer(Timer):
         self.made += 1
         return Pred(self.made - 1, self.log)
 
-    def sequence(self, calls):
+    def sequence(self, calls, capture=True):
         unit = Unit(calls)
+        unit.captured = capture
         self.units.append(unit)
         return unit
 
@@ -249,3 +252,71 @@ def test_bench_items_fold_a_chain_fallback_into_graph_rot_once():
     items, why = _timed_items([(w, "chain"), (w, "graph_rot"), (w, "cold"), (v, "chain")])
     assert items == [(w, "graph_rot"), (w, "cold"), (v, "chain")]
     assert list(why) == ["rms_norm"]
+
+
+# --- impls that sync with the host: timed uncaptured ---------------------------------------------
+
+class WideTimer(FakeChainTimer):
+    """A fake GPU timer whose rotation would take thousands of sets (a large cache, no cap)."""
+
+    max_sets = 1 << 16
+
+    def cache_bytes(self):
+        return 1 << 20
+
+
+class CaptureRefusingTimer(FakeChainTimer):
+    """Fails any capture as CuPy does when a call syncs with the host mid-capture."""
+
+    def sequence(self, calls, capture=True):
+        if capture:
+            raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted "
+                               "when stream is capturing")
+        return super().sequence(calls, capture)
+
+
+def _bench_host_sync(monkeypatch, timer, mode, host_sync):
+    from gpu_impls import backend, impls
+    from runners.bench import bench_one
+
+    be = backend("torch")
+    monkeypatch.setattr(be, "timer", lambda: timer)
+    impl = dataclasses.replace(impls()["torch:rms_norm"], host_sync=host_sync)
+    case = Case.make("rms_norm", {"rows": 2, "n": 64}, "f32", label="bench:tiny")
+    return bench_one(impl, be, case, mode, _stop, verify=False)
+
+
+@pytest.mark.parametrize("mode", ["chain", "graph_rot"])
+def test_a_host_syncing_impl_is_timed_uncaptured_on_a_capped_rotation(monkeypatch, mode):
+    from runners.timing import UNCAPTURED_SETS
+
+    captured = _bench_host_sync(monkeypatch, WideTimer(), mode, "")
+    assert captured["status"] == "ok" and captured["n_sets"] > UNCAPTURED_SETS
+    timer = WideTimer()
+    row = _bench_host_sync(monkeypatch, timer, mode, "it reads the row count back")
+    assert row["status"] == "ok", row["message"]
+    assert timer.units and not any(u.captured for u in timer.units)
+    assert row["n_sets"] == UNCAPTURED_SETS
+    assert row["message"].startswith("timed uncaptured: it reads the row count back")
+    if mode == "chain":  # the same subtraction, over plain loops
+        assert row["median_ns"] == pytest.approx(CALL_S * 1e9)
+
+
+def test_an_undeclared_impl_that_cannot_be_captured_is_told_the_fix(monkeypatch):
+    row = _bench_host_sync(monkeypatch, CaptureRefusingTimer(), "chain", "")
+    assert row["status"] == "error"
+    assert "could not be captured in a CUDA graph" in row["message"]
+    assert "Impl(host_sync='why')" in row["message"]
+    declared = _bench_host_sync(monkeypatch, CaptureRefusingTimer(), "chain", "reads back")
+    assert declared["status"] == "ok", declared["message"]
+
+
+def test_the_torch_moe_loops_declare_their_host_reads():
+    from gpu_impls import impls
+
+    registered = impls()
+    for name in ("torch:moe_dispatch", "torch:grouped_linear", "torch:grouped_dequant_linear",
+                 "torch:experts_linear_loop"):
+        assert registered[name].host_sync, name
+    for name in ("torch:grouped_mm", "torch:moe_router", "torch:rms_norm"):
+        assert not registered[name].host_sync, name

@@ -357,3 +357,60 @@ def test_atomic_scatter_add_mutant_fails_only_the_determinism_check():
     row = _repeats("cuda:mutant_kp_moe_scatter_add_atomic")
     assert row["status"] == "fail" and "nondeterministic: out differ" in row["message"], (
         f"the atomic scatter-add gave the same bits 3 times: {row['status']} {row['flags']}")
+
+
+# --- no host sync: the premise of the speed table's route + sort rows -----------------------------
+
+BUSY_S = 0.2
+
+
+def _host_seconds_behind_a_busy_gpu(impl_id: str, case: Case) -> float:
+    """Host seconds one call of `impl_id` takes while the GPU still runs a ~BUSY_S kernel queued
+    before it (torch.cuda._sleep on the legacy default stream, which CuPy's launches follow): a
+    call that waits for the GPU (a host sync, e.g. a device count read back to size a buffer)
+    takes the rest of that kernel; one that only enqueues returns in microseconds."""
+    import time
+
+    import torch
+
+    im = impl(impl_id)
+    backend = gpu_impls.backend(im.backend)
+    inputs = make_inputs(case)
+    launch = im.contract.check(im.id, case)
+    dev_in = {k: backend.to_device(v) for k, v in inputs.items()}
+    outs = ({t.name: backend.guarded(t.shape_of(case), t.dtype(case)).array
+             for t in case.spec.outputs} if backend.writes_in_place else None)
+    im.run(launch, dev_in, outs, case)  # compiled, workspaces allocated
+    backend.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(10_000_000 * BUSY_S / (start.elapsed_time(end) / 1e3))
+    torch.cuda._sleep(cycles)
+    t0 = time.perf_counter()
+    im.run(launch, dev_in, outs, case)
+    host = time.perf_counter() - t0
+    backend.synchronize()
+    return host
+
+
+@pytest.mark.parametrize("tokens", (1, 2048))
+def test_kp_route_and_sort_never_wait_for_the_gpu_and_torchs_dispatch_does(tokens):
+    """cuda:kp_moe_router and cuda:kp_moe_dispatch enqueue and return while the GPU is busy;
+    torch:moe_dispatch (`torch.bincount` on CUDA reads the ids' max back to size its output)
+    waits: the host sync the speed table's torch rows pay."""
+    cuda_backend()
+    m = "nemotron-3-nano-30b-a3b"
+    c = config(m)
+    route = _host_seconds_behind_a_busy_gpu("cuda:kp_moe_router",
+                                            router(tokens, c.experts, c.top_k, *MODELS[m],
+                                                   "bf16", "sync-probe"))
+    sort_case = Case.make("moe_dispatch", {"tokens": tokens, "experts": c.experts,
+                                           "top_k": c.top_k}, "f32", label="sync-probe")
+    sort = _host_seconds_behind_a_busy_gpu("cuda:kp_moe_dispatch", sort_case)
+    assert route < BUSY_S / 4 and sort < BUSY_S / 4, (route, sort)
+    torch_sort = _host_seconds_behind_a_busy_gpu("torch:moe_dispatch", sort_case)
+    assert torch_sort > BUSY_S / 2, f"torch:moe_dispatch returned in {torch_sort:.4f} s"

@@ -144,7 +144,7 @@ class FakeTimer(Timer):
     def memory_budget(self):
         return 64 << 20
 
-    def sequence(self, calls):
+    def sequence(self, calls, capture=True):
         self.sequences.append(len(calls))
         return lambda: [c() for c in calls]
 

@@ -130,9 +130,13 @@ def _experts_loop(launch, inputs, outputs, case):
     return {"y": y}
 
 
+OFFSETS_READ = "the Python loop reads the offsets back to the host (offsets.cpu())"
+
 register(Impl("moe_grouped_gemm", "torch", "grouped_linear", _grouped_linear, DENSE,
+              host_sync=OFFSETS_READ,
               doc="per-expert loop: F.linear(x[rows of e].float(), W[e].float()), rounded to T"),
          Impl("moe_grouped_gemm", "torch", "grouped_dequant_linear", _grouped_linear, AFFINE4,
+              host_sync=OFFSETS_READ,
               doc="per-expert loop: W[e] unpacked and dequantized in f32 (as "
                   "torch:qmm_dequant_linear), F.linear in f32, rounded to T"),
          Impl("moe_grouped_gemm", "torch", "grouped_mm", _grouped_mm, GROUPED_MM,
@@ -140,5 +144,6 @@ register(Impl("moe_grouped_gemm", "torch", "grouped_linear", _grouped_linear, DE
               doc="torch._grouped_mm(x, W^T, offs=offsets[1:]): one launch, no host sync "
                   "(sm_90 / sm_100, bf16)"),
          Impl("moe_experts", "torch", "experts_linear_loop", _experts_loop,
+              host_sync=OFFSETS_READ,
               doc="per-expert loop: F.linear up in f32, act in f32, rounded to T, F.linear "
                   "down in f32, rounded to T"))

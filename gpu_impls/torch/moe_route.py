@@ -89,6 +89,7 @@ def _scatter_add(launch, inputs, outputs, case):
 register(Impl("moe_router", "torch", "moe_router", _router,
               doc="HF router: softmax / sigmoid + bias in f32, torch.topk, renormalise, scale"))
 register(Impl("moe_dispatch", "torch", "moe_dispatch", _dispatch,
+              host_sync="torch.bincount on CUDA reads the ids' max back to size its output",
               doc="bincount, cumsum, stable argsort of the flat ids and its inverse"))
 register(Impl("moe_permute", "torch", "moe_permute", _permute,
               doc="index_select of each sorted slot's token row"))
