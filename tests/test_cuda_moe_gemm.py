@@ -50,6 +50,7 @@ def test_registered_with_its_kernels_and_mutant_define():
     assert dict(listed_kernels()[moe_gemm.SOURCE]) == {
         "kp_moe_gemv": tuple((a, mt) for a in (0, 1) for mt in (1, 2, 4, 8)),
         "kp_moe_gemm_mma": ((0,), (1,))}
+    assert ("kp_moe_qgemv_mma", ((2, 64), (3, 64))) in listed_kernels()[moe_gemm.MMA]
     assert DEFINE in MUTANT_DEFINES and DEFINE in defines_for(KERNEL_DIR / moe_gemm.SOURCE)
     gpu_impls.load_plugin("tests/mutants.py")
     from tests.mutants import MOE_CUDA_MUTANTS
@@ -71,15 +72,39 @@ def test_wrapper_constants_are_the_kernels():
 
 # --- geometry -------------------------------------------------------------------------------------
 
-def test_decode_is_a_gemv_tile_per_row():
-    """Nemotron-3-Nano's decode (k = 6 rows on 6 of 128 experts, K 2688, up 1856): one row a
-    tile, 6 tiles x 464 slabs of 4 columns, one warp (84 chunks of 32 codes a row)."""
+def test_affine4_decode_is_kp_qgemv_mma_per_row():
+    """Nemotron-3-Nano's decode (k = 6 rows on 6 of 128 experts, K 2688, up 1856), affine4:
+    kp_qgemv_mma's GEMV with one x row per grid row, its geometry chosen for the 6 x 1856 rows
+    together (tiles of 16 columns, K parts, stages), 1856 / 16 = 116 column tiles per row."""
     launch = _launch(_case(rows=6, **{"in": 2688, "out": 1856}))
-    assert dict(launch.extra) == {"mma": 0, "mt": 1, "tiles": 6, "slabs": 464}
-    assert launch.grid == (6 * 464, 1, 1) and launch.block == (32, 1, 1)
+    x = launch.extra
+    assert (x["mma"], x["qgemv"], x["tiles"]) == (0, 1, 6)
+    tiles, parts = launch.block[0] // 32, launch.block[1]
+    assert launch.grid == (-(-116 // tiles), 6, 1) and x["slabs"] == launch.grid[0]
+    from gpu_impls.cuda.gemv import _mma_geometry
+
+    alone, same = _mma_geometry({"out": 6 * 1856, "in": 2688, "group_size": 64}, {})
+    assert (alone["tiles"], alone["parts"], same.extra["stages"]) == (tiles, parts, x["stages"])
+    assert launch.shared_bytes == same.shared_bytes
+
+
+@pytest.mark.parametrize("dtype, dims, why", [
+    ("f32", {}, "f32 activations: no exact tensor-core path"),
+    ("bf16", {"in": 2880}, "K % 128 != 0 (GPT-OSS-20B)"),
+    ("bf16", {"rows": 129, "experts": 128}, "more rows than experts"),
+    ("bf16", {"in": 2176, "out": 3}, "N K / 64 % 8 != 0: an expert's scales off 16 bytes"),
+])
+def test_affine4_decode_elsewhere_is_the_gemv(dtype, dims, why):
+    launch = _launch(_case(dtype, **dims))
+    assert launch.extra["qgemv"] == 0 and launch.extra["mma"] == 0, why
+
+
+def test_dense_decode_is_a_gemv_tile_per_row():
+    """Dense decode: one row a tile, slabs of 4 columns, one warp (256 chunks of 8 bf16: 8 a
+    lane)."""
     dense = _launch(_case(weights="dense", rows=8, **{"in": 2048, "out": 768}))
-    assert dict(dense.extra) == {"mma": 0, "mt": 1, "tiles": 8, "slabs": 192}
-    assert dense.block == (32, 1, 1)  # 256 chunks of 8 bf16: 8 a lane
+    assert dict(dense.extra) == {"mma": 0, "qgemv": 0, "mt": 1, "tiles": 8, "slabs": 192}
+    assert dense.grid == (8 * 192, 1, 1) and dense.block == (32, 1, 1)
 
 
 def test_prefill_is_tensor_core_tiles():
@@ -87,7 +112,8 @@ def test_prefill_is_tensor_core_tiles():
     x 24 slabs of 64 columns at N 1536."""
     for weights in ("dense", "affine4"):
         launch = _launch(_case(weights=weights, rows=16384, out=1536))
-        assert dict(launch.extra) == {"mma": 1, "mt": 0, "tiles": 384, "slabs": 24}
+        assert dict(launch.extra) == {"mma": 1, "qgemv": 0, "mt": 0, "tiles": 384,
+                                      "slabs": 24}
         assert launch.grid == (384 * 24, 1, 1) and launch.block == (128, 1, 1)
 
 
@@ -230,14 +256,16 @@ class _Array:
 def _recorded(case: Case, monkeypatch, ptr=256) -> dict:
     seen = {}
     monkeypatch.setattr(moe_gemm, "kernel", lambda *a: a)
-    monkeypatch.setattr(moe_gemm, "cuda_launch", lambda k, grid, block, args, pdl=False:
-                        seen.update(kernel=k, grid=grid, block=block, args=args, pdl=pdl))
+    monkeypatch.setattr(moe_gemm, "cuda_launch", lambda k, grid, block, args, pdl=False,
+                        shared_bytes=0: seen.update(kernel=k, grid=grid, block=block, args=args,
+                                                    pdl=pdl, shared_bytes=shared_bytes))
     spec = case.spec
     inputs = {t.name: _Array(t.name, ptr) for t in spec.inputs}
     outputs = {t.name: _Array(t.name, ptr) for t in spec.outputs}
     launch = moe_gemm.CONTRACT.check(IMPL, case)
     moe_gemm._kp_moe()(launch, inputs, outputs, case)
-    assert (seen["grid"], seen["block"], seen["pdl"]) == (launch.grid, launch.block, True)
+    assert (seen["grid"], seen["block"], seen["pdl"], seen["shared_bytes"]) == (
+        launch.grid, launch.block, True, launch.shared_bytes)
     return {**seen, "slabs": launch.extra["slabs"]}
 
 
@@ -263,6 +291,33 @@ def test_runs_pass_each_kernel_its_declared_arguments(monkeypatch):
         d = case.dims
         assert [int(a) for a in seen["args"][6:]] == [d["rows"], d["experts"], d["out"],
                                                       d["in"], seen["slabs"]]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_decode_run_passes_kp_moe_qgemv_mma_its_declared_arguments(monkeypatch):
+    """kp_qgemv_mma's arguments (w_q, scales, biases, x, y, N, K, group size), then the
+    offsets, E and M; the instance is (stages, 64)."""
+    case = _case(rows=6, **{"in": 2688, "out": 1856})
+    seen = _recorded(case, monkeypatch)
+    stages = _launch(case).extra["stages"]
+    assert seen["kernel"] == (moe_gemm.MMA, "kp_moe_qgemv_mma", "bf16", (), (stages, 64))
+    kinds = ["u64" if isinstance(a, _Array) else {np.int32: "u32"}[type(a)]
+             for a in seen["args"]]
+    assert kinds == _qgemv_params()
+    names = [a.name for a in seen["args"] if isinstance(a, _Array)]
+    assert names == ["w_q", "scales", "biases", "x", "y", "offsets"]
+    assert [int(a) for a in seen["args"] if not isinstance(a, _Array)] == [1856, 2688, 64, 128, 6]
+
+
+def _qgemv_params() -> list[str]:
+    from gpu_impls.cuda.nvcc_check import compile_unit
+
+    ref = name_expression("kp_moe_qgemv_mma", "bf16", (2, 64))
+    compiled = compile_unit(f'#include "{moe_gemm.MMA}"\nvoid* kparity_instances[] = '
+                            f'{{ (void*)&{ref} }};\n', "sm_90", ptx=True)
+    assert compiled.ok, compiled.log
+    body = compiled.ptx.split(".visible .entry ", 1)[1]
+    return re.findall(r"\.param \.(\w+) \w+", body.split(")", 1)[0])
 
 
 def test_run_refuses_unaligned_vectors(monkeypatch):

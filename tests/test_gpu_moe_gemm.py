@@ -1,13 +1,14 @@
 """The MoE grouped GEMM's CUDA-side impls on the GPU (issue 31), beyond the gate (tests/test_gpu.py
 runs `cuda:kp_moe_grouped_gemm` and `torch:grouped_mm` over the op's gate cases):
 
-* `cuda:kp_moe_grouped_gemm` on both of its kernels (`gpu_impls/cuda/moe_gemm.py`): the GEMV at
+* `cuda:kp_moe_grouped_gemm` on its three kernels (`gpu_impls/cuda/moe_gemm.py`): the GEMV at
   every rows-a-tile instance (MT 1, 2, 4, 8) and with 1, 2 and 4 warps splitting K, a partial
   slab of columns; the tensor-core tiles with an expert over three 64-row tiles, a partial
   column slab, several K steps, one expert, empty experts; dense and affine4, every dtype each
   kernel takes; a decode step (k rows on k of 128 experts, the lookup scanning 4 warps' worth
-  of experts); T = 2048, k = 8, E = 128, K 2048, N 768 (Qwen3-30B-A3B's up projection) in bf16
-  dense and affine4, every row written, rows at every tile edge of several experts within the
+  of experts); kp_moe_qgemv_mma (affine4 decode) at the models' decode shapes, on normal,
+  outlier and zero rows, three runs bit for bit; T = 2048, k = 8, E = 128, K 2048, N 768
+  (Qwen3-30B-A3B's up projection) in bf16 dense and affine4, every row written, rows at every tile edge of several experts within the
   oracle's bound, and two runs bit for bit;
 * the mutant `cuda:mutant_kp_moe_tile_first_row` fails the gate's hot routing and passes a
   decode step (every expert one tile): the gate needs its expert over one tile;
@@ -50,6 +51,7 @@ def _extra(case: Case) -> dict:
 SHAPES = (
     (6, 128, 256, 64, "random", "gemv", 1),    # decode: 6 rows on 6 of 128 experts
     (6, 128, 256, 30, "sparse", "gemv", 1),    # odd experts only; a partial slab of 4 columns
+    (6, 128, 192, 30, "random", "gemv", 1),    # K % 128 != 0: affine4 decode on the GEMV
     (7, 4, 128, 36, "random", "gemv", 2),
     (14, 4, 128, 30, "hot", "gemv", 4),        # 12 rows on one expert: 3 tiles of 4
     (70, 8, 2048, 36, "hot", "mma", 8),        # 66 rows on one expert; 32 K steps; f32 dense:
@@ -69,7 +71,10 @@ def test_both_kernels_every_instance_and_edge(shape, weights, dtype):
     case = _case(rows, experts, k, n, dtype, weights, routing)
     extra = _extra(case)
     mma = dtype != "f32" and kernel == "mma"
-    assert (extra["mma"], extra["mt"]) == (int(mma), 0 if mma else mt), extra
+    qgemv = weights == "affine4" and dtype != "f32" and rows <= experts and k % 128 == 0
+    assert extra["qgemv"] == int(qgemv), extra
+    if not qgemv:
+        assert (extra["mma"], extra["mt"]) == (int(mma), 0 if mma else mt), extra
     assert_passes(KP, case)
 
 
@@ -89,10 +94,39 @@ def test_tensor_core_tiles_on_the_adversarial_rows(dist, weights):
 
 
 def test_decode_at_qwen3_shape():
-    """k = 8 rows on 8 of Qwen3-30B-A3B's 128 experts, K 2048, N 768, affine4 bf16."""
+    """k = 8 rows on 8 of Qwen3-30B-A3B's 128 experts, K 2048, N 768: dense on the GEMV,
+    affine4 bf16 on kp_moe_qgemv_mma."""
+    dense = _case(8, 128, 2048, 768, routing="random")
+    assert _extra(dense) == {"mma": 0, "qgemv": 0, "mt": 1, "tiles": 8, "slabs": 192}
+    assert_passes(KP, dense)
     case = _case(8, 128, 2048, 768, weights="affine4", routing="random")
-    assert _extra(case) == {"mma": 0, "mt": 1, "tiles": 8, "slabs": 192}
+    assert _extra(case)["qgemv"] == 1
     assert_passes(KP, case)
+
+
+# (rows, experts, in, out): Nemotron-3-Nano's up projection at T = 1 and 7 (42 rows on 128
+# experts: some own two), Qwen3-30B-A3B's gate+up at T = 1, GPT-OSS-20B-like K 2816 (22 blocks)
+QGEMV_SHAPES = ((6, 128, 2688, 1856), (42, 128, 2688, 1856), (8, 128, 2048, 1536),
+                (4, 32, 2816, 640))
+
+
+@pytest.mark.parametrize("shape", QGEMV_SHAPES, ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("dist", ["normal", "outlier_rows", "zero_rows"])
+def test_affine4_decode_on_kp_qgemv_mma(shape, dtype, dist):
+    """kp_moe_qgemv_mma at the models' decode shapes; outlier rows put x outside the
+    no-subtraction window (the subtraction path, per row: each row's blocks read their row)."""
+    rows, experts, k, n = shape
+    case = _case(rows, experts, k, n, dtype, "affine4", "random", dist)
+    assert _extra(case)["qgemv"] == 1
+    assert_passes(KP, case)
+
+
+def test_affine4_decode_is_bit_identical_across_runs():
+    case = _case(42, 128, 2688, 1856, weights="affine4", routing="random")
+    inputs = make_inputs(case)
+    runs = [run_impl(_impl(KP), _cuda(), case, inputs)["y"].tobytes() for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
 
 
 # --- T = 2048: every row written, sampled rows against the oracle, two runs bit for bit -------

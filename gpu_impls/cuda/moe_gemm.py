@@ -12,7 +12,11 @@ over several tiles owns several. The host picks one of two kernels by dims, neve
   or more): tiles of 64 rows x 64 columns, 4 warps of mma.m16n8k16 with f32 accumulation, K in
   steps of 64 staged through shared memory (affine4: the codes as exact T values, each group's
   sums scaled and biased in f32 after its products);
-* kp_moe_gemv (decode, small M, f32): tiles of MT rows (M / E rounded up to a power of two, at
+* kp_moe_qgemv_mma (decode, affine4: `kernels/kp_qgemv_mma.cu`): f16/bf16, M <= E (about one
+  row an expert), K % 128 == 0, K <= 16384, N K / 64 % 8 == 0: kp_qgemv_mma's tensor-core GEMV,
+  one x row per grid row, each row on its expert's slabs (found by a binary search over the
+  offsets), the grid sized by kp_qgemv_mma's geometry for the M GEMVs together;
+* kp_moe_gemv (decode, small M, f32; dense; affine4 off kp_moe_qgemv_mma's shapes): tiles of MT rows (M / E rounded up to a power of two, at
   most 8: 1 at decode, where each of the k rows has its own expert), blocks of 4 output columns
   x 1-4 warps splitting K in 16-byte weight chunks, kp_qgemv's streaming design.
 
@@ -38,6 +42,7 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
+from gpu_impls.cuda.gemv import MMA, MMA_MAX_IN, MMA_STAGE_CHOICES, _mma_geometry
 from oracle.moe_gemm import GROUP
 
 SOURCE = "kp_moe_gemm.cu"
@@ -55,8 +60,10 @@ MMA_DTYPES = ("f16", "bf16")
 VEC_BYTES = 16
 ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 CODES_PER_CHUNK = 32     # int4 codes per 16-byte chunk
+QGEMV_K = 128            # kp_qgemv_mma walks K in blocks of 128 codes
 KERNELS = [(SOURCE, "kp_moe_gemv", [(a, mt) for a in (0, 1) for mt in GEMV_MT]),
-           (SOURCE, "kp_moe_gemm_mma", [(0,), (1,)])]
+           (SOURCE, "kp_moe_gemm_mma", [(0,), (1,)]),
+           (MMA, "kp_moe_qgemv_mma", [(st, GROUP) for st in MMA_STAGE_CHOICES])]
 
 
 def _affine(params) -> bool:
@@ -67,6 +74,27 @@ def uses_mma(dims, params) -> bool:
     """The tensor-core kernel: f16/bf16, whole 64-element K steps, >= 8 rows an expert."""
     return (params["dtype"] in MMA_DTYPES and dims["in"] % MMA_TK == 0
             and dims["rows"] >= MMA_MIN_ROWS_PER_EXPERT * dims["experts"])
+
+
+def uses_qgemv(dims, params) -> bool:
+    """kp_moe_qgemv_mma: affine4 in f16/bf16 at decode (rows <= experts), on kp_qgemv_mma's
+    shapes (K % 128, K <= 16384) with each expert's scales on 16 bytes (N K / 64 % 8)."""
+    return (_affine(params) and params["dtype"] in MMA_DTYPES
+            and dims["rows"] <= dims["experts"] and dims["in"] % QGEMV_K == 0
+            and dims["in"] <= MMA_MAX_IN and dims["out"] * (dims["in"] // GROUP) % 8 == 0)
+
+
+def _qgemv_geometry(dims):
+    """kp_qgemv_mma's geometry for the M GEMVs as one of M x N rows (its parts, tiles and
+    stages aim at the whole grid's warps); grid (row blocks of one GEMV, M)."""
+    pick, launch = _mma_geometry({"out": dims["rows"] * dims["out"], "in": dims["in"],
+                                  "group_size": GROUP}, {})
+    row_tiles = -(-dims["out"] // 16)  # a warp's m16 tile of output columns
+    blocks = -(-row_tiles // pick["tiles"])
+    derived = {"mma": 0, "qgemv": 1, "mt": 0, "tiles": dims["rows"], "slabs": blocks,
+               "stages": launch.extra["stages"]}
+    return derived, Launch(grid=(blocks, dims["rows"], 1), block=launch.block,
+                           shared_bytes=launch.shared_bytes, extra=derived)
 
 
 def tile_bound(rows: int, experts: int, tm: int) -> int:
@@ -89,6 +117,8 @@ def _gemv_warps(dims, params) -> int:
 
 
 def _geometry(dims, params):
+    if uses_qgemv(dims, params):
+        return _qgemv_geometry(dims)
     if uses_mma(dims, params):
         mma, tm, mt, cols, threads = 1, MMA_TM, 0, MMA_TN, MMA_THREADS
     else:
@@ -96,7 +126,7 @@ def _geometry(dims, params):
         mma, tm, cols, threads = 0, mt, GEMV_ROWS, 32 * _gemv_warps(dims, params)
     tiles = tile_bound(dims["rows"], dims["experts"], tm)
     slabs = -(-dims["out"] // cols)
-    derived = {"mma": mma, "mt": mt, "tiles": tiles, "slabs": slabs}
+    derived = {"mma": mma, "qgemv": 0, "mt": mt, "tiles": tiles, "slabs": slabs}
     return derived, Launch(grid=(tiles * slabs, 1, 1), block=(threads, 1, 1), extra=derived)
 
 
@@ -135,6 +165,18 @@ def _kp_moe(defines: tuple = ()):
                 raise ValueError(f"cuda:kp_moe_grouped_gemm: {name} is not {VEC_BYTES}-byte "
                                  "aligned (the kernels read 16-byte vectors): pass a fresh "
                                  "CuPy array or a view at a multiple of 16 bytes")
+        if e["qgemv"]:
+            for name in ("scales", "biases"):
+                if inputs[name].data.ptr % VEC_BYTES:
+                    raise ValueError(f"cuda:kp_moe_grouped_gemm: {name} is not {VEC_BYTES}-byte"
+                                     " aligned (kp_moe_qgemv_mma copies 16-byte vectors)")
+            k = kernel(MMA, "kp_moe_qgemv_mma", case.dtype, defines, (e["stages"], GROUP))
+            cuda_launch(k, launch.grid, launch.block,
+                        (w, inputs["scales"], inputs["biases"], inputs["x"], outputs["y"],
+                         np.int32(d["out"]), np.int32(d["in"]), np.int32(GROUP),
+                         inputs["offsets"], np.int32(d["experts"]), np.int32(d["rows"])),
+                        pdl=True, shared_bytes=launch.shared_bytes)
+            return
         args = (inputs["x"], w, inputs["scales"], inputs["biases"], inputs["offsets"],
                 outputs["y"], np.int32(d["rows"]), np.int32(d["experts"]), np.int32(d["out"]),
                 np.int32(d["in"]), np.int32(e["slabs"]))

@@ -281,17 +281,13 @@ struct Flag {
 
 }  // namespace kpmma
 
+// The GEMV of one weight matrix w [out, in] (and its scales, biases) against one x row: the body
+// of both kernels below.
 template <typename T, int STAGES, int G>
-__global__ void __maxnreg__(96)  // 20 warps an SM (gemv.py MMA_WARPS_PER_SM); blocks <= 16
-kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
-             const typename T::storage* __restrict__ biases,
-             const typename T::storage* __restrict__ x, typename T::storage* __restrict__ out,
-             int out_dim, int in_dim, int group_size_arg) {
-    // The next kernel is let in at once; this one waits for the kernels before it after its
-    // scale and bias copies (the prologue, below).
-#ifndef KPARITY_DIAG_LATE_DEPENDENTS
-    pdl_launch_dependents();
-#endif
+__device__ __forceinline__ void
+kpm_gemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
+         const typename T::storage* __restrict__ biases, const typename T::storage* __restrict__ x,
+         typename T::storage* __restrict__ out, int out_dim, int in_dim, int group_size_arg) {
     if constexpr (sizeof(typename T::storage) == 4) {
         __trap();  // f32 activations have no exact tensor-core path: the contract refuses them
     } else {
@@ -667,4 +663,52 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
         }
 #endif
     }
+}
+
+template <typename T, int STAGES, int G>
+__global__ void __maxnreg__(96)  // 20 warps an SM (gemv.py MMA_WARPS_PER_SM); blocks <= 16
+kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
+             const typename T::storage* __restrict__ biases,
+             const typename T::storage* __restrict__ x, typename T::storage* __restrict__ out,
+             int out_dim, int in_dim, int group_size_arg) {
+    // The next kernel is let in at once; this one waits for the kernels before it after its
+    // scale and bias copies (the prologue of kpm_gemv).
+#ifndef KPARITY_DIAG_LATE_DEPENDENTS
+    pdl_launch_dependents();
+#endif
+    kpm_gemv<T, STAGES, G>(w, scales, biases, x, out, out_dim, in_dim, group_size_arg);
+}
+
+// kp_moe_qgemv_mma: the MoE grouped GEMV at decode (gpu_impls/cuda/moe_gemm.py): the same
+// GEMV, one x row per grid row. Row m = blockIdx.y of x [M, in] (rows sorted by expert, CSR
+// offsets [E+1] on the device) belongs to the expert e with offsets[e] <= m < offsets[e + 1]
+// (a binary search over the offsets clamped to [0, M]); its blocks run kpm_gemv on expert e's
+// slabs of w [E, out, in / 32 vectors], scales and biases [E, out, in / G] into y row m. Each
+// row reads its expert's weights, so an expert with several rows is read once per row (through
+// the L2): the host takes this kernel only where the rows are at most the experts (decode).
+// The offsets (the dispatch's output) are read after the wait for the kernels before, so the
+// scales are copied after it too (kp_qgemv_mma copies them before). A row in no segment (a
+// malformed layout) is not written. Host-side invariants (moe_gemm.py): out * in / G % 8 == 0
+// (each expert's scales and biases start on 16 bytes), and kp_qgemv_mma's own.
+template <typename T, int STAGES, int G>
+__global__ void __maxnreg__(96)
+kp_moe_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
+                 const typename T::storage* __restrict__ biases,
+                 const typename T::storage* __restrict__ x, typename T::storage* __restrict__ y,
+                 int out_dim, int in_dim, int group_size_arg, const int* __restrict__ offsets,
+                 int experts, int rows_m) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int m = blockIdx.y;
+    auto at = [&](int e) { return min(max(offsets[e], 0), rows_m); };
+    int lo = 0, hi = experts - 1;  // the last e in [0, E) with at(e) <= m
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (at(mid) <= m) lo = mid; else hi = mid - 1;
+    }
+    if (!(at(lo) <= m && m < at(lo + 1))) return;  // block-uniform: no barrier skipped
+    const size_t e = (size_t)lo, groups = (size_t)(in_dim / G);
+    kpm_gemv<T, STAGES, G>(w + e * out_dim * (size_t)(in_dim / 32), scales + e * out_dim * groups,
+                           biases + e * out_dim * groups, x + (size_t)m * in_dim,
+                           y + (size_t)m * out_dim, out_dim, in_dim, group_size_arg);
 }
