@@ -23,14 +23,15 @@ import numpy as np
 
 from cases.model import make_inputs
 from gpu_impls.contract import ContractError
-from oracle.dtypes import ulp_distance
+from oracle.dtypes import FLOAT_FORMATS, ulp_distance
 from runners.abstats import compare_runs
 from runners.bench import bench_one, correctness
 from runners.correctness import run_impl
 
 
 def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs) -> tuple[float, int]:
-    """(max |A - B|, max ULP distance) over every output, both run on the same inputs."""
+    """(max |A - B|, max ULP distance) over every output, both run on the same inputs; an
+    integer output's distance is |A - B| itself."""
     out_a = run_impl(impl_a, backend_a, case, host_inputs)
     out_b = run_impl(impl_b, backend_b, case, host_inputs)
     max_abs, max_ulp = 0.0, 0
@@ -42,7 +43,11 @@ def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs) -> tuple[
         if np.isnan(diff).any() and not np.array_equal(np.isnan(a.astype(np.float64)),
                                                        np.isnan(b.astype(np.float64))):
             max_abs = float("inf")
-        max_ulp = max(max_ulp, int(np.max(ulp_distance(a, b, t.dtype(case)))))
+        if t.dtype(case) in FLOAT_FORMATS:
+            steps = ulp_distance(a, b, t.dtype(case))
+        else:  # integer outputs (ids, offsets): the values apart are the representable steps
+            steps = np.abs(a.astype(np.int64) - b.astype(np.int64))
+        max_ulp = max(max_ulp, int(np.max(steps)) if steps.size else 0)
     return max_abs, max_ulp
 
 

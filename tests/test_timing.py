@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
-from cases.model import Case
+from cases.model import Case, make_inputs
 from gpu_impls.timer import Timer
 from results.schema import AB, BENCH, CEILINGS
 from runners.abstats import aa_noise, bootstrap_ratio, compare_runs, summarize, verdict
@@ -393,3 +393,24 @@ def test_mlx_gpu_copy_ceiling_cancels_the_eval_sync(monkeypatch):
     c = _timer.MlxTimer().ceilings()
     assert c["copy_bytes"] == 2 * (128 << 20) * (_timer.COPIES - 1)
     assert c["copy_gbps"] > 0
+
+
+def test_ab_agreement_counts_integer_outputs_by_their_values():
+    """`kparity ab` of two impls of an op with integer outputs (moe_dispatch: counts, offsets,
+    perm): A=B is the largest |A - B| (it once raised "'i32' is not a floating-point format")."""
+    import dataclasses
+
+    from gpu_impls import backend, impls
+    from runners.ab import agreement
+
+    be = backend("torch")
+    case = Case.make("moe_dispatch", {"tokens": 7, "experts": 16, "top_k": 4}, "f32")
+    inputs = make_inputs(case)
+    torch_impl = impls()["torch:moe_dispatch"]
+    assert agreement(torch_impl, be, torch_impl, be, case, inputs) == (0.0, 0)
+
+    def off_by_two(launch, ins, outs, c):
+        out = torch_impl.run(launch, ins, outs, c)
+        return {**out, "perm": out["perm"] + 2}
+    shifted = dataclasses.replace(torch_impl, name="perm_plus_two", run=off_by_two)
+    assert agreement(torch_impl, be, shifted, be, case, inputs) == (2.0, 2)
