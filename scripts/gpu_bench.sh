@@ -68,8 +68,8 @@
 #     T = 1 and 2048; the grouped GEMM (the experts' up projection, dense and affine int4)
 #     beside torch's per-expert loops and torch._grouped_mm, against a copy of the same bytes
 #     (--copy-same-bytes: decode reads k experts' weights)
-#   bash scripts/gpu_bench.sh moe-ab    issue 31: the A/Bs in `chain`: route, sort, the up projection
-#     against torch._grouped_mm (T = 2048) and the int4 per-expert loop (T = 1, 2048)
+#   bash scripts/gpu_bench.sh moe-ab    issue 31: the A/Bs in `chain`: route and sort (T = 2048), the
+#     up projection against torch._grouped_mm (T = 1, 2048) and the int4 per-expert loop (T = 1)
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -247,17 +247,19 @@ moe)
   G="--op moe_grouped_gemm --impl cuda:kp_moe_grouped_gemm,torch:grouped_linear,torch:grouped_dequant_linear,torch:grouped_mm --dtype bf16"
   run bench $G --preset nemotron3-nano-up-dense-t1,nemotron3-nano-up-affine4-t1,qwen3-30b-a3b-up-affine4-t1 $B --copy-same-bytes
   # --no-verify: the float64 oracle of 12288 x 2688 x 1856 per case; the gate and
-  # tests/test_gpu_moe_gemm.py verify the kernels at T = 2048
-  run bench $G --preset nemotron3-nano-up-dense-t2048,nemotron3-nano-up-affine4-t2048,qwen3-30b-a3b-up-dense-t2048 $B --no-verify
+  # tests/test_gpu_moe_gemm.py verify the kernels at T = 2048. The loops take 10-37 ms a call.
+  run bench $G --preset nemotron3-nano-up-dense-t2048,nemotron3-nano-up-affine4-t2048 --mode chain --min-time 0.1 --timeout 5 --no-verify
   ;;
 moe-ab)
-  # the A/Bs of the MoE table, in chain (nemotron-3-nano's router, sort and up projection)
-  A="--mode chain --min-time 0.2"
+  # the A/Bs of the MoE table, in chain. Route and sort at T = 2048 only: at T = 1 each run
+  # builds 65536 rotating sets of a few hundred bytes, and the A/B outlasts a 600 s call
   m=nemotron-3-nano-30b-a3b
-  run ab torch:moe_router cuda:kp_moe_router --preset $m-t1,$m-t2048 --dtype bf16 $A
-  run ab torch:moe_dispatch cuda:kp_moe_dispatch --preset $m-t1,$m-t2048 $A
-  run ab torch:grouped_mm cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-dense-t2048 --dtype bf16 $A --no-verify
-  run ab torch:grouped_dequant_linear cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-affine4-t1,nemotron3-nano-up-affine4-t2048 --dtype bf16 $A --no-verify
+  R="--mode chain --min-time 0.1 --runs 5 --timeout 3"
+  run ab torch:moe_router cuda:kp_moe_router --preset $m-t2048 --dtype bf16 $R
+  run ab torch:moe_dispatch cuda:kp_moe_dispatch --preset $m-t2048 $R
+  A="--dtype bf16 --mode chain --min-time 0.2 --no-verify"
+  run ab torch:grouped_mm cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-dense-t1,nemotron3-nano-up-dense-t2048 $A
+  run ab torch:grouped_dequant_linear cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-affine4-t1 $A
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)
