@@ -84,11 +84,12 @@ def uses_qgemv(dims, params) -> bool:
             and dims["in"] <= MMA_MAX_IN and dims["out"] * (dims["in"] // GROUP) % 8 == 0)
 
 
-def _qgemv_geometry(dims):
+def _qgemv_geometry(dims, stages=None, parts=None, tiles=None):
     """kp_qgemv_mma's geometry for the M GEMVs as one of M x N rows (its parts, tiles and
-    stages aim at the whole grid's warps); grid (row blocks of one GEMV, M)."""
+    stages aim at the whole grid's warps; given ones are kept: scripts/moe_qgemv_variants.py);
+    grid (row blocks of one GEMV, M)."""
     pick, launch = _mma_geometry({"out": dims["rows"] * dims["out"], "in": dims["in"],
-                                  "group_size": GROUP}, {})
+                                  "group_size": GROUP}, {}, stages, parts, tiles)
     row_tiles = -(-dims["out"] // 16)  # a warp's m16 tile of output columns
     blocks = -(-row_tiles // pick["tiles"])
     derived = {"mma": 0, "qgemv": 1, "mt": 0, "tiles": dims["rows"], "slabs": blocks,
