@@ -18,15 +18,17 @@ from gpu_impls.cuda import moe_gemm
 from runners.bench import bench_one
 from runners.stopping import StdRel
 
-PRESETS = "nemotron3-nano-up-affine4-t1"
+PRESETS = "nemotron3-nano-up-affine4-t1,qwen3-30b-a3b-up-affine4-t1"
 # (parts, stages, tiles); the first: the launcher's choice
 VARIANTS = [(None, None, None),
             *[(p, s, t) for p in (1, 2, 3) for s in (2, 3) for t in (1, 2, 3, 4)]]
+SHORT = [(None, None, None), (2, 3, 4), (2, 2, 3), (3, 2, 2)]  # --short
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default=PRESETS)
+    ap.add_argument("--short", action="store_true", help="the launcher and three variants")
     args = ap.parse_args()
     impl = gpu_impls.impls()["cuda:kp_moe_grouped_gemm"]
     backend = gpu_impls.backend("cuda")
@@ -36,9 +38,9 @@ def main() -> None:
         if not any(w.case.label.endswith(p) for p in wanted):
             continue
         host = make_inputs(w.case)
-        for parts, stages, tiles in VARIANTS:
-            moe_gemm._qgemv_geometry = partial(default, stages=stages, parts=parts,
-                                               tiles=tiles)
+        for parts, stages, tiles in SHORT if args.short else VARIANTS:
+            moe_gemm._qgemv_geometry = (default if parts is None else
+                                        partial(default, stages=stages, parts=parts, tiles=tiles))
             launch = impl.contract.check(impl.id, w.case)
             row = bench_one(impl, backend, w.case, "chain",
                             lambda: StdRel(min_time_s=0.1, timeout_s=5.0), host_inputs=host,

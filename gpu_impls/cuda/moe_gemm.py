@@ -84,10 +84,17 @@ def uses_qgemv(dims, params) -> bool:
             and dims["in"] <= MMA_MAX_IN and dims["out"] * (dims["in"] // GROUP) % 8 == 0)
 
 
-def _qgemv_geometry(dims, stages=None, parts=None, tiles=None):
-    """kp_qgemv_mma's geometry for the M GEMVs as one of M x N rows (its parts, tiles and
-    stages aim at the whole grid's warps; given ones are kept: scripts/moe_qgemv_variants.py);
-    grid (row blocks of one GEMV, M)."""
+# kp_moe_qgemv_mma's pipeline stages and tiles a block, as measured (H100, Nemotron up at T = 1:
+# 11.02 us against 12.43 with kp_qgemv_mma's own pick, 3 stages x 4 tiles;
+# benchmarks/data/moe-h100/qgemv-variants.txt)
+QGEMV_STAGES = 2
+QGEMV_TILES = 2
+
+
+def _qgemv_geometry(dims, stages=QGEMV_STAGES, parts=None, tiles=QGEMV_TILES):
+    """kp_qgemv_mma's geometry for the M GEMVs as one of M x N rows: its parts (the K split)
+    for the whole grid's warps; stages and tiles as measured (QGEMV_*;
+    scripts/moe_qgemv_variants.py times others); grid (row blocks of one GEMV, M)."""
     pick, launch = _mma_geometry({"out": dims["rows"] * dims["out"], "in": dims["in"],
                                   "group_size": GROUP}, {}, stages, parts, tiles)
     row_tiles = -(-dims["out"] // 16)  # a warp's m16 tile of output columns
