@@ -287,7 +287,8 @@ template <typename T, int STAGES, int G>
 __device__ __forceinline__ void
 kpm_gemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ scales,
          const typename T::storage* __restrict__ biases, const typename T::storage* __restrict__ x,
-         typename T::storage* __restrict__ out, int out_dim, int in_dim, int group_size_arg) {
+         typename T::storage* __restrict__ out, int out_dim, int in_dim, int group_size_arg,
+         float (*partial)[16]) {
     if constexpr (sizeof(typename T::storage) == 4) {
         __trap();  // f32 activations have no exact tensor-core path: the contract refuses them
     } else {
@@ -329,7 +330,6 @@ kpm_gemv(const uint4* __restrict__ w, const typename T::storage* __restrict__ sc
         uint4* x_s = reinterpret_cast<uint4*>(bias_s + 16 * tiles * groups);  // in / 8 vectors
         uint4* zero_s = x_s + in_dim / 8;                               // x where not "mine"
         float* xsum_s = reinterpret_cast<float*>(zero_s + 4);           // one per group
-        __shared__ float partial[KPM_MAX_WARPS][16];
 
         // Copies: step st (blocks b_begin + 4 st ..) of the warp's 16 rows, lane l taking
         // vector l % 16 of rows 2 k + l / 16 (k = 0..7): each copy instruction reads two
@@ -676,7 +676,10 @@ kp_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restrict_
 #ifndef KPARITY_DIAG_LATE_DEPENDENTS
     pdl_launch_dependents();
 #endif
-    kpm_gemv<T, STAGES, G>(w, scales, biases, x, out, out_dim, in_dim, group_size_arg);
+    // static shared memory: `partial` alone (1024 bytes), so the dynamic stages start on a
+    // 1024-byte boundary (tests/test_cuda_build.py)
+    __shared__ float partial[KPM_MAX_WARPS][16];
+    kpm_gemv<T, STAGES, G>(w, scales, biases, x, out, out_dim, in_dim, group_size_arg, partial);
 }
 
 // kp_moe_qgemv_mma: the MoE grouped GEMV at decode (gpu_impls/cuda/moe_gemm.py): the same
@@ -697,6 +700,7 @@ kp_moe_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restr
                  const typename T::storage* __restrict__ x, typename T::storage* __restrict__ y,
                  int out_dim, int in_dim, int group_size_arg, const int* __restrict__ offsets,
                  int experts, int rows_m) {
+    __shared__ float partial[KPM_MAX_WARPS][16];  // as kp_qgemv_mma's
     pdl_launch_dependents();
     pdl_wait();
     const int m = blockIdx.y;
@@ -710,5 +714,5 @@ kp_moe_qgemv_mma(const uint4* __restrict__ w, const typename T::storage* __restr
     const size_t e = (size_t)lo, groups = (size_t)(in_dim / G);
     kpm_gemv<T, STAGES, G>(w + e * out_dim * (size_t)(in_dim / 32), scales + e * out_dim * groups,
                            biases + e * out_dim * groups, x + (size_t)m * in_dim,
-                           y + (size_t)m * out_dim, out_dim, in_dim, group_size_arg);
+                           y + (size_t)m * out_dim, out_dim, in_dim, group_size_arg, partial);
 }
