@@ -36,10 +36,16 @@ class CaseFileError(ValueError):
     pass
 
 
+CLOSEST_SHOWN = 12  # names a bad-name message lists; 400 impl names help no one
+
+
 def closest(given: str, valid) -> str:
-    """The valid names, comma-separated, closest to `given` first (every bad-name message)."""
+    """The valid names, comma-separated, closest to `given` first, at most CLOSEST_SHOWN of
+    them and a count of the rest (every bad-name message)."""
     valid = sorted(set(valid))
-    return ", ".join(difflib.get_close_matches(str(given), valid, n=len(valid), cutoff=0.0))
+    ranked = difflib.get_close_matches(str(given), valid, n=len(valid), cutoff=0.0)
+    more = len(ranked) - CLOSEST_SHOWN
+    return ", ".join(ranked[:CLOSEST_SHOWN]) + (f" ... and {more} more" if more > 0 else "")
 
 
 def _case(where: str, raw, ops) -> Case:

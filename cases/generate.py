@@ -13,6 +13,7 @@ is; a new seed is a new id, so the store never mixes a case's results over diffe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 
 from cases.model import Case
 from cases.registry import bench_sources, sources
@@ -48,11 +49,39 @@ def bench_cases(op: str) -> list[Case]:
     return src[op]() if op in src else []
 
 
+def admitted_variant(impl, case: Case) -> Case | None:
+    """`case` if the impl's contract admits it; else the same case under another rounding
+    convention (the op's `conventions` params, every combination of their values in declared
+    order) that it admits, or None. A convention is a correctness contract, not a cost: the
+    shapes, dtypes and inputs are the case's own."""
+    if impl.contract.admits(case):
+        return case
+    names = case.spec.conventions
+    for values in product(*(case.spec.param_values[n] for n in names)):
+        variant = case.replace(**dict(zip(names, values)))
+        if variant.id != case.id and impl.contract.admits(variant):
+            return variant
+    return None
+
+
+def convention(case: Case) -> str:
+    """The case's rounding convention, e.g. "rounding=normed"; "" for an op without one."""
+    return ",".join(f"{n}={case.params[n]}" for n in case.spec.conventions)
+
+
 def bench_plan(impls, dtypes=None, presets=None) -> list[Work]:
-    """(impl, bench case) pairs the impl's contract admits, filtered like `plan`."""
-    return [Work(impl, c, "valid") for impl in impls for c in bench_cases(impl.op)
-            if impl.contract.admits(c) and (not dtypes or c.dtype in dtypes)
-            and (not presets or any(p in c.label for p in presets))]
+    """(impl, bench case) pairs, each case under a convention the impl's contract admits
+    (`admitted_variant`), filtered like `plan`."""
+    out = []
+    for impl in impls:
+        for c in bench_cases(impl.op):
+            if (dtypes and c.dtype not in dtypes) or (presets and
+                                                      not any(p in c.label for p in presets)):
+                continue
+            variant = admitted_variant(impl, c)
+            if variant is not None:
+                out.append(Work(impl, variant, "valid"))
+    return out
 
 
 def bench_presets(impls, dtypes=None) -> dict[str, list[Work]]:

@@ -126,7 +126,8 @@ def norm_kernel(A, x, w, case):
 
 
 def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc: str,
-            dims=("rows", "n"), params=None, param_values=None, chain_input="x") -> OpSpec:
+            dims=("rows", "n"), params=None, param_values=None, chain_input="x",
+            conventions=()) -> OpSpec:
     def elems(case) -> int:
         return int(np.prod([case.dims[d] for d in dims]))
 
@@ -136,7 +137,8 @@ def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc
         bytes=lambda case: get_bytes(name, case),
         flops=lambda case: flops_per_elem * elems(case),
         params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0},
-        param_values=param_values or {}, doc=doc, version=2, chain_input=chain_input))
+        param_values=param_values or {}, doc=doc, version=2, chain_input=chain_input,
+        conventions=conventions))
 
 
 def get_bytes(name: str, case) -> int:
@@ -182,7 +184,7 @@ NORM_PARAMS = {"eps": 1e-6, "weight_offset": 0, "rounding": "once", "ftz": 0}
 _row_op("rms_norm", rms_norm, rms_norm_kernel,
         inputs=(TensorSpec("x", ROWS), TensorSpec("w", ROW_N, init="weight")),
         outputs=(TensorSpec("out", ROWS),), flops_per_elem=4, doc=rms_norm.__doc__,
-        params=NORM_PARAMS, param_values={"rounding": ROUNDINGS})
+        params=NORM_PARAMS, param_values={"rounding": ROUNDINGS}, conventions=("rounding",))
 
 
 # --- per-head rms_norm (Qwen3 q_norm / k_norm) -------------------------------------------------
@@ -201,7 +203,7 @@ _row_op("rms_norm_per_head", rms_norm_per_head, rms_norm_kernel,
         inputs=(TensorSpec("x", HEADS), TensorSpec("w", lambda d: (d["head_dim"],), init="weight")),
         outputs=(TensorSpec("out", HEADS),), flops_per_elem=4,
         dims=("batch", "tokens", "heads", "head_dim"), doc=rms_norm_per_head.__doc__,
-        params=NORM_PARAMS, param_values={"rounding": ROUNDINGS})
+        params=NORM_PARAMS, param_values={"rounding": ROUNDINGS}, conventions=("rounding",))
 
 
 # --- rms_norm_residual (FFAI) --------------------------------------------------------------------

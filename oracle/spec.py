@@ -172,6 +172,11 @@ class OpSpec:
     # "normed")}; `ftz` (every op's flush-to-zero flag) is (0, 1) unless declared. A case file's
     # params are checked against these, and against the type of the param's default.
     param_values: Mapping[str, tuple] = field(default_factory=dict)
+    # Params that name a rounding convention (a correctness contract, not a cost; each among
+    # `param_values`), e.g. ("rounding",): `bench` and `ab` time an impl that refuses a bench
+    # case's convention on the same case under one it admits, and say which
+    # (`cases.generate.admitted_variant`).
+    conventions: tuple[str, ...] = ()
     # The input that the op before this one in a decode step writes (its activation: x of a
     # norm or a GEMV, never a weight). The `chain` timing mode (`runners/timing.py`) precedes
     # each timed call with an ordinary kernel rewriting this input, as that op would; "" (none
@@ -200,6 +205,10 @@ class OpSpec:
                              "inputs: " + ", ".join(t.name for t in self.inputs))
         if "ftz" in self.params and "ftz" not in self.param_values:
             object.__setattr__(self, "param_values", {**self.param_values, "ftz": (0, 1)})
+        for name in self.conventions:
+            if name not in self.param_values:
+                raise ValueError(f"op {self.name}: convention {name!r} needs its values in "
+                                 "param_values")
         for name, values in self.param_values.items():
             if name not in self.params or self.params[name] not in values:
                 raise ValueError(f"op {self.name}: param_values[{name!r}] = {values!r}: the "

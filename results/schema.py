@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 7  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
+SCHEMA_VERSION = 8  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
 #                     4: bench.pred_median_ns (the chain mode's subtracted predecessor);
 #                     5: the model table (`kparity model`, issue 28);
 #                     6: model.prefill_tokens, decode_mode, eager_tok_s, batch_size,
 #                        batch_tok_s;
-#                     7: bench.copy_same_ns, pct_copy_same (`--copy-same-bytes`)
+#                     7: bench.copy_same_ns, pct_copy_same (`--copy-same-bytes`);
+#                     8: ab.convention_a, convention_b (each arm's rounding convention)
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -123,6 +124,8 @@ AB = pa.schema([
     ("dims", pa.string()),
     ("label", pa.string()),
     ("mode", pa.string()),
+    ("convention_a", pa.string()),     # each arm's rounding convention, e.g. rounding=normed
+    ("convention_b", pa.string()),     # ("" for an op without one; cases.generate.convention)
     ("status", pa.string()),           # ok | fail (an arm wrong or not timed) | error
     ("message", pa.string()),
     ("correct_a", pa.string()),

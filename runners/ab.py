@@ -21,6 +21,7 @@ import secrets
 
 import numpy as np
 
+from cases.generate import convention
 from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from oracle.dtypes import FLOAT_FORMATS, ulp_distance
@@ -29,11 +30,13 @@ from runners.bench import bench_one, correctness
 from runners.correctness import run_impl
 
 
-def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs) -> tuple[float, int]:
-    """(max |A - B|, max ULP distance) over every output, both run on the same inputs; an
-    integer output's distance is |A - B| itself."""
+def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs,
+              case_b=None) -> tuple[float, int]:
+    """(max |A - B|, max ULP distance) over every output, both run on the same inputs (B on
+    `case_b`, `case` under B's rounding convention, where given); an integer output's distance
+    is |A - B| itself."""
     out_a = run_impl(impl_a, backend_a, case, host_inputs)
-    out_b = run_impl(impl_b, backend_b, case, host_inputs)
+    out_b = run_impl(impl_b, backend_b, case_b or case, host_inputs)
     max_abs, max_ulp = 0.0, 0
     for t in case.spec.outputs:
         a, b = out_a[t.name], out_b[t.name]
@@ -51,25 +54,31 @@ def agreement(impl_a, backend_a, impl_b, backend_b, case, host_inputs) -> tuple[
     return max_abs, max_ulp
 
 
-def _row(run_id: str, ab_id: str, case, mode: str, impl_a, impl_b) -> dict:
+def _row(run_id: str, ab_id: str, case, mode: str, impl_a, impl_b, case_b) -> dict:
     return {"run_id": run_id, "ab_id": ab_id, "case_id": case.id, "impl_a": impl_a.id,
             "impl_b": impl_b.id, "op": case.op, "dtype": case.dtype,
             "dims": json.dumps(case.dims, sort_keys=True), "label": case.label, "mode": mode,
+            "convention_a": convention(case), "convention_b": convention(case_b),
             "status": "error", "message": "", "runs_a_ns": [], "runs_b_ns": []}
 
 
 def ab_group(arms: list, case, mode: str, runs: int, new_stop, ceilings: dict, run_id: str,
              on_row=None, progress=None, verify: bool = True) -> list[dict]:
     """The A/B of the baseline `arms[0]` against each other arm on `case`: one `ab` row per
-    other arm, in order. `arms`: (letter, impl, backend), the letter each run's bench row
-    carries as its `arm`; `ceilings`: backend name -> its ceilings row; `on_row(bench_row)`
+    other arm, in order. `arms`: (letter, impl, backend, the arm's case), the letter each run's
+    bench row carries as its `arm`; an arm's case is `case` under a rounding convention the arm
+    admits (`cases.generate.admitted_variant`): every arm runs on `case`'s inputs, and the rows
+    say each arm's convention. `ceilings`: backend name -> its ceilings row; `on_row(bench_row)`
     receives each run's row as it lands. An arm that fails (wrong, or a run not ok) ends its
     own pair; a failing baseline ends every pair. `verify=False` (`kparity ab --no-verify`)
     skips the oracle check of each arm (`correct` is then `unverified`): for cases whose float64
     oracle takes minutes; A against the others on the same inputs still runs."""
     ab_id = secrets.token_hex(6)
+    cases = {letter: arm_case for letter, _, _, arm_case in arms}
+    arms = [(letter, impl, backend) for letter, impl, backend, _ in arms]
     (base, impl_a, backend_a), others = arms[0], arms[1:]
-    rows = {letter: _row(run_id, ab_id, case, mode, impl_a, impl) for letter, impl, _ in others}
+    rows = {letter: _row(run_id, ab_id, cases[base], mode, impl_a, impl, cases[letter])
+            for letter, impl, _ in others}
     live = list(arms)
 
     def end(letter: str, status: str, message: str) -> None:
@@ -82,7 +91,7 @@ def ab_group(arms: list, case, mode: str, runs: int, new_stop, ceilings: dict, r
         for letter, impl, backend in arms:
             if len(live) < 2:  # the baseline failed: nothing left to compare
                 break
-            status, _, msg = (correctness(impl, backend, case) if verify
+            status, _, msg = (correctness(impl, backend, cases[letter]) if verify
                               else ("unverified", None, ""))
             correct[letter] = status
             if status in ("fail", "error"):
@@ -91,16 +100,17 @@ def ab_group(arms: list, case, mode: str, runs: int, new_stop, ceilings: dict, r
             row["correct_a"], row["correct_b"] = correct.get(base), correct.get(letter)
         if len(live) < 2:
             return list(rows.values())
-        host_inputs = make_inputs(case)
+        host_inputs = make_inputs(cases[base])
         for letter, impl, backend in live[1:]:
             rows[letter]["ab_max_abs"], rows[letter]["ab_max_ulp"] = agreement(
-                impl_a, backend_a, impl, backend, case, host_inputs)
+                impl_a, backend_a, impl, backend, cases[base], host_inputs, cases[letter])
         medians = {letter: [] for letter, _, _ in live}
         for rep in range(runs):
             for letter, impl, backend in list(live):
                 if len(live) < 2:
                     break
-                b = bench_one(impl, backend, case, mode, new_stop, ceilings.get(impl.backend),
+                b = bench_one(impl, backend, cases[letter], mode, new_stop,
+                              ceilings.get(impl.backend),
                               run_id, host_inputs=host_inputs, verify=False, progress=progress)
                 b.update({"ab_id": ab_id, "arm": letter, "rep": rep, "correct": correct[letter]})
                 if on_row is not None:

@@ -221,10 +221,95 @@ def test_bench_without_filters_on_cpu_benches_the_decode_presets(tmp_path, capsy
 # --- 7. why nothing ran ---------------------------------------------------------------------------
 
 def test_bench_says_which_contract_invariant_refuses_every_bench_case(tmp_path, capsys):
-    pytest.importorskip("mlx.core")
-    rc = main(["--store", str(tmp_path), "bench", "--impl", "mlx:fast_rms_norm"])
+    rc = main(["--store", str(tmp_path), "bench", "--impl", "torch:grouped_linear", "--preset",
+               "qwen3-30b-a3b-up-affine4-t1"])
     out = _flat(capsys.readouterr().out)
     assert rc == 3
-    assert ("mlx:fast_rms_norm: its contract refuses all 21 bench cases of rms_norm: "
-            "`rounding == 'normed'` (rounding=once" in out)
-    assert "What would match: mlx:rms_norm_f32 for rounding='once'" in out
+    assert ("torch:grouped_linear: its contract refuses the bench case of moe_grouped_gemm: "
+            "`weights == 'dense'` (weights=affine4" in out)
+    assert "What would match: torch:grouped_dequant_linear" in out
+
+
+# --- 8. rounding conventions (issue 35): timed on the same shapes, said, never dropped -----------
+
+def test_a_normed_impl_is_benched_on_every_bench_shape_under_its_convention():
+    """torch:rms_norm_llama (HF Llama: x·inv rounded to T, then ·w) refuses the bench cases'
+    default rounding="once"; bench times it on each of them under rounding="normed"."""
+    import gpu_impls
+    from cases.generate import bench_cases, bench_plan, convention
+
+    llama = gpu_impls.impls()["torch:rms_norm_llama"]
+    cases = bench_cases("rms_norm")
+    work = bench_plan([llama])
+    assert len(work) == len(cases) and {convention(w.case) for w in work} == {"rounding=normed"}
+    assert [(w.case.label, w.case.dtype, w.case.dims) for w in work] == [
+        (c.label, c.dtype, c.dims) for c in cases]
+    once = bench_plan([gpu_impls.impls()["torch:rms_norm"]])
+    assert [w.case for w in once] == cases  # an impl admitting the case gets the case itself
+
+
+def test_a_mixed_bench_shows_each_impls_convention(tmp_path, capsys, quick):
+    rc = main(["--store", str(tmp_path), "bench", "--op", "rms_norm", "--impl",
+               "torch:rms_norm,torch:rms_norm_llama", "--preset", "decode-1x4096", "--dtype",
+               "f32", *QUICK])
+    out = _flat(capsys.readouterr().out)
+    assert rc == 0, out
+    rows = {r["impl"]: json.loads(r["params"])["rounding"] for r in _rows(tmp_path, "bench")}
+    assert rows == {"torch:rms_norm": "once", "torch:rms_norm_llama": "normed"}
+    assert "convention" in out and "rounding=once" in out and "rounding=normed" in out
+
+
+def test_ab_of_a_normed_and_a_once_impl_runs_and_names_each_arms_convention(tmp_path, capsys,
+                                                                             quick):
+    rc = main(["--store", str(tmp_path), "ab", "torch:rms_norm_llama", "torch:rms_norm",
+               "--preset", "decode-1x4096", "--dtype", "f32", *QUICK[:-1], "0.02"])
+    out = _flat(capsys.readouterr().out)
+    assert rc == 0, out
+    (ab,) = _rows(tmp_path, "ab")
+    assert ab["status"] == "ok" and (ab["convention_a"], ab["convention_b"]) == (
+        "rounding=normed", "rounding=once")
+    assert ab["ab_max_ulp"] <= 1  # one rounding apart, on the same inputs
+    assert ("conventions: torch:rms_norm_llama rounding=normed; torch:rms_norm rounding=once"
+            in out)
+    assert "A convention" in out and "B convention" in out
+    runs = {r["arm"]: json.loads(r["params"])["rounding"] for r in _rows(tmp_path, "bench")}
+    assert runs == {"A": "normed", "B": "once"}
+
+
+def _refusing_impl(monkeypatch):
+    """torch:rms_norm under a contract no bench case meets (eps == 1)."""
+    import dataclasses
+
+    import gpu_impls
+    from gpu_impls.contract import Contract, Invariant
+
+    base = gpu_impls.impls()["torch:rms_norm"]
+    eps_one = Invariant("eps == 1", lambda ns: ns["eps"] == 1.0, "a test contract",
+                        lambda ns: "torch:rms_norm", {"eps": 1e-6}, ("eps",))
+    refusing = dataclasses.replace(base, name="test_eps_one",
+                                   contract=Contract(invariants=(eps_one,)))
+    gpu_impls.impls()  # loaded before the registry is patched
+    monkeypatch.setitem(gpu_impls._IMPLS, refusing.id, refusing)
+    return refusing
+
+
+def test_no_selected_impl_is_left_out_of_a_bench_without_a_line(tmp_path, capsys, quick,
+                                                                 monkeypatch):
+    refusing = _refusing_impl(monkeypatch)
+    rc = main(["--store", str(tmp_path), "bench", "--op", "rms_norm", "--backend", "torch",
+               "--impl", f"torch:rms_norm,{refusing.id}", "--preset", "decode-1x4096",
+               "--dtype", "f32", *QUICK])
+    out = _flat(capsys.readouterr().out)
+    assert rc == 0, out
+    assert {r["impl"] for r in _rows(tmp_path, "bench")} == {"torch:rms_norm"}
+    assert (f"not benched: {refusing.id}: its contract refuses the bench case of rms_norm: "
+            "`eps == 1`") in out
+
+
+def test_no_selected_impl_is_left_out_of_a_check_without_a_line(tmp_path, capsys, monkeypatch):
+    refusing = _refusing_impl(monkeypatch)
+    rc = main(["--store", str(tmp_path), "check", "--impl", f"torch:rms_norm,{refusing.id}",
+               "--preset", "qwen3-8b", "--dtype", "f32"])
+    out = _flat(capsys.readouterr().out)
+    assert rc == 0, out
+    assert f"not checked: {refusing.id}: its contract refuses all" in out and "`eps == 1`" in out

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cases.generate import Work, valid_cases, violating_cases
+from cases.generate import Work, gate_cases, valid_cases, violating_cases
 from cases.model import Case
 from gpu_impls import known_issues
 from oracle.comparators import SUMMARIES, describe
@@ -24,8 +24,9 @@ from runners import oracle_cache
 from runners.correctness import judged_row, quarantined_row, repeated_row
 from runners.isolation import MODES as ISOLATION_MODES, runner_for
 from runners.verdicts import failure_kind, is_failure, outcome
-from verbs.common import (FILTERS, UsageError, _backend, _filters, _impls, _seed, _split, console,
-                          global_flags, repro_line, select_impls, unknown, work_for, work_list)
+from verbs.common import (FILTERS, UsageError, _backend, _filters, _impls, _seed, _split,
+                          check_presets, console, global_flags, repro_line, select_impls,
+                          unknown, work_for, work_list)
 from verbs.outputs import add_flags as add_output_flags, write_check
 
 ORDER = 1  # after ops and cases in `kparity --help`
@@ -356,9 +357,26 @@ def cmd_check(args) -> int:
     if not work:
         console.print("[red]no cases match the filters[/]")
         return 3
+    if not getattr(args, "cases", None):  # a case file says so itself (case_file_work)
+        say_unchecked(args, impls, work)
     rows = run_work(args, work, "check")
     write_check(args, rows)
     return 1 if failing(rows, report_only_impls(rows)) else 0
+
+
+def say_unchecked(args, impls, work) -> None:
+    """A line for each selected impl (not a report-only baseline: those only run their
+    rejections) that gets no valid case, with the reason: never left out without a word."""
+    from verbs.timing import why_no_cases
+
+    checked = {w.impl.id for w in work if w.expect == "valid"}
+    seed = getattr(args, "seed", 0) or 0
+    for impl in impls:
+        if impl.id in checked or impl.report_only:
+            continue
+        why = why_no_cases(impl, gate_cases(impl.op, seed), _split(args.dtype) or None,
+                           check_presets(args) or None, "gate")
+        console.print(f"[yellow]not checked:[/] {escape(why or impl.id)}", soft_wrap=True)
 
 
 def resume_check(args) -> int:

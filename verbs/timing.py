@@ -7,6 +7,7 @@ per run of each arm) and, for `ab`, one `ab` row per case with the verdict.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -16,7 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cases.generate import bench_cases, bench_plan, bench_presets
+from cases.generate import admitted_variant, bench_cases, bench_plan, bench_presets, convention
 from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from oracle.spec import get_op
@@ -169,20 +170,25 @@ def _presets(args, impls) -> tuple[list[str] | None, bool]:
     return None, False
 
 
-def why_not_benched(impl, dtypes, presets, mode=None) -> str:
-    """Why `impl` has no bench work: its op has no bench cases, the filters leave none, or its
-    contract refuses every one (the invariant that does, and what its fix says would match)."""
-    cases = bench_cases(impl.op)
+def why_no_cases(impl, cases, dtypes, presets, kind: str) -> str:
+    """Why `impl` gets none of `cases` (its op's `kind` cases: "bench" or "gate"): the op has
+    none, the filters leave none, or its contract refuses every one under every rounding
+    convention (the invariant that does, and what its fix says would match); "" if it admits
+    some."""
     if not cases:
-        return f"{impl.id}: its op {impl.op} has no bench cases"
+        return f"{impl.id}: its op {impl.op} has no {kind} cases"
     picked = [c for c in cases if (not dtypes or c.dtype in dtypes)
               and (not presets or any(p in c.label for p in presets))]
     if not picked:
         given = " ".join([*(f"--preset {p}" for p in presets or []),
                           *(f"--dtype {d}" for d in dtypes or [])])
         names = sorted({c.label.split(":", 1)[-1] for c in cases})
-        return (f"{impl.id}: none of the {len(cases)} bench cases of {impl.op} matches "
-                f"{given}; its presets: {', '.join(names)}")
+        shown = ", ".join(names[:20]) + (f" ... and {len(names) - 20} more"
+                                          if len(names) > 20 else "")
+        return (f"{impl.id}: none of the {len(cases)} {kind} cases of {impl.op} matches "
+                f"{given}; its presets: {shown}")
+    if any(admitted_variant(impl, c) is not None for c in picked):
+        return ""
     refusals, example = Counter(), {}
     for c in picked:
         try:
@@ -190,18 +196,25 @@ def why_not_benched(impl, dtypes, presets, mode=None) -> str:
         except ContractError as e:
             refusals[e.invariant] += 1
             example.setdefault(e.invariant, e)
-    if sum(refusals.values()) < len(picked):  # some admitted: the mode left them out
-        timer = _backend(impl.backend).timer()
-        return (f"{impl.id}: its timer ({timer.kind}) has no mode {mode!r}; its modes: "
-                f"{', '.join(timer.modes)}")
     (top, _), *_ = refusals.most_common()
-    which = "the bench case" if len(picked) == 1 else f"all {len(picked)} bench cases"
+    which = f"the {kind} case" if len(picked) == 1 else f"all {len(picked)} {kind} cases"
     parts = "; ".join(f"`{inv}` refuses {n} ({example[inv].values}: {example[inv].why})"
                       for inv, n in refusals.most_common())
     if len(refusals) == 1:
         parts = f"`{top}` ({example[top].values}: {example[top].why})"
     return (f"{impl.id}: its contract refuses {which} of {impl.op}: {parts}. "
             f"What would match: {example[top].fix}")
+
+
+def why_not_benched(impl, dtypes, presets, mode=None) -> str:
+    """Why `impl` has no bench work: `why_no_cases` over its op's bench cases, else its timer
+    has no such mode."""
+    why = why_no_cases(impl, bench_cases(impl.op), dtypes, presets, "bench")
+    if why:
+        return why
+    timer = _backend(impl.backend).timer()
+    return (f"{impl.id}: its timer ({timer.kind}) has no mode {mode!r}; its modes: "
+            f"{', '.join(timer.modes)}")
 
 
 def cmd_bench(args) -> int:
@@ -225,12 +238,10 @@ def cmd_bench(args) -> int:
             console.print("  " + escape(why_not_benched(impl, dtypes, presets, args.mode)),
                           soft_wrap=True)
         return 3
-    named = set(_split(args.impl))
-    for impl in idle:  # asked for by name and left out: say why
-        if impl.id in named or impl.name in named:
-            console.print("[yellow]not benched:[/] "
-                          + escape(why_not_benched(impl, dtypes, presets, args.mode)),
-                          soft_wrap=True)
+    for impl in idle:  # selected and left out: say why, every time
+        console.print("[yellow]not benched:[/] "
+                      + escape(why_not_benched(impl, dtypes, presets, args.mode)),
+                      soft_wrap=True)
     if default:
         every = len(bench_plan(impls, dtypes=dtypes))
         console.print(f"no --preset, --op or --impl on a CPU: benching the {CPU_DEFAULT_PRESET} "
@@ -290,17 +301,26 @@ def convergence_summary(notes, args) -> str:
     return "; [yellow]" + "; ".join(parts) + "[/]"
 
 
+def row_convention(row: dict) -> str:
+    """A bench row's rounding convention (`cases.generate.convention`), "" for ops without."""
+    names = get_op(row["op"]).conventions
+    params = json.loads(row.get("params") or "{}")
+    return ",".join(f"{n}={params[n]}" for n in names if n in params)
+
+
 def bench_table(rows: list[dict], run_id: str, notes: dict[int, str]) -> None:
     """One line per measurement; % spec only where the device reports a spec peak; the status
     says when an ok row stopped short of the noise target (`notes`)."""
     spec = any(r.get("pct_peak_spec") is not None for r in rows)
     same = any(r.get("pct_copy_same") is not None for r in rows)
+    conv = any(row_convention(r) for r in rows)
     table = Table(title=f"bench {run_id}: median per call")
-    cols = (["impl", "case", "dtype", "mode", "µs", "GB/s", "%copy"] + (["%spec"] if spec else [])
+    cols = (["impl", "case", "dtype"] + (["convention"] if conv else [])
+            + ["mode", "µs", "GB/s", "%copy"] + (["%spec"] if spec else [])
             + (["%cp-same"] if same else []))
     for col in cols + ["noise", "n", "stop", "status"]:
-        table.add_column(col, justify="left" if col in ("impl", "case", "dtype", "mode", "stop",
-                                                        "status") else "right",
+        table.add_column(col, justify="left" if col in ("impl", "case", "dtype", "convention",
+                                                        "mode", "stop", "status") else "right",
                          no_wrap=col != "status")
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["op"], rows[i]["label"],
                                                     rows[i]["dtype"], rows[i]["mode"],
@@ -308,7 +328,8 @@ def bench_table(rows: list[dict], run_id: str, notes: dict[int, str]) -> None:
     for i in order:
         r = rows[i]
         ok = r["status"] == "ok"
-        cells = [r["impl"], _case_text(r), r["dtype"], r["mode"],
+        cells = [r["impl"], _case_text(r), r["dtype"], *([row_convention(r)] if conv else []),
+                 r["mode"],
                  f"{r['median_ns'] / 1e3:.2f}" if ok else "-",
                  _fmt(r.get("gbps"), ".0f") + ("[yellow]*[/]" if r.get("cache_resident") else ""),
                  _fmt(r.get("pct_copy_ceiling"), ".1f")]
@@ -413,13 +434,22 @@ def cmd_ab(args) -> int:
     args.impl = [i.id for i in impls]  # the runs row's filters
     presets = [p for p in check_presets(args, bench_cases, extra=("all",)) if p != "all"]
     dtypes = _split(args.dtype) or None
-    groups = []  # (case, arms): the baseline and the other impls that admit the case
-    for w in bench_plan([a], dtypes=dtypes, presets=presets or None):
-        arms = [(letters[0], a, _backend(a.backend))] + [
-            (letters[k], x, _backend(x.backend)) for k, x in enumerate(others, 1)
-            if x.contract.admits(w.case)]
-        if len(arms) > 1:
-            groups.append((w.case, arms))
+    # (case, arms): the baseline and the other impls, each on the bench case under a rounding
+    # convention it admits (`admitted_variant`: the same shapes and inputs)
+    groups = []
+    for c in bench_cases(a.op):
+        if (dtypes and c.dtype not in dtypes) or (presets and
+                                                  not any(p in c.label for p in presets)):
+            continue
+        arms = [(letters[k], x, _backend(x.backend), admitted_variant(x, c))
+                for k, x in enumerate(impls)]
+        if arms[0][3] is not None and sum(v is not None for *_, v in arms) > 1:
+            groups.append((arms[0][3], [arm for arm in arms if arm[3] is not None]))
+    mixed = {impl.id: convention(v) for _, arms in groups for _, impl, _, v in arms
+             if convention(v)}
+    if len(set(mixed.values())) > 1:  # say which convention each arm runs
+        console.print("conventions: " + "; ".join(f"{i} {c}" for i, c in mixed.items())
+                      + " (each arm on the same shapes and inputs under its own)")
     if not groups:
         console.print(f"[red]no bench case that {a.id} and {' or '.join(x.id for x in others)} "
                       "admit matches the filters:[/]")
@@ -468,16 +498,19 @@ def _median_us(values) -> float:
 
 def ab_table(rows: list[dict], a: str, b: str, mode: str, run_id: str) -> None:
     table = Table(title=f"ab {run_id}: B = {b} against A = {a}, {mode}, run medians")
-    for col in ("case", "dtype", "A µs", "B µs", "B/A", "95% CI", "δ", "verdict", "A=B ulp"):
-        table.add_column(col, justify="left" if col in ("case", "dtype", "verdict") else "right",
-                         no_wrap=col == "case")
+    conv = any(r.get("convention_a") or r.get("convention_b") for r in rows)
+    text = ("case", "dtype", "A convention", "B convention", "verdict")
+    for col in ("case", "dtype", *(("A convention", "B convention") if conv else ()), "A µs",
+                "B µs", "B/A", "95% CI", "δ", "verdict", "A=B ulp"):
+        table.add_column(col, justify="left" if col in text else "right", no_wrap=col == "case")
     for r in rows:
+        head = [_case_text(r), r["dtype"],
+                *((r.get("convention_a") or "-", r.get("convention_b") or "-") if conv else ())]
         if r["status"] != "ok":
-            table.add_row(_case_text(r), r["dtype"], "-", "-", "-", "-", "-",
-                          f"[red]{r['status']}[/]", "-")
+            table.add_row(*head, "-", "-", "-", "-", "-", f"[red]{r['status']}[/]", "-")
             continue
         v = r["verdict"]
-        table.add_row(_case_text(r), r["dtype"], f"{_median_us(r['runs_a_ns']):.2f}",
+        table.add_row(*head, f"{_median_us(r['runs_a_ns']):.2f}",
                       f"{_median_us(r['runs_b_ns']):.2f}", f"{r['ratio']:.3f}",
                       f"[{r['ci_lo']:.3f}, {r['ci_hi']:.3f}]", f"{100 * r['delta']:.1f}%",
                       f"[{COLOUR[v]}]{v}[/]", str(r["ab_max_ulp"]))
