@@ -70,6 +70,10 @@
 #     (--copy-same-bytes: decode reads k experts' weights)
 #   bash scripts/gpu_bench.sh moe-ab    issue 31: the A/Bs in `chain`: route and sort (T = 2048), the
 #     up projection against torch._grouped_mm (T = 1, 2048) and the int4 per-expert loop (T = 1)
+#   bash scripts/gpu_bench.sh liger     issue 35: Liger-Kernel's RMSNorm (both casting modes) through
+#     the GPU gate, then the A/Bs of cuda:kp_rms_norm against each mode on every rms_norm bench
+#     shape, bf16 and f16, in `chain` (needs liger-kernel: carry its wheel and
+#     `pip install --no-index --no-deps --target /tmp/site liger_kernel-*.whl`, PYTHONPATH=/tmp/site)
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -260,6 +264,17 @@ moe-ab)
   A="--dtype bf16 --mode chain --min-time 0.2 --no-verify"
   run ab torch:grouped_mm cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-dense-t1,nemotron3-nano-up-dense-t2048 $A
   run ab torch:grouped_dequant_linear cuda:kp_moe_grouped_gemm --preset nemotron3-nano-up-affine4-t1 $A
+  ;;
+liger)
+  echo "\$ pytest -m gpu tests/test_gpu.py -k liger" >> "$LOG"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k liger >> "$LOG" 2>&1
+  echo "rc=$?" >> "$LOG"
+  A="--mode chain --min-time 0.2"
+  for dt in bf16 f16; do
+    for mode in gemma llama; do
+      run ab torch:liger_rms_norm_$mode cuda:kp_rms_norm --dtype $dt $A
+    done
+  done
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)

@@ -1,0 +1,65 @@
+"""Liger-Kernel's Triton kernels as baselines (issue 35; optional extra `kparity[liger]`, CUDA
+only; read against liger-kernel 0.8.5). Liger's RMSNorm (`LigerRMSNormFunction`, forward
+only) in two of its casting modes, each a rounding convention of `rms_norm`:
+
+* `torch:liger_rms_norm_llama` (casting_mode "llama", Liger's default, HF LlamaRMSNorm): the
+  inverse RMS and x · inv in f32, rounded to T, then · (offset + w) and the store:
+  rounding="normed";
+* `torch:liger_rms_norm_gemma` ("gemma", HF Gemma's): everything in f32, one rounding at the
+  store: rounding="once".
+
+Both take the weight offset (Gemma's 1 + w) as Liger's `offset`; x is viewed as rows of n.
+`in_place` (which only concerns the backward's reuse of dY) is False. Liger's RoPE
+(`LigerRopeFunction`) and SwiGLU (`LigerSiLUMulFunction`, which rounds silu(gate) to T before
+the product: two roundings, where `silu_mul` declares one) wait for those ops to declare such
+conventions. liger_kernel is imported only where the impls run.
+"""
+
+from __future__ import annotations
+
+from gpu_impls import register
+from gpu_impls.contract import Contract, param_is
+from gpu_impls.impl import Impl
+from gpu_impls.torch.norms import _eps
+
+
+def liger_available() -> tuple[bool, str]:
+    """Liger's kernels are Triton: a CUDA device, triton and liger_kernel (the extra)."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "Liger-Kernel's kernels are Triton: CUDA only (no GPU here)"
+    for module in ("triton", "liger_kernel"):
+        if importlib.util.find_spec(module) is None:
+            return False, f"{module} is not installed (pip install 'kparity[liger]')"
+    return True, ""
+
+
+def _rms_norm(mode: str):
+    def run(launch, inputs, outputs, case):
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        x = inputs["x"]
+        rows = x.reshape(-1, x.shape[-1])
+        y = LigerRMSNormFunction.apply(rows, inputs["w"], _eps(case),
+                                       float(case.params["weight_offset"]), mode, False)
+        return {"out": y.reshape(x.shape)}
+    return run
+
+
+register(
+    Impl("rms_norm", "torch", "liger_rms_norm_llama", _rms_norm("llama"),
+         Contract(invariants=(param_is("rounding", "normed",
+                                       "torch:liger_rms_norm_gemma for rounding='once'"),)),
+         requires=liger_available,
+         doc="Liger-Kernel LigerRMSNormFunction, casting_mode 'llama' (x·inv rounded to T, then "
+             "·(offset + w)); Triton, CUDA only; optional extra kparity[liger]"),
+    Impl("rms_norm", "torch", "liger_rms_norm_gemma", _rms_norm("gemma"),
+         Contract(invariants=(param_is("rounding", "once",
+                                       "torch:liger_rms_norm_llama for rounding='normed'"),)),
+         requires=liger_available,
+         doc="Liger-Kernel LigerRMSNormFunction, casting_mode 'gemma' (all f32, one store); "
+             "Triton, CUDA only; optional extra kparity[liger]"),
+)
