@@ -5,6 +5,12 @@ SwiGLU, `clipped_swiglu`.
 
 gate and up [rows, n] in T; the kernel computes in f32 and rounds to T once, at the store
 (metaltile `mt_swiglu`: tol [1e-4, 5e-3, 5e-2] for f32/f16/bf16, the loosest a bound may be).
+Param `rounding` names the contract's rounding points (a convention: `OpSpec.conventions`):
+  "once" out = T(silu(gate) · up): one rounding at the store (fused kernels, metaltile);
+  "act"  out = T(T(silu(gate)) · up): silu rounded to T before the product (HF's LlamaMLP
+         `act_fn(gate) * up` in T, Liger's `LigerSiLUMulFunction`).
+A kernel that skips the intermediate rounding (or adds one) is off by up to one ULP of T where
+silu(gate) is not within its own f32 noise of a midpoint of T, and fails there.
 
 Kernel model (the tolerance, `oracle/numerics.py`): sigmoid = 1 / (1 + exp(-g)) (exp 2 ULP, the
 add, the divide at 2 ULP), then g · sigmoid · up in the worst association (two roundings): it
@@ -30,17 +36,24 @@ from __future__ import annotations
 import numpy as np
 
 from oracle.builders import elementwise_op, kernel_view, sigmoid, silu
+from oracle.dtypes import round_to
 
 
 def silu_mul(inputs: dict, case) -> dict:
     v = kernel_view(inputs, case)
-    return {"out": silu(v["gate"]) * v["up"]}
+    act = silu(v["gate"])
+    if case.params["rounding"] == "act":  # the declared rounding point
+        act = round_to(act, case.dtype).astype(np.float64)
+    return {"out": act * v["up"]}
 
 
 def silu_mul_kernel(A, inputs: dict, case) -> dict:
     v = kernel_view(inputs, case)
     gate, up, one = A.load(v["gate"]), A.load(v["up"]), A.load(1.0)
-    return {"out": A.prod3(gate, one / (one + gate.neg().exp()), up)}
+    sig = one / (one + gate.neg().exp())
+    if case.params["rounding"] == "act":
+        return {"out": (gate * sig).round_to(case.dtype) * up}
+    return {"out": A.prod3(gate, sig, up)}
 
 
 def _clamped(inputs: dict, case) -> tuple[np.ndarray, np.ndarray, float]:
@@ -70,7 +83,8 @@ SEED_TOL = {"silu_mul": {"f32": 1e-4, "f16": 5e-3, "bf16": 5e-2},
 
 # gate and up come from one gate/up projection: its rewrite of gate stands for the op before
 elementwise_op("silu_mul", "activations", ("gate", "up"), silu_mul, silu_mul_kernel,
-               flops_per_elem=5, doc=__doc__, chain_input="gate")
+               flops_per_elem=5, doc=__doc__, chain_input="gate", params={"rounding": "once"},
+               param_values={"rounding": ("once", "act")}, conventions=("rounding",))
 
 # gate and up straddle the clamps: the case's distribution times limit / 2 (`cases/activations`)
 elementwise_op("clipped_swiglu", "activations", ("gate", "up"), clipped_swiglu,

@@ -41,7 +41,7 @@ def silu(z: np.ndarray) -> np.ndarray:
 def elementwise_op(name: str, family: str, inputs: tuple[str, ...], oracle, kernel,
                    flops_per_elem: int, doc: str, params: dict | None = None,
                    version: int = 1, chain_input: str = "", param_values: dict | None = None,
-                   inits: dict | None = None) -> OpSpec:
+                   inits: dict | None = None, conventions: tuple[str, ...] = ()) -> OpSpec:
     """Register `name`: inputs `inputs` and output `out`, all [rows, n] in T; `oracle(inputs,
     case)` returns {"out": float64 pre-store values}, `kernel(A, inputs, case)` the admissible
     kernel's computation (`oracle/numerics.py`), from which the tolerance is derived;
@@ -56,4 +56,4 @@ def elementwise_op(name: str, family: str, inputs: tuple[str, ...], oracle, kern
         bytes=lambda case: case.spec.io_bytes(case),
         flops=lambda case: flops_per_elem * case.dims["rows"] * case.dims["n"],
         params={"ftz": 0, **(params or {})}, param_values=param_values or {}, doc=doc,
-        version=version, chain_input=chain_input))
+        version=version, chain_input=chain_input, conventions=conventions))

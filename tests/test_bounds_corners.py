@@ -203,6 +203,10 @@ def _targeted(op: str, dtype: str):
             inputs = make_inputs(case)
             if "x" in inputs and "w" in inputs:
                 yield f"subnormal rows {rounding or ''}", case, _subnormal_rows(case, inputs)
+    if op == "silu_mul":  # HF's convention: silu rounded to T before the product
+        for dist in ("normal", "tiny", "outlier_rows"):
+            case = Case.make(op, LONG, dtype, dist, seed=4, params={"rounding": "act"})
+            yield f"{dist} rounding=act", case, make_inputs(case)
     if op == "rms_norm_qgemv":  # a short row: the norm's rsqrt and divide weigh most
         dims = {**_dims(op), "bits": 8, "group_size": 32, "in": 32, "out": 4}
         case = Case.make(op, dims, dtype, "normal", seed=4)

@@ -1,5 +1,6 @@
-"""Liger-Kernel's RMSNorm as baselines (issue 35, `gpu_impls/torch/liger.py`) without a GPU:
-registered for rms_norm in both casting modes, each admitting exactly its rounding convention
+"""Liger-Kernel's RMSNorm and SwiGLU as baselines (issue 35, `gpu_impls/torch/liger.py`) without a
+GPU: registered for rms_norm in both casting modes and for silu_mul, each admitting exactly its
+rounding convention
 (so `bench` times each on every bench shape under its own), unavailable here with the reason
 and the install command. They run on the GPU through the gate (`tests/test_gpu.py`, every
 available impl's gate cases) once the extra is installed."""
@@ -13,16 +14,17 @@ import pytest
 import gpu_impls
 from cases.generate import bench_cases, bench_plan, convention
 
-MODES = {"torch:liger_rms_norm_llama": "rounding=normed",
-         "torch:liger_rms_norm_gemma": "rounding=once"}
+MODES = {"torch:liger_rms_norm_llama": ("rms_norm", "rounding=normed"),
+         "torch:liger_rms_norm_gemma": ("rms_norm", "rounding=once"),
+         "torch:liger_silu_mul": ("silu_mul", "rounding=act")}
 
 
 @pytest.mark.parametrize("impl_id", sorted(MODES))
-def test_registered_for_rms_norm_and_unavailable_here_with_the_reason(impl_id, monkeypatch):
+def test_registered_for_its_op_and_unavailable_here_with_the_reason(impl_id, monkeypatch):
     import torch
 
     impl = gpu_impls.impls()[impl_id]
-    assert impl.op == "rms_norm"
+    assert impl.op == MODES[impl_id][0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     ok, why = impl.available(gpu_impls.backend("torch"))
     assert not ok and "CUDA only" in why, why
@@ -37,6 +39,7 @@ def test_registered_for_rms_norm_and_unavailable_here_with_the_reason(impl_id, m
 @pytest.mark.parametrize("impl_id", sorted(MODES))
 def test_each_mode_is_benched_on_every_shape_under_its_own_convention(impl_id):
     impl = gpu_impls.impls()[impl_id]
+    op, own = MODES[impl_id]
     work = bench_plan([impl])
-    assert len(work) == len(bench_cases("rms_norm"))
-    assert {convention(w.case) for w in work} == {MODES[impl_id]}
+    assert len(work) == len(bench_cases(op))
+    assert {convention(w.case) for w in work} == {own}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, Launch
+from gpu_impls.contract import Contract, Launch, param_is
 from gpu_impls.cuda._module import cuda_impl, kernel
 
 KERNELS = [("silu_mul.cu", "silu_mul"), ("clipped_swiglu.cu", "clipped_swiglu")]
@@ -21,8 +21,12 @@ def _geometry(dims, params):
                    extra={"count": count}))
 
 
-# No invariant: every rows * n a buffer can hold is one 1-D grid (2^31 - 1 blocks of 256).
+# No size invariant: every rows * n a buffer can hold is one 1-D grid (2^31 - 1 blocks of 256).
 CONTRACT = Contract(geometry=_geometry)
+# silu_mul's kernel rounds once, at the store
+SILU_CONTRACT = Contract(invariants=(param_is("rounding", "once",
+                                              "torch:silu_mul_hf for rounding='act'",
+                                              other="act"),), geometry=_geometry)
 
 
 def _make(defines: tuple = ()):
@@ -42,7 +46,7 @@ def _make_clipped(defines: tuple = ()):
     return run
 
 
-register(cuda_impl("silu_mul", "silu_mul", CONTRACT, _make,
+register(cuda_impl("silu_mul", "silu_mul", SILU_CONTRACT, _make,
                    "silu(gate) * up, one element per thread, f32 math, one rounding at the store"),
          cuda_impl("clipped_swiglu", "clipped_swiglu", CONTRACT, _make_clipped,
                    "GPT-OSS: g * sigmoid(alpha g) * (clip(up, +-limit) + 1), gate clamped above "

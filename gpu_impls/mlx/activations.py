@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from gpu_impls import register
+from gpu_impls.contract import Contract, param_is
 from gpu_impls.impl import Impl
 
 
@@ -16,6 +17,9 @@ def _silu_mul(launch, inputs, outputs, case):
 
 
 register(Impl("silu_mul", "mlx", "silu_mul", _silu_mul,
+              Contract(invariants=(param_is("rounding", "once",
+                                            "torch:silu_mul_hf for rounding='act'",
+                                            other="act"),)),
               doc="gate * mx.sigmoid(gate) * up in f32, rounded to T"))
 
 

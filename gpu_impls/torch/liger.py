@@ -9,10 +9,11 @@ only) in two of its casting modes, each a rounding convention of `rms_norm`:
   store: rounding="once".
 
 Both take the weight offset (Gemma's 1 + w) as Liger's `offset`; x is viewed as rows of n.
-`in_place` (which only concerns the backward's reuse of dY) is False. Liger's RoPE
-(`LigerRopeFunction`) and SwiGLU (`LigerSiLUMulFunction`, which rounds silu(gate) to T before
-the product: two roundings, where `silu_mul` declares one) wait for those ops to declare such
-conventions. liger_kernel is imported only where the impls run.
+`in_place` (which only concerns the backward's reuse of dY) is False.
+
+`torch:liger_silu_mul`: `LigerSiLUMulFunction` (silu(gate) in f32, cast to T, times up in T:
+`silu_mul`'s rounding="act", HF's convention). Liger's RoPE (`LigerRopeFunction`, cos and sin
+tables given) is not wrapped yet. liger_kernel is imported only where the impls run.
 """
 
 from __future__ import annotations
@@ -49,7 +50,19 @@ def _rms_norm(mode: str):
     return run
 
 
+def _silu_mul(launch, inputs, outputs, case):
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+    return {"out": LigerSiLUMulFunction.apply(inputs["gate"], inputs["up"])}
+
+
 register(
+    Impl("silu_mul", "torch", "liger_silu_mul", _silu_mul,
+         Contract(invariants=(param_is("rounding", "act", "torch:silu_mul for rounding='once'",
+                                       other="once"),)),
+         requires=liger_available,
+         doc="Liger-Kernel LigerSiLUMulFunction: silu(gate) in f32 rounded to T, times up in T "
+             "(rounding 'act'); Triton, CUDA only; optional extra kparity[liger]"),
     Impl("rms_norm", "torch", "liger_rms_norm_llama", _rms_norm("llama"),
          Contract(invariants=(param_is("rounding", "normed",
                                        "torch:liger_rms_norm_gemma for rounding='once'"),)),
