@@ -70,9 +70,10 @@
 #     (--copy-same-bytes: decode reads k experts' weights)
 #   bash scripts/gpu_bench.sh moe-ab    issue 31: the A/Bs in `chain`: route and sort (T = 2048), the
 #     up projection against torch._grouped_mm (T = 1, 2048) and the int4 per-expert loop (T = 1)
-#   bash scripts/gpu_bench.sh liger     issue 35: Liger-Kernel's RMSNorm (both casting modes) through
-#     the GPU gate, then the A/Bs of cuda:kp_rms_norm against each mode on every rms_norm bench
-#     shape, bf16 and f16, in `chain` (needs liger-kernel: carry its wheel and
+#   bash scripts/gpu_bench.sh liger     issue 35: Liger-Kernel's impls through the GPU gate, then the
+#     A/Bs of cuda:kp_rms_norm against each RMSNorm casting mode on every rms_norm bench shape,
+#     bf16 and f16, and of kp_rope and silu_mul against Liger's, in `chain` (needs liger-kernel:
+#     carry its wheel and
 #     `pip install --no-index --no-deps --target /tmp/site liger_kernel-*.whl`, PYTHONPATH=/tmp/site)
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
@@ -275,6 +276,8 @@ liger)
       run ab torch:liger_rms_norm_$mode cuda:kp_rms_norm --dtype $dt $A
     done
   done
+  run ab torch:liger_rope cuda:kp_rope --dtype bf16 $A
+  run ab torch:liger_silu_mul cuda:silu_mul --dtype bf16 $A
   ;;
 model)
   # needs the SmolLM2 GGUF at $KPARITY_GGUF and transformers + gguf (scripts/model_carry.sh)

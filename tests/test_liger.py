@@ -16,7 +16,8 @@ from cases.generate import bench_cases, bench_plan, convention
 
 MODES = {"torch:liger_rms_norm_llama": ("rms_norm", "rounding=normed"),
          "torch:liger_rms_norm_gemma": ("rms_norm", "rounding=once"),
-         "torch:liger_silu_mul": ("silu_mul", "rounding=act")}
+         "torch:liger_silu_mul": ("silu_mul", "rounding=act"),
+         "torch:liger_rope": ("rope", "")}
 
 
 @pytest.mark.parametrize("impl_id", sorted(MODES))
@@ -41,5 +42,19 @@ def test_each_mode_is_benched_on_every_shape_under_its_own_convention(impl_id):
     impl = gpu_impls.impls()[impl_id]
     op, own = MODES[impl_id]
     work = bench_plan([impl])
-    assert len(work) == len(bench_cases(op))
+    admitted = [c for c in bench_cases(op) if own or impl.contract.admits(c)]
+    assert work and len(work) == len(admitted)
     assert {convention(w.case) for w in work} == {own}
+
+
+def test_liger_rope_admits_hfs_t_arithmetic_and_rotate_half_only():
+    from cases.model import Case
+    from gpu_impls.contract import ContractError
+
+    impl = gpu_impls.impls()["torch:liger_rope"]
+    dims = {"tokens": 3, "heads_q": 4, "heads_kv": 2, "head_dim": 64}
+    base = Case.make("rope", dims, "bf16", params={"compute": "T"})
+    assert impl.contract.admits(base)
+    for params, rule in (({"compute": "f32"}, "compute"), ({"pairing": "gptj"}, "pairing")):
+        with pytest.raises(ContractError, match=rule):
+            impl.contract.check(impl.id, base.replace(**params))

@@ -12,8 +12,14 @@ Both take the weight offset (Gemma's 1 + w) as Liger's `offset`; x is viewed as 
 `in_place` (which only concerns the backward's reuse of dY) is False.
 
 `torch:liger_silu_mul`: `LigerSiLUMulFunction` (silu(gate) in f32, cast to T, times up in T:
-`silu_mul`'s rounding="act", HF's convention). Liger's RoPE (`LigerRopeFunction`, cos and sin
-tables given) is not wrapped yet. liger_kernel is imported only where the impls run.
+`silu_mul`'s rounding="act", HF's convention).
+
+`torch:liger_rope`: `LigerRopeFunction` as Liger's HF patch calls it: the cos and sin tables
+made as `torch:rope_hf` makes them (HF's f32 inv_freq, cos and sin of the positions times the
+attention factor, cast to T: [1, tokens, R]), q and k passed as [1, heads, tokens, D] views of
+the op's [tokens, heads, D]; the kernel rotates the first R of D in T (compute="T"), rotate-half
+pairing only (pairing="neox"), and writes q and k in place, as it does on HF's projection
+outputs (the op's outputs are those views). liger_kernel is imported only where the impls run.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from gpu_impls import register
 from gpu_impls.contract import Contract, param_is
 from gpu_impls.impl import Impl
 from gpu_impls.torch.norms import _eps
+from gpu_impls.torch.rope import device_hf_inv_freq, rope_contract
+from oracle.rope import attention_factor, rotary_dim
 
 
 def liger_available() -> tuple[bool, str]:
@@ -50,6 +58,26 @@ def _rms_norm(mode: str):
     return run
 
 
+def _rope(launch, inputs, outputs, case):
+    import torch
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    q, k = inputs["q"], inputs["k"]
+    r = rotary_dim(case)
+    freqs = inputs["positions"].float()[:, None] * device_hf_inv_freq(case, q.device, torch)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    m = attention_factor(case)
+    cos, sin = (emb.cos() * m).to(q.dtype)[None], (emb.sin() * m).to(q.dtype)[None]
+    q_out, k_out = LigerRopeFunction.apply(q.unsqueeze(0).transpose(1, 2),
+                                           k.unsqueeze(0).transpose(1, 2), cos, sin, None, 1, r)
+    return {"q_out": q_out.transpose(1, 2)[0], "k_out": k_out.transpose(1, 2)[0]}
+
+
+ROPE_CONTRACT = Contract(invariants=(
+    *rope_contract("T", "torch:rope_polar (f32 throughout)").invariants,
+    param_is("pairing", "neox", "torch:rope_hf for pairing='gptj'", other="gptj")))
+
+
 def _silu_mul(launch, inputs, outputs, case):
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
@@ -57,6 +85,9 @@ def _silu_mul(launch, inputs, outputs, case):
 
 
 register(
+    Impl("rope", "torch", "liger_rope", _rope, ROPE_CONTRACT, requires=liger_available,
+         doc="Liger-Kernel LigerRopeFunction on HF's cos / sin tables in T (rotate-half, in "
+             "place); Triton, CUDA only; optional extra kparity[liger]"),
     Impl("silu_mul", "torch", "liger_silu_mul", _silu_mul,
          Contract(invariants=(param_is("rounding", "act", "torch:silu_mul for rounding='once'",
                                        other="once"),)),
