@@ -27,6 +27,7 @@ from __future__ import annotations
 from gpu_impls import register
 from gpu_impls.contract import Contract, param_is
 from gpu_impls.impl import Impl
+from gpu_impls.torch.extras import needs
 from oracle.gdn_chunked import EPS, scale_of
 
 
@@ -243,19 +244,9 @@ def _chunked(launch, inputs, outputs, case):
     return {"o": o.to(_t(case)), "state": state.contiguous()}
 
 
-def _fla_available() -> tuple[bool, str]:
-    """fla's kernels are Triton: a CUDA device, triton and the optional extra (`pip install
-    'kparity[fla]'`). fla is imported only here and when the impl runs."""
-    import importlib.util
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return False, "fla's chunk_gated_delta_rule runs on CUDA only (Triton kernels; no GPU here)"
-    for module in ("triton", "fla"):
-        if importlib.util.find_spec(module) is None:
-            return False, f"{module} not installed: pip install 'kparity[fla]'"
-    return True, ""
+# fla's kernels are Triton; fla is imported only when the impl runs
+_fla_available = needs("fla's chunk_gated_delta_rule (Triton kernels)", ("triton", "fla"),
+                       "pip install 'kparity[fla]'")
 
 
 def _fla(launch, inputs, outputs, case):

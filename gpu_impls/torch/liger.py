@@ -27,23 +27,20 @@ from __future__ import annotations
 from gpu_impls import register
 from gpu_impls.contract import Contract, param_is
 from gpu_impls.impl import Impl
+from gpu_impls.torch.extras import needs
 from gpu_impls.torch.norms import _eps
 from gpu_impls.torch.rope import device_hf_inv_freq, rope_contract
 from oracle.rope import attention_factor, rotary_dim
 
 
-def liger_available() -> tuple[bool, str]:
-    """Liger's kernels are Triton: a CUDA device, triton and liger_kernel (the extra)."""
-    import importlib.util
+liger_available = needs("Liger-Kernel's Triton kernels", ("triton", "liger_kernel"),
+                        "pip install 'kparity[liger]'")
 
-    import torch
 
-    if not torch.cuda.is_available():
-        return False, "Liger-Kernel's kernels are Triton: CUDA only (no GPU here)"
-    for module in ("triton", "liger_kernel"):
-        if importlib.util.find_spec(module) is None:
-            return False, f"{module} is not installed (pip install 'kparity[liger]')"
-    return True, ""
+def _liger(op: str, name: str, run, rule, doc: str) -> Impl:
+    """A Liger impl: `rule` its only contract invariant, CUDA only, the extra required."""
+    return Impl(op, "torch", name, run, Contract(invariants=(rule,)), requires=liger_available,
+                doc=f"Liger-Kernel {doc}; Triton, CUDA only; optional extra kparity[liger]")
 
 
 def _rms_norm(mode: str):
@@ -88,22 +85,14 @@ register(
     Impl("rope", "torch", "liger_rope", _rope, ROPE_CONTRACT, requires=liger_available,
          doc="Liger-Kernel LigerRopeFunction on HF's cos / sin tables in T (rotate-half, in "
              "place); Triton, CUDA only; optional extra kparity[liger]"),
-    Impl("silu_mul", "torch", "liger_silu_mul", _silu_mul,
-         Contract(invariants=(param_is("rounding", "act", "torch:silu_mul for rounding='once'",
-                                       other="once"),)),
-         requires=liger_available,
-         doc="Liger-Kernel LigerSiLUMulFunction: silu(gate) in f32 rounded to T, times up in T "
-             "(rounding 'act'); Triton, CUDA only; optional extra kparity[liger]"),
-    Impl("rms_norm", "torch", "liger_rms_norm_llama", _rms_norm("llama"),
-         Contract(invariants=(param_is("rounding", "normed",
-                                       "torch:liger_rms_norm_gemma for rounding='once'"),)),
-         requires=liger_available,
-         doc="Liger-Kernel LigerRMSNormFunction, casting_mode 'llama' (x·inv rounded to T, then "
-             "·(offset + w)); Triton, CUDA only; optional extra kparity[liger]"),
-    Impl("rms_norm", "torch", "liger_rms_norm_gemma", _rms_norm("gemma"),
-         Contract(invariants=(param_is("rounding", "once",
-                                       "torch:liger_rms_norm_llama for rounding='normed'"),)),
-         requires=liger_available,
-         doc="Liger-Kernel LigerRMSNormFunction, casting_mode 'gemma' (all f32, one store); "
-             "Triton, CUDA only; optional extra kparity[liger]"),
+    _liger("silu_mul", "liger_silu_mul", _silu_mul,
+           param_is("rounding", "act", "torch:silu_mul for rounding='once'", other="once"),
+           "LigerSiLUMulFunction: silu(gate) in f32 rounded to T, times up in T (rounding "
+           "'act')"),
+    _liger("rms_norm", "liger_rms_norm_llama", _rms_norm("llama"),
+           param_is("rounding", "normed", "torch:liger_rms_norm_gemma for rounding='once'"),
+           "LigerRMSNormFunction, casting_mode 'llama' (x·inv rounded to T, then ·(offset + w))"),
+    _liger("rms_norm", "liger_rms_norm_gemma", _rms_norm("gemma"),
+           param_is("rounding", "once", "torch:liger_rms_norm_llama for rounding='normed'"),
+           "LigerRMSNormFunction, casting_mode 'gemma' (all f32, one store)"),
 )

@@ -58,6 +58,7 @@ import sys
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, nearest_multiples, param_is
 from gpu_impls.impl import Impl
+from gpu_impls.torch.extras import needs
 from oracle.numerics import FUNCTION_ULPS, Numerics
 from oracle.ssd import dt_limits
 
@@ -77,21 +78,6 @@ def _torch():
 
 
 # --- what the impls need ---------------------------------------------------------------------
-
-def needs(what: str, modules: tuple[str, ...], install: str):
-    """A requires-check: a CUDA device, then each of `modules` installed (found, not
-    imported: importing mamba_ssm would run its failing __init__, see `_mamba_triton`)."""
-
-    def check() -> tuple[bool, str]:
-        if not _torch().cuda.is_available():
-            return False, f"{what} runs on CUDA only (no GPU here)"
-        for module in modules:
-            if importlib.util.find_spec(module) is None:
-                return False, f"{module} not installed: {install}"
-        return True, ""
-
-    return check
-
 
 MAMBA_MODULES = ("triton", "einops", "packaging", "mamba_ssm")
 _chunk_scan_available = needs("mamba_ssm's mamba_chunk_scan_combined (Triton)", MAMBA_MODULES,
