@@ -25,6 +25,9 @@ class Work:
     case: Case
     expect: str  # "valid" | "rejected"
     invariant: str = ""  # for expect == "rejected": the invariant the case breaks
+    # Set where `case` is a bench case under another rounding convention (`admitted_variant`):
+    # that bench case, whose inputs the variant is timed on
+    base: Case | None = None
 
 
 def gate_cases(op: str, seed: int = 0) -> list[Case]:
@@ -53,7 +56,8 @@ def admitted_variant(impl, case: Case) -> Case | None:
     """`case` if the impl's contract admits it; else the same case under another rounding
     convention (the op's `conventions` params, every combination of their values in declared
     order) that it admits, or None. A convention is a correctness contract, not a cost: the
-    shapes, dtypes and inputs are the case's own."""
+    variant has the case's shapes and dtypes (its own id: the params differ), and `bench` and
+    `ab` time it on the case's inputs (`Work.base`)."""
     if impl.contract.admits(case):
         return case
     names = case.spec.conventions
@@ -80,7 +84,7 @@ def bench_plan(impls, dtypes=None, presets=None) -> list[Work]:
                 continue
             variant = admitted_variant(impl, c)
             if variant is not None:
-                out.append(Work(impl, variant, "valid"))
+                out.append(Work(impl, variant, "valid", base=None if variant is c else c))
     return out
 
 

@@ -26,7 +26,7 @@ from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from oracle.dtypes import FLOAT_FORMATS, ulp_distance
 from runners.abstats import compare_runs
-from runners.bench import bench_one, correctness
+from runners.bench import bench_one, correctness, uncaptured_note
 from runners.correctness import run_impl
 
 
@@ -119,11 +119,13 @@ def ab_group(arms: list, case, mode: str, runs: int, new_stop, ceilings: dict, r
                     end(letter, "fail", f"{impl.id} run {rep}: {b['status']}: {b['message']}")
                     continue
                 medians[letter].append(b["median_ns"])
-        for letter, _, _ in live[1:]:
+        for letter, impl, _ in live[1:]:
             row = rows[letter]
             row["runs_a_ns"], row["runs_b_ns"] = medians[base], medians[letter]
             row.update(compare_runs(medians[base], medians[letter]))
             row["status"] = "ok"
+            row["message"] = "; ".join(f"{arm.id}: {note}" for arm in (impl_a, impl)
+                                       if (note := uncaptured_note(arm, mode)))
     except ContractError as e:
         for letter, _, _ in live[1:]:
             rows[letter].update(status="fail", message=str(e))

@@ -162,7 +162,8 @@ def capture_hint(impl, error: Exception, mode: str) -> str:
             "uncaptured. ")
 
 
-def copy_same_ns(timer, mode: str, nbytes: int, k: int, new_stop) -> float | None:
+def copy_same_ns(timer, mode: str, nbytes: int, k: int, new_stop,
+                 capture: bool = True) -> float | None:
     """Median ns per call of the timer's copy of `nbytes` over k rotating sets in `mode` (module
     docstring); None where the timer has none or the chain subtraction left nothing."""
     try:
@@ -171,7 +172,7 @@ def copy_same_ns(timer, mode: str, nbytes: int, k: int, new_stop) -> float | Non
         return None
     calls = [call for call, _ in pairs]
     before = [timer.predecessor(src) for _, src in pairs] if mode == "chain" else None
-    m = measure(timer, mode, calls, new_stop(), before=before)
+    m = measure(timer, mode, calls, new_stop(), before=before, capture=capture)
     pairs = calls = before = None
     if not m.samples_s:
         return None
@@ -234,7 +235,8 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
         if copy_same:
             sets = calls = None  # the impl's sets freed before the copy allocates its own
             gc.collect()
-            row["copy_same_ns"] = copy_same_ns(timer, mode, row["bytes_model"], k, new_stop)
+            row["copy_same_ns"] = copy_same_ns(timer, mode, row["bytes_model"], k, new_stop,
+                                               capture)  # launched as the impl was
             if row["copy_same_ns"] is not None:
                 row["pct_copy_same"] = 100 * row["copy_same_ns"] / row["median_ns"]
     except ContractError as e:

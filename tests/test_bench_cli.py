@@ -313,3 +313,37 @@ def test_no_selected_impl_is_left_out_of_a_check_without_a_line(tmp_path, capsys
     out = _flat(capsys.readouterr().out)
     assert rc == 0, out
     assert f"not checked: {refusing.id}: its contract refuses all" in out and "`eps == 1`" in out
+
+
+def test_a_convention_variant_is_timed_on_its_bench_cases_inputs(tmp_path, capsys, quick,
+                                                                 monkeypatch):
+    """torch:rms_norm_llama's variant (rounding=normed, its own case id) runs on the inputs of
+    the bench case it stands for, the ones every other impl of that case gets."""
+    import verbs.timing as tv
+    from cases.generate import bench_cases
+
+    drawn = []
+    real = tv.make_inputs
+    monkeypatch.setattr(tv, "make_inputs", lambda case: drawn.append(case.id) or real(case))
+    rc = main(["--store", str(tmp_path), "bench", "--op", "rms_norm", "--impl",
+               "torch:rms_norm,torch:rms_norm_llama", "--preset", "decode-1x4096", "--dtype",
+               "f32", *QUICK])
+    assert rc == 0, capsys.readouterr().out
+    (case,) = [c for c in bench_cases("rms_norm")
+               if c.label == "bench:decode-1x4096" and c.dtype == "f32"]
+    assert drawn == [case.id]  # one draw, the bench case's, for both impls
+    ids = {r["impl"]: r["case_id"] for r in _rows(tmp_path, "bench")}
+    assert ids["torch:rms_norm"] == case.id != ids["torch:rms_norm_llama"]
+
+
+def test_not_checked_names_the_refusing_invariant_where_only_a_variant_would_run(tmp_path,
+                                                                                 capsys):
+    """The gate never runs a case under another convention: where a preset has no
+    rounding=normed case, torch:rms_norm_llama is named with the invariant that refuses."""
+    rc = main(["--store", str(tmp_path), "check", "--impl",
+               "torch:rms_norm,torch:rms_norm_llama", "--preset", "gemma-4-31b", "--dtype",
+               "f32"])
+    out = _flat(capsys.readouterr().out)
+    assert rc == 0, out
+    assert "not checked: torch:rms_norm_llama: its contract refuses" in out
+    assert "`rounding == 'normed'`" in out

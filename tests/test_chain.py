@@ -320,3 +320,18 @@ def test_the_torch_moe_loops_declare_their_host_reads():
         assert registered[name].host_sync, name
     for name in ("torch:grouped_mm", "torch:moe_router", "torch:rms_norm"):
         assert not registered[name].host_sync, name
+
+
+def test_the_copy_beside_an_uncaptured_impl_is_launched_uncaptured_too(monkeypatch):
+    from gpu_impls import backend, impls
+    from runners.bench import bench_one
+
+    be = backend("torch")
+    timer = CopyTimer()
+    monkeypatch.setattr(be, "timer", lambda: timer)
+    impl = dataclasses.replace(impls()["torch:rms_norm"], host_sync="it reads a count back")
+    case = Case.make("rms_norm", {"rows": 2, "n": 64}, "f32", label="bench:tiny")
+    row = bench_one(impl, be, case, "chain", _stop, verify=False, copy_same=True)
+    assert row["status"] == "ok" and row["copy_same_ns"] == pytest.approx(COPY_S * 1e9)
+    copies = [u for u in timer.units if any(isinstance(c, Copy) for c in u)]
+    assert copies and not any(u.captured for u in timer.units)

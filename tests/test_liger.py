@@ -55,6 +55,7 @@ def test_liger_rope_admits_hfs_t_arithmetic_and_rotate_half_only():
     dims = {"tokens": 3, "heads_q": 4, "heads_kv": 2, "head_dim": 64}
     base = Case.make("rope", dims, "bf16", params={"compute": "T"})
     assert impl.contract.admits(base)
-    for params, rule in (({"compute": "f32"}, "compute"), ({"pairing": "gptj"}, "pairing")):
+    for params, rule in (({"compute": "f32"}, "compute"), ({"pairing": "gptj"}, "pairing"),
+                         ({"scaling": "yarn"}, "scaling")):
         with pytest.raises(ContractError, match=rule):
             impl.contract.check(impl.id, base.replace(**params))

@@ -171,10 +171,10 @@ def _presets(args, impls) -> tuple[list[str] | None, bool]:
 
 
 def why_no_cases(impl, cases, dtypes, presets, kind: str) -> str:
-    """Why `impl` gets none of `cases` (its op's `kind` cases: "bench" or "gate"): the op has
-    none, the filters leave none, or its contract refuses every one under every rounding
-    convention (the invariant that does, and what its fix says would match); "" if it admits
-    some."""
+    """Why `impl` gets none of `cases` (its op's `kind` cases: "bench", where a case may run
+    under another rounding convention, or "gate", where it may not): the op has none, the
+    filters leave none, or its contract refuses every one (the invariant that does, and what its
+    fix says would match); "" if it admits some."""
     if not cases:
         return f"{impl.id}: its op {impl.op} has no {kind} cases"
     picked = [c for c in cases if (not dtypes or c.dtype in dtypes)
@@ -187,7 +187,9 @@ def why_no_cases(impl, cases, dtypes, presets, kind: str) -> str:
                                           if len(names) > 20 else "")
         return (f"{impl.id}: none of the {len(cases)} {kind} cases of {impl.op} matches "
                 f"{given}; its presets: {shown}")
-    if any(admitted_variant(impl, c) is not None for c in picked):
+    admits = ((lambda c: admitted_variant(impl, c) is not None) if kind == "bench"
+              else impl.contract.admits)
+    if any(admits(c) for c in picked):
         return ""
     refusals, example = Counter(), {}
     for c in picked:
@@ -224,7 +226,7 @@ def cmd_bench(args) -> int:
     presets, default = _presets(args, impls)
     dtypes = _split(args.dtype) or None
     work = bench_plan(impls, dtypes=dtypes, presets=presets)
-    ordered = sorted(work, key=lambda w: (w.case.id, w.impl.id))
+    ordered = sorted(work, key=lambda w: ((w.base or w.case).id, w.impl.id))
     items, fallbacks = _timed_items([(w, mode) for w in ordered
                                      for mode in _modes(args, _backend(w.impl.backend))])
     idle = [i for i in impls if not any(w.impl is i for w, _ in items)]
@@ -259,14 +261,15 @@ def cmd_bench(args) -> int:
         for w, mode in items:
             label = w.case.label.split(":", 1)[-1]
             progress.update(task, description=f"{w.impl.id} {label} {w.case.dtype} {mode}")
-            if w.case.id not in inputs:
-                inputs = {w.case.id: make_inputs(w.case)}  # one case's inputs held at a time
+            drawn = w.base or w.case  # a convention variant runs on its bench case's inputs
+            if drawn.id not in inputs:
+                inputs = {drawn.id: make_inputs(drawn)}  # one case's inputs held at a time
 
             def tell(n, noise):
                 progress.update(task, detail=f"{n} samples, noise {100 * noise:.2f}%")
             backend = _backend(w.impl.backend)
             row = bench_one(w.impl, backend, w.case, mode, stop, ceilings[w.impl.backend],
-                            run_id, host_inputs=inputs[w.case.id], verify=not args.no_verify,
+                            run_id, host_inputs=inputs[drawn.id], verify=not args.no_verify,
                             progress=tell, copy_same=args.copy_same_bytes)
             writer.add(row)
             rows.append(row)
@@ -445,10 +448,14 @@ def cmd_ab(args) -> int:
                 for k, x in enumerate(impls)]
         if arms[0][3] is not None and sum(v is not None for *_, v in arms) > 1:
             groups.append((arms[0][3], [arm for arm in arms if arm[3] is not None]))
-    mixed = {impl.id: convention(v) for _, arms in groups for _, impl, _, v in arms
-             if convention(v)}
-    if len(set(mixed.values())) > 1:  # say which convention each arm runs
-        console.print("conventions: " + "; ".join(f"{i} {c}" for i, c in mixed.items())
+    mixed = {}  # impl -> the conventions it runs under
+    for _, arms in groups:
+        for _, impl, _, v in arms:
+            if convention(v):
+                mixed.setdefault(impl.id, set()).add(convention(v))
+    if len(set().union(*mixed.values()) if mixed else ()) > 1:  # say which each arm runs
+        console.print("conventions: " + "; ".join(f"{i} {' / '.join(sorted(c))}"
+                                                  for i, c in mixed.items())
                       + " (each arm on the same shapes and inputs under its own)")
     if not groups:
         console.print(f"[red]no bench case that {a.id} and {' or '.join(x.id for x in others)} "

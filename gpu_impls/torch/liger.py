@@ -19,13 +19,15 @@ made as `torch:rope_hf` makes them (HF's f32 inv_freq, cos and sin of the positi
 attention factor, cast to T: [1, tokens, R]), q and k passed as [1, heads, tokens, D] views of
 the op's [tokens, heads, D]; the kernel rotates the first R of D in T (compute="T"), rotate-half
 pairing only (pairing="neox"), and writes q and k in place, as it does on HF's projection
-outputs (the op's outputs are those views). liger_kernel is imported only where the impls run.
+outputs (the op's outputs are those views; the inputs are clobbered). A timed input set is so
+rotated again by every call, which keeps its magnitude only without YaRN's attention factor:
+the contract refuses scaling="yarn". liger_kernel is imported only where the impls run.
 """
 
 from __future__ import annotations
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, param_is
+from gpu_impls.contract import Contract, Invariant, param_is
 from gpu_impls.impl import Impl
 from gpu_impls.torch.extras import needs
 from gpu_impls.torch.norms import _eps
@@ -70,9 +72,16 @@ def _rope(launch, inputs, outputs, case):
     return {"q_out": q_out.transpose(1, 2)[0], "k_out": k_out.transpose(1, 2)[0]}
 
 
+# Liger rotates q and k in place: the bench's repeated calls on one input set rotate it again
+# each time, which keeps its magnitude only where the attention factor m is 1 (not YaRN)
+NOT_YARN = Invariant(
+    name="scaling != 'yarn'", holds=lambda ns: ns["scaling"] != "yarn",
+    why="LigerRopeFunction writes q and k in place: timed calls on one input set would scale "
+        "it by YaRN's attention factor every call",
+    fix=lambda ns: "torch:rope_hf", violation={"scaling": "yarn"}, shows=("scaling",))
 ROPE_CONTRACT = Contract(invariants=(
     *rope_contract("T", "torch:rope_polar (f32 throughout)").invariants,
-    param_is("pairing", "neox", "torch:rope_hf for pairing='gptj'", other="gptj")))
+    param_is("pairing", "neox", "torch:rope_hf for pairing='gptj'", other="gptj"), NOT_YARN))
 
 
 def _silu_mul(launch, inputs, outputs, case):
