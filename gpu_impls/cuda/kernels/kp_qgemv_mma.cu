@@ -138,6 +138,7 @@
 // only after the wait. Test-only mutants (tests/mutants.py): KPARITY_MUTANT_NIBBLE_ORDER,
 // _GROUP_OFF_BY_ONE, _DROP_BIAS, _SKIP_LAST_GROUP (on both paths).
 #include "common.cuh"
+#include "mma16.cuh"
 
 #define KPM_MAX_WARPS 16
 
@@ -165,8 +166,7 @@ namespace kpmma {
 
 // The 16-bit types' tensor-core pieces: MAGIC = BASE twice (bf16 128.0, f16 1024.0), under
 // whose mantissa a 4-bit code reads as BASE + q exactly.
-template <typename T> constexpr bool IS_BF16 = false;
-template <> constexpr bool IS_BF16<BF16> = true;
+using kp_mma16::IS_BF16;
 
 template <typename T>
 struct Mma {
@@ -220,19 +220,10 @@ struct Mma {
         }
         return out;
     }
-    // c += A (16 x 16, T) B (16 x 8, T), f32 accumulation.
+    // c += A (16 x 16, T) B (16 x 8, T), f32 accumulation (kernels/mma16.cuh).
     static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1) {
-        if constexpr (IS_BF16<T>)
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                         "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-        else
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                         "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        kp_mma16::mma<T>(c, a, b0, b1);
     }
 };
 

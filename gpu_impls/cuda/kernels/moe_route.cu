@@ -207,6 +207,20 @@ __device__ __forceinline__ void load_chunk(const typename T::storage* p, size_t 
     }
 }
 
+// Chunk c0 of y_sorted's row `pos` (load_chunk); a pos outside [0, n) is outside the op's
+// domain: the chunk reads as NaN (loud, never out of bounds).
+template <typename T>
+__device__ __forceinline__ void load_slot_chunk(const typename T::storage* y_sorted, int pos,
+                                                int n, int c0, int hidden, int vec,
+                                                float (&y)[Vec<T>::N]) {
+    if (pos >= 0 && pos < n) {
+        load_chunk<T>(y_sorted, (size_t)pos * hidden + c0, c0, hidden, vec, y);
+    } else {
+#pragma unroll
+        for (int v = 0; v < Vec<T>::N; ++v) y[v] = __uint_as_float(0x7fffffffu);
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void store_chunk(typename T::storage* p, size_t at, int c0,
                                             int hidden, int vec, const float (&f)[Vec<T>::N]) {
@@ -396,12 +410,7 @@ kp_moe_unpermute(const typename T::storage* __restrict__ y_sorted,
             const int pos = inv_perm[slot];
             const float w = weights[slot];
             float y[VEC];
-            if (pos >= 0 && pos < n) {
-                load_chunk<T>(y_sorted, (size_t)pos * hidden + c0, c0, hidden, vec, y);
-            } else {  // not a position: outside the op's domain; loud, never out of bounds
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) y[v] = __uint_as_float(0x7fffffffu);
-            }
+            load_slot_chunk<T>(y_sorted, pos, n, c0, hidden, vec, y);
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
                 const float prod = __fmul_rn(w, y[v]);
@@ -483,12 +492,7 @@ kp_moe_scatter_add(const typename T::storage* __restrict__ y_sorted,
             const int pos = spos[q];
             const float w = sw[q];
             float y[VEC];
-            if (pos >= 0 && pos < n) {
-                load_chunk<T>(y_sorted, (size_t)pos * hidden + c0, c0, hidden, vec, y);
-            } else {  // not a position: outside the op's domain; loud, never out of bounds
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) y[v] = __uint_as_float(0x7fffffffu);
-            }
+            load_slot_chunk<T>(y_sorted, pos, n, c0, hidden, vec, y);
 #pragma unroll
             for (int v = 0; v < VEC; ++v) sum[v] = __fadd_rn(sum[v], __fmul_rn(w, y[v]));
         }
