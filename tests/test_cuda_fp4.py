@@ -7,7 +7,6 @@ and the gate."""
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 from types import SimpleNamespace
@@ -16,10 +15,11 @@ import numpy as np
 import pytest
 
 import gpu_impls
+from tests import ptx
 from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import fp4
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS, name_expression
+from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
 from oracle.spec import get_op
 
 IMPLS = {"kp_fp4_dequantize": ("fp4_dequantize", fp4.DEQUANTIZE_CONTRACT, fp4._dequantize),
@@ -171,24 +171,13 @@ INSTANCES = {fp4.SOURCE: (("kp_fp4_dequantize", (16,)), ("kp_fp4_gemv", (32, 4))
              fp4.QUANTIZE_SOURCE: (("kp_fp4_amax", ()), ("kp_fp4_quantize", (1,)))}
 
 
-@functools.lru_cache(maxsize=None)
 def _entries() -> dict[str, dict]:
     """{kernel name: {"maxntid": int, "params": [u64/u32/f32 ...]}} of one BF16 instance each,
-    from nvcc's PTX (two small units; cached by content)."""
-    from gpu_impls.cuda.nvcc_check import compile_unit
-
+    from nvcc's PTX (`tests/ptx.py`)."""
     out = {}
     for source, instances in INSTANCES.items():
-        unit = (f'#include "{source}"\nvoid* kparity_instances[] = {{\n'
-                + "".join(f"    (void*)&{name_expression(n, 'bf16', a)},\n" for n, a in instances)
-                + "};\n")
-        compiled = compile_unit(unit, "sm_90", ptx=True)
-        assert compiled.ok, compiled.log
-        for body in re.split(r"\.visible \.entry ", compiled.ptx)[1:]:
-            mangled = body.split("(", 1)[0]
-            name = max((n for n, _ in instances if n in mangled), key=len)
-            out[name] = {"maxntid": int(re.search(r"\.maxntid (\d+)", body).group(1)),
-                         "params": re.findall(r"\.param \.(\w+) \w+", body.split(")", 1)[0])}
+        found = ptx.entries(source, tuple((n, "bf16", a) for n, a in instances))
+        out.update({n: found[(n, "bf16", a)] for n, a in instances})
     return out
 
 

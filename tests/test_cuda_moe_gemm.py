@@ -8,7 +8,6 @@ declare (nvcc's PTX), in order. The GPU runs are tests/test_gpu_moe_gemm.py and 
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 from types import SimpleNamespace
@@ -17,10 +16,11 @@ import numpy as np
 import pytest
 
 import gpu_impls
+from tests import ptx
 from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import moe_gemm
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS, name_expression
+from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
 from oracle.moe_gemm import ROUTINGS, expert_counts
 
 IMPL = "cuda:kp_moe_grouped_gemm"
@@ -231,22 +231,11 @@ def test_contract_limits():
 
 # --- the run's arguments --------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
 def _params() -> dict[str, list[str]]:
-    """{kernel name: PTX parameter kinds} of one BF16 instance each, from nvcc's PTX."""
-    from gpu_impls.cuda.nvcc_check import compile_unit
-
+    """{kernel name: PTX parameter kinds} of one BF16 instance each (`tests/ptx.py`)."""
     names = {"kp_moe_gemv": (1, 1), "kp_moe_gemm_mma": (1,)}
-    unit = (f'#include "{moe_gemm.SOURCE}"\nvoid* kparity_instances[] = {{\n'
-            + "".join(f"    (void*)&{name_expression(n, 'bf16', a)},\n" for n, a in names.items())
-            + "};\n")
-    compiled = compile_unit(unit, "sm_90", ptx=True)
-    assert compiled.ok, compiled.log
-    out = {}
-    for body in re.split(r"\.visible \.entry ", compiled.ptx)[1:]:
-        name = next(n for n in names if n in body.split("(", 1)[0])
-        out[name] = re.findall(r"\.param \.(\w+) \w+", body.split(")", 1)[0])
-    return out
+    found = ptx.entries(moe_gemm.SOURCE, tuple((n, "bf16", a) for n, a in names.items()))
+    return {n: found[(n, "bf16", a)]["params"] for n, a in names.items()}
 
 
 class _Array:
@@ -311,14 +300,8 @@ def test_decode_run_passes_kp_moe_qgemv_mma_its_declared_arguments(monkeypatch):
 
 
 def _qgemv_params() -> list[str]:
-    from gpu_impls.cuda.nvcc_check import compile_unit
-
-    ref = name_expression("kp_moe_qgemv_mma", "bf16", (2, 64))
-    compiled = compile_unit(f'#include "{moe_gemm.MMA}"\nvoid* kparity_instances[] = '
-                            f'{{ (void*)&{ref} }};\n', "sm_90", ptx=True)
-    assert compiled.ok, compiled.log
-    body = compiled.ptx.split(".visible .entry ", 1)[1]
-    return re.findall(r"\.param \.(\w+) \w+", body.split(")", 1)[0])
+    instance = ("kp_moe_qgemv_mma", "bf16", (2, 64))
+    return ptx.entries(moe_gemm.MMA, (instance,))[instance]["params"]
 
 
 def test_run_refuses_unaligned_vectors(monkeypatch):

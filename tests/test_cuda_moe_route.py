@@ -8,7 +8,6 @@ tests/test_contracts.py's; the GPU runs are tests/test_gpu_moe_route.py and the 
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 from types import SimpleNamespace
@@ -17,10 +16,11 @@ import numpy as np
 import pytest
 
 import gpu_impls
+from tests import ptx
 from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import moe_route
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS, name_expression
+from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
 from oracle.spec import get_op
 
 IMPLS = {"kp_moe_router": ("moe_router", moe_route._router),
@@ -173,23 +173,11 @@ def test_contracts_admit_the_models_and_the_limits():
 
 # --- the runs' arguments -----------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
 def _entries() -> dict[str, list[str]]:
     """{kernel name: its PTX parameter kinds (u64/u32/f32 ...)} of one BF16 instance each, from
-    nvcc's PTX (one small unit; cached by content)."""
-    from gpu_impls.cuda.nvcc_check import compile_unit
-
-    unit = (f'#include "{moe_route.SOURCE}"\nvoid* kparity_instances[] = {{\n'
-            + "".join(f"    (void*)&{name_expression(n, 'bf16')},\n" for n in KERNEL_NAMES)
-            + "};\n")
-    compiled = compile_unit(unit, "sm_90", ptx=True)
-    assert compiled.ok, compiled.log
-    out = {}
-    for body in re.split(r"\.visible \.entry ", compiled.ptx)[1:]:
-        mangled = body.split("(", 1)[0]
-        name = max((n for n in KERNEL_NAMES if n in mangled), key=len)
-        out[name] = re.findall(r"\.param \.(\w+) \w+", body.split(")", 1)[0])
-    return out
+    nvcc's PTX (`tests/ptx.py`)."""
+    found = ptx.entries(moe_route.SOURCE, tuple((n, "bf16", ()) for n in KERNEL_NAMES))
+    return {n: found[(n, "bf16", ())]["params"] for n in KERNEL_NAMES}
 
 
 class _Array:
