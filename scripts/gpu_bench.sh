@@ -276,6 +276,8 @@ liger)
       run ab torch:liger_rms_norm_$mode cuda:kp_rms_norm --dtype $dt $A
     done
   done
+  # the SLOWER row was measured in graph_rot: measure it there too
+  run ab torch:liger_rms_norm_gemma cuda:kp_rms_norm --preset decode-64x8192 --dtype bf16 --mode graph_rot --min-time 0.2
   run ab torch:liger_rope cuda:kp_rope --dtype bf16 $A
   run ab torch:liger_silu_mul cuda:silu_mul --dtype bf16 $A
   ;;
