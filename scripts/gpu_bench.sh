@@ -270,14 +270,14 @@ liger)
   echo "\$ pytest -m gpu tests/test_gpu.py -k liger" >> "$LOG"
   python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k liger >> "$LOG" 2>&1
   echo "rc=$?" >> "$LOG"
-  A="--mode chain --min-time 0.2"
+  A="--mode chain --min-time 0.2 --timeout 2"  # a noisy run stops at 2 s, not 15
   for dt in bf16 f16; do
     for mode in gemma llama; do
       run ab torch:liger_rms_norm_$mode cuda:kp_rms_norm --dtype $dt $A
     done
   done
   # the SLOWER row was measured in graph_rot: measure it there too
-  run ab torch:liger_rms_norm_gemma cuda:kp_rms_norm --preset decode-64x8192 --dtype bf16 --mode graph_rot --min-time 0.2
+  run ab torch:liger_rms_norm_gemma cuda:kp_rms_norm --preset decode-64x8192 --dtype bf16 --mode graph_rot --min-time 0.2 --timeout 2
   run ab torch:liger_rope cuda:kp_rope --dtype bf16 $A
   run ab torch:liger_silu_mul cuda:silu_mul --dtype bf16 $A
   ;;

@@ -85,9 +85,18 @@ __device__ __forceinline__ float row_sum(float v) {
         if ((threadIdx.x & 31) == 0) partial[warp] = v;
         __syncthreads();
         const float* mine = partial + (warp / WPR) * WPR;  // this row's first warp
+#ifdef KPARITY_VARIANT_TREE_COMBINE
+        // every group of WPR lanes holds the row's WPR partials in warp order and folds them
+        // by a butterfly: log2(WPR) dependent adds instead of WPR - 1, same bits in every lane
+        v = mine[(threadIdx.x & 31) % WPR];
+#pragma unroll
+        for (int offset = WPR / 2; offset > 0; offset >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, offset);
+#else
         v = mine[0];
 #pragma unroll
         for (int j = 1; j < WPR; ++j) v += mine[j];
+#endif
     }
     return v;
 }
