@@ -64,15 +64,7 @@ for _suffix, _defines in (
     register(dataclasses.replace(_kp_impl, name=f"kp_qgemv_{_suffix}", run=_kp_make(_defines),
                                  doc=f"timing diagnostic: kp_qgemv with {' '.join(_defines)}"))
 
-# issue 35: the row's warp partials folded by a butterfly instead of a serial sum, at each
-# small-tensor target (t1 = the default geometry)
-_rms, _rms_make = _MAKERS["cuda:kp_rms_norm"]
 register(variant("cuda:kp_rms_norm", kp._row_geometry, "t4", small_target=4))
-for _t in (1, 2, 4):
-    _base = _rms if _t == 1 else impls()[f"cuda:kp_rms_norm_t{_t}"]
-    register(dataclasses.replace(_base, name=f"kp_rms_norm_t{_t}_tree",
-                                 run=_rms_make(("KPARITY_VARIANT_TREE_COMBINE",)),
-                                 doc=f"{_base.doc} -DKPARITY_VARIANT_TREE_COMBINE"))
 
 for _name in ("kp_rms_norm", "kp_rms_norm_per_head", "kp_qgemv", "kp_qgemv_mma"):
     _impl, _make = _MAKERS[f"cuda:{_name}"]

@@ -14,7 +14,8 @@ several per block. The geometry is derived from n and the dtype alone (`pick`):
 
     vectors = n / VEC
     target  = 4 vectors in flight per thread, or 1 when rows * vectors < SMALL_WORK (few blocks)
-    TPR     = min(1024, next_pow2(ceil(vectors / target)))
+    TPR     = min(1024, next_pow2(ceil(vectors / target))), and below SMALL_WORK at most 256
+              unless the row then needs more than 4 vectors a thread (TPR = next_pow2(vectors/4))
     ITEMS   = ceil(vectors / TPR)                        1..4
     block   = max(TPR, min_block) threads (min_block = 64 by default, at most 256: the kernel's
               launch bound), RPB = block / TPR rows per block, grid = ceil(rows / RPB)
@@ -51,6 +52,12 @@ ITEMS_TARGET = 4   # vectors per thread the heuristic aims at, when there is wor
 # torch.compile with ITEMS = 4 everywhere.
 SMALL_WORK = 1 << 17
 SMALL_TARGET = 1   # vectors per thread aimed at below SMALL_WORK
+# ... but at most this many threads per row there: a row over more warps pays more in the
+# cross-warp combine (a barrier over the block, then every thread's serial sum of the warps'
+# partials) than it gains in loads in flight. Measured on an H100 in chain (issue 35, against
+# Liger's RMSNorm): decode 64 x 8192 bf16 3.08 us at TPR 1024 x 1 vector, 2.67 at 256 x 4;
+# 1 x 4096 2.02 at 512 x 1, 1.85 at 256 x 2 (benchmarks/README.md, RMSNorm against Liger).
+SMALL_TPR_MAX = 256
 ITEMS_MAX = 4      # the kernel's register-resident limit (static_assert in the .cu)
 TPR_MAX = 1024     # threads per row: one block
 MIN_BLOCK = 64     # threads per block at least: short rows share a block
@@ -63,8 +70,12 @@ def _next_pow2(v: int) -> int:
 
 def pick(vectors: int, rows: int, small_target: int = SMALL_TARGET) -> tuple[int, int]:
     """(ITEMS, TPR) for `rows` rows of `vectors` 16-byte vectors (see the module docstring)."""
-    target = small_target if rows * vectors < SMALL_WORK else ITEMS_TARGET
-    tpr = min(TPR_MAX, _next_pow2(-(-vectors // target)))
+    small = rows * vectors < SMALL_WORK
+    target = small_target if small else ITEMS_TARGET
+    tpr = _next_pow2(-(-vectors // target))
+    if small:  # the cap, unless the row would then need more than ITEMS_MAX vectors a thread
+        tpr = max(min(tpr, SMALL_TPR_MAX), _next_pow2(-(-vectors // ITEMS_MAX)))
+    tpr = min(TPR_MAX, tpr)
     return -(-vectors // tpr), tpr
 
 

@@ -73,8 +73,7 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
                   "KPARITY_DIAG_SUBTRACT",  # tests/test_gpu.py, scripts/kp_variants.py
-                  "KPARITY_DIAG_TRACE",  # scripts/mma_trace.py
-                  "KPARITY_VARIANT_TREE_COMBINE")  # kernels/kp_rms_norm.cu, kp_variants.py
+                  "KPARITY_DIAG_TRACE")  # scripts/mma_trace.py
 NOT_WRAPPERS = {"backend", "nvcc_check"}
 VARIANT_DTYPE = "bf16"  # the one dtype a define's variant instantiates
 FLAGS = ("-std=c++17",)

@@ -37,7 +37,8 @@
 //   - n >= VEC: at least one vector per row.
 //   - n <= 4 * 1024 * VEC (16384 f32, 32768 f16/bf16): at most ITEMS = 4 vectors per thread
 //     at TPR = 1024, so the row stays in registers.
-//   - TPR = min(1024, next_pow2(ceil(VECS / target))), ITEMS = ceil(VECS / TPR): the pair
+//   - TPR = min(1024, next_pow2(ceil(VECS / target))) (below SMALL_WORK at most 256 while
+//     ITEMS stays <= 4), ITEMS = ceil(VECS / TPR): the pair
 //     picks the instantiation; blockDim.x is a multiple of TPR and at most MAX_BLOCK (the
 //     launch bound it is compiled for).
 // Belt and braces: every vector index is also bounds-checked against VECS (loads read 0, stores
@@ -85,18 +86,9 @@ __device__ __forceinline__ float row_sum(float v) {
         if ((threadIdx.x & 31) == 0) partial[warp] = v;
         __syncthreads();
         const float* mine = partial + (warp / WPR) * WPR;  // this row's first warp
-#ifdef KPARITY_VARIANT_TREE_COMBINE
-        // every group of WPR lanes holds the row's WPR partials in warp order and folds them
-        // by a butterfly: log2(WPR) dependent adds instead of WPR - 1, same bits in every lane
-        v = mine[(threadIdx.x & 31) % WPR];
-#pragma unroll
-        for (int offset = WPR / 2; offset > 0; offset >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, offset);
-#else
         v = mine[0];
 #pragma unroll
         for (int j = 1; j < WPR; ++j) v += mine[j];
-#endif
     }
     return v;
 }
