@@ -249,3 +249,12 @@ class Dealer:
                 for runner in list(self.runners.values()):
                     runner.interrupt()  # a thread waiting on a case: its worker dies
                 thread.join(0.2)
+
+
+def xdist_gpu(worker: str | None, visible: list[str]) -> str | None:
+    """The GPU a pytest-xdist worker (`PYTEST_XDIST_WORKER`, gwN) takes: entry N % G of the G
+    visible GPUs, so `pytest -m gpu -n auto` spreads the gate over them; None outside xdist or
+    without a GPU."""
+    if not worker or not visible or not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    return visible[int(worker[2:]) % len(visible)]
