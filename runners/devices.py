@@ -23,6 +23,7 @@ stand-ins (CI tests the dealer so): the workers get CUDA_VISIBLE_DEVICES all the
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import re
@@ -124,6 +125,31 @@ def device_rows(args, work):
         dealer.stop()
 
 
+@contextmanager
+def bench_rows(args, items, say):
+    """`bench --devices`' executor: yields `rows(items, one)` over (work, mode) items, `one`
+    given the device runner's `bench(item, run_id, settings, timeout)`. Unless
+    `--concurrent-timing`, one lock (a multiprocessing one, shared by every worker) is held
+    around each measurement: the devices verify in parallel and time one at a time."""
+    devices = args.devices
+    hold = None if args.concurrent_timing else multiprocessing.get_context("spawn").Lock()
+    dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
+        halt, plugins=list(getattr(args, "plugin", None) or []),
+        backends=sorted({w.impl.backend for w, _ in items}), fresh_per_impl=False,
+        fixed_timeout=None, visible=device.visible, hold=hold),
+        batch_size(len(items), len(devices)), say=say, method="bench")
+    say(f"dealing {len(items)} measurements to {len(devices)} devices "
+        f"({', '.join(str(d.index) for d in devices)}), one isolated worker each; "
+        + ("timing on every device at once (--concurrent-timing): GPUs of one host share "
+           "power and PCIe, so a time may differ from one measured alone" if hold is None else
+           "timing one device at a time (GPUs of one host share power and PCIe): "
+           "--concurrent-timing to overlap"), soft_wrap=True)
+    try:
+        yield dealer.rows
+    finally:
+        dealer.stop()
+
+
 class _DeviceRunner(IsolatedRunner):
     """An `IsolatedRunner` of one device whose worker the sweep may kill when it stops
     (`interrupt`): no new worker replaces one after that."""
@@ -154,8 +180,9 @@ class Dealer:
     it, so none outlives its thread."""
 
     def __init__(self, devices: list[Device], open_runner, batch: int,
-                 say=lambda text, **_: print(text)):
+                 say=lambda text, **_: print(text), method: str = "run"):
         self.devices, self.open_runner, self.batch, self.say = devices, open_runner, batch, say
+        self.method = method  # the runner's method handed to `one`: run (check), bench
         self.batches: queue.Queue = queue.Queue()
         self.results: queue.Queue = queue.Queue()  # ("row" | "unusable" | "error", device, x)
         self.halt = threading.Event()
@@ -222,7 +249,7 @@ class Dealer:
                     if self.halt.is_set():
                         return
                     try:
-                        row = one(w, runner.run)
+                        row = one(w, getattr(runner, self.method))
                     except DeviceUnusable as e:  # the probe before `w`: `w` did not run
                         self.batches.put(batch[k:])
                         self.results.put(("unusable", device, e))

@@ -153,7 +153,8 @@ def case_runner(args, work):
 
 class IsolatedRunner:
     def __init__(self, plugins: list[str], backends: list[str], fresh_per_impl: bool,
-                 fixed_timeout: float | None, visible: str | None = None):
+                 fixed_timeout: float | None, visible: str | None = None, hold=None):
+        self.hold = hold  # a multiprocessing lock the workers hold while they time (bench)
         self.plugins, self.backends = plugins, backends
         self.fresh_per_impl, self.fixed_timeout = fresh_per_impl, fixed_timeout
         self.visible = visible  # the workers' CUDA_VISIBLE_DEVICES (None: inherited)
@@ -161,7 +162,7 @@ class IsolatedRunner:
         self.worker = self._new_worker()  # started now: it imports while we set up
 
     def _new_worker(self) -> "_Worker":
-        return _Worker(self.plugins, self.backends, self.visible)
+        return _Worker(self.plugins, self.backends, self.visible, self.hold)
 
     def close(self) -> None:
         if self.worker is not None:
@@ -220,6 +221,32 @@ class IsolatedRunner:
         self._replace()
         return row
 
+    def bench(self, item, run_id: str, settings: dict, timeout: float) -> dict:
+        """`runners.bench.bench_one`'s row for `item` = (work, mode), run in the worker
+        (`settings`: its keyword arguments, the stopping rule's as `stop`). A hang or a crash
+        is an `error` row, and the worker is replaced (no probe: bench rows have no crash
+        status, and the next measurement meets a broken device as its own error)."""
+        from runners.bench import _base_row
+
+        w, mode = item
+        worker = self._worker_for(w)
+        t0 = time.perf_counter()
+        try:
+            worker.conn.send(("bench", (w.impl.id, w.case.to_json(), mode, run_id, settings)))
+        except BrokenPipeError:
+            pass  # it died between cases: answer() says so
+        outcome, row = worker.answer(timeout)
+        if outcome == "answer":
+            return row
+        row = _base_row(w.impl, _backend(w.impl.backend), w.case, mode, run_id)
+        row["message"] = (f"no answer within {timeout:.3g} s; the worker was killed"
+                          if outcome == "timeout" else
+                          f"the worker died measuring this case ({_death(worker.proc.exitcode)})"
+                          + (f"; its stderr: {tail}" if (tail := worker.stderr_tail()) else ""))
+        row["seconds"] = time.perf_counter() - t0
+        self._replace()
+        return row
+
     def _probe(self, worker: "_Worker", run_id: str) -> None:
         w, status = self.suspect
         worker.conn.send(("probe", w.impl.backend))
@@ -273,7 +300,8 @@ def _death(exitcode: int | None) -> str:
 class _Worker:
     """One spawned worker process, the pipe to it, and the file its stdout and stderr go to."""
 
-    def __init__(self, plugins: list[str], backends: list[str], visible: str | None = None):
+    def __init__(self, plugins: list[str], backends: list[str], visible: str | None = None,
+                 hold=None):
         ctx = multiprocessing.get_context("spawn")
         fd, self.stderr_path = tempfile.mkstemp(prefix="kparity-worker-", suffix=".log")
         os.close(fd)
@@ -281,7 +309,8 @@ class _Worker:
         # Not a daemon: an impl may start processes of its own (torch.compile's compile
         # workers); close() and the worker's parent-death signal see that none outlives us.
         self.proc = ctx.Process(target=worker_main, name="kparity-worker",
-                                args=(child_conn, plugins, backends, self.stderr_path, visible))
+                                args=(child_conn, plugins, backends, self.stderr_path, visible,
+                                      hold))
         self.proc.start()
         child_conn.close()  # ours closed: the worker's death reads as EOF here
         self.ready = False
@@ -356,7 +385,7 @@ class _Worker:
 # --- the worker's side -------------------------------------------------------------------------
 
 def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str,
-                visible: str | None = None) -> None:
+                visible: str | None = None, hold=None) -> None:
     if visible is not None:  # before any framework starts CUDA, which reads it once
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
     _detach_output_and_tether(stderr_path)
@@ -389,6 +418,25 @@ def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str,
             conn.send(check_noting_cache(w, gpu_impls.backend(w.impl.backend), run_id))
         elif kind == "probe":
             conn.send(_probe(gpu_impls.backend(payload)))
+        elif kind == "bench":
+            conn.send(_bench(impls, *payload, hold=hold))
+
+
+def _bench(impls, impl_id: str, case_json: str, mode: str, run_id: str, settings: dict,
+           hold=None) -> dict:
+    """A worker's `bench_one` row (`IsolatedRunner.bench`)."""
+    from functools import partial
+
+    import gpu_impls
+    from cases.model import Case
+    from runners.bench import bench_one
+    from runners.stopping import StdRel
+
+    impl = impls[impl_id]
+    settings = dict(settings)
+    stop = partial(StdRel, **settings.pop("stop"))
+    return bench_one(impl, gpu_impls.backend(impl.backend), Case.from_json(case_json), mode,
+                     stop, run_id=run_id, hold=hold, **settings)
 
 
 def _detach_output_and_tether(stderr_path: str) -> None:

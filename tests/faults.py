@@ -173,3 +173,23 @@ for _name, _run in (("fault_oob_write", _oob_write), ("fault_unwritten_last", _u
                     ("fault_in_place", _in_place), ("fault_unwritten_view", _unwritten_view)):
     if f"torch:{_name}" not in impls():
         register(Impl(BASE.op, "torch", _name, _run, BASE.contract, doc=f"test-only: {_name}"))
+
+
+# --- `bench --devices`: each measurement in a worker logged ------------------------------------
+# With $KPARITY_FAULT_MEASURE_LOG set, an isolation worker appends "start end pid" (wall clock)
+# to that file for each `measure` it runs: a test sees whether two devices' measurements overlap.
+MEASURE_LOG = os.environ.get("KPARITY_FAULT_MEASURE_LOG", "")
+if MEASURE_LOG and multiprocessing.current_process().name == "kparity-worker":
+    import runners.bench as _bench
+
+    _measure = _bench.measure
+
+    def _logged_measure(*args, **kwargs):
+        start = time.time()
+        try:
+            return _measure(*args, **kwargs)
+        finally:
+            with open(MEASURE_LOG, "a", encoding="utf-8") as f:
+                f.write(f"{start} {time.time()} {os.getpid()}\n")
+
+    _bench.measure = _logged_measure

@@ -160,3 +160,34 @@ def test_each_xdist_worker_takes_one_gpu():
     assert [xdist_gpu(f"gw{n}", ["0", "1"]) for n in range(4)] == ["0", "1", "0", "1"]
     assert xdist_gpu("gw5", ["GPU-a", "GPU-b", "GPU-c"]) == "GPU-c"
     assert xdist_gpu(None, ["0", "1"]) is None and xdist_gpu("gw0", []) is None
+
+
+def overlapping(log: Path) -> list[tuple]:
+    """Pairs of logged measurements (tests/faults.py's hook) of two workers that overlap."""
+    spans = [tuple(map(float, line.split()[:2])) + (line.split()[2],)
+             for line in log.read_text().splitlines()]
+    return [(a, b) for a in spans for b in spans
+            if a[2] < b[2] and a[0] < b[1] and b[0] < a[1]]
+
+
+def test_bench_on_devices_times_one_device_at_a_time(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "measures"
+    monkeypatch.setenv("KPARITY_FAULT_MEASURE_LOG", str(log))
+    assert main(["--store", str(tmp_path / "s"), "--plugin", FAULTS, "bench", "--impl",
+                 "torch:rms_norm", "--preset", "decode-1x", "--dtype", "f32,f16,bf16",
+                 "--min-time", "0", "--timeout", "0.1", "--min-samples", "2", "--no-verify",
+                 "--devices", "0,1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "timing one device at a time (GPUs of one host share power and PCIe): " \
+           "--concurrent-timing to overlap" in out
+    got = Store(tmp_path / "s").read("bench").to_pylist()
+    assert len(got) == 3 and {r["status"] for r in got} == {"ok"}
+    assert {r["device_index"] for r in got} == {0, 1}
+    assert len({line.split()[2] for line in log.read_text().splitlines()}) == 2  # two workers
+    assert overlapping(log) == []
+
+
+def test_concurrent_timing_needs_devices(tmp_path, capsys):
+    assert main(["--store", str(tmp_path / "s"), "bench", "--impl", "torch:rms_norm",
+                 "--concurrent-timing"]) == 2
+    assert "only with --devices" in capsys.readouterr().out
