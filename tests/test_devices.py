@@ -191,3 +191,10 @@ def test_concurrent_timing_needs_devices(tmp_path, capsys):
     assert main(["--store", str(tmp_path / "s"), "bench", "--impl", "torch:rms_norm",
                  "--concurrent-timing"]) == 2
     assert "only with --devices" in capsys.readouterr().out
+
+
+def test_nightly_hands_devices_to_its_steps(tmp_path, capsys):
+    pytest.importorskip("plotly")
+    assert main(["--store", str(tmp_path / "s"), "nightly", "--out", str(tmp_path / "site"),
+                 "--impl", "torch:rms_norm", "--devices", "0,0"]) == 2
+    assert "device 0 twice" in capsys.readouterr().out
