@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 8  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
+SCHEMA_VERSION = 9  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
 #                     4: bench.pred_median_ns (the chain mode's subtracted predecessor);
 #                     5: the model table (`kparity model`, issue 28);
 #                     6: model.prefill_tokens, decode_mode, eager_tok_s, batch_size,
 #                        batch_tok_s;
 #                     7: bench.copy_same_ns, pct_copy_same (`--copy-same-bytes`);
-#                     8: ab.convention_a, convention_b (each arm's rounding convention)
+#                     8: ab.convention_a, convention_b (each arm's rounding convention);
+#                     9: correctness.device_index, bench.device_index (`--devices`)
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -39,6 +40,7 @@ CASE_ROW = [
     ("op", pa.string()),
     ("backend", pa.string()),
     ("device", pa.string()),
+    ("device_index", pa.int32()),      # `--devices`: the index of the device it ran on, else null
     ("dtype", pa.string()),
     ("dist", pa.string()),
     ("dims", pa.string()),             # JSON

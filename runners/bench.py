@@ -28,6 +28,7 @@ import gc
 import json
 import time
 import traceback
+from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
@@ -182,8 +183,9 @@ def copy_same_ns(timer, mode: str, nbytes: int, k: int, new_stop,
 
 def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = None,
               run_id: str = "", host_inputs: dict | None = None, verify: bool = True,
-              progress=None, copy_same: bool = False) -> dict:
+              progress=None, copy_same: bool = False, hold=None) -> dict:
     """One measurement of `impl` on `case` in `mode`; never raises (errors are rows).
+    `hold`: a lock held while it measures (`bench --devices`: one device at a time), else none.
     `new_stop()` makes the measurement's stopping rule (a fresh `runners.stopping.StdRel`).
     `chain` rewrites each set's chain input before its call (`timed_mode` for an op without).
     `copy_same`: the size-matched copy after it (module docstring)."""
@@ -209,8 +211,9 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
         calls = [_SetCall(partial(impl.run, launch, ins, outs, case)) for ins, outs in sets]
         before = ([timer.predecessor(ins[case.spec.chain_input]) for ins, _ in sets]
                   if mode == "chain" else None)
-        m = measure(timer, mode, calls, new_stop(), progress=progress, before=before,
-                    capture=capture)
+        with hold or nullcontext():
+            m = measure(timer, mode, calls, new_stop(), progress=progress, before=before,
+                        capture=capture)
         row.update({"n_sets": m.n_sets, "calls_per_sample": m.calls_per_sample,
                     "n_warmup": m.n_warmup, "warmup_s": m.warmup_s,
                     "n_samples": len(m.samples_s), "n_dropped": m.n_dropped,
@@ -235,8 +238,9 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
         if copy_same:
             sets = calls = None  # the impl's sets freed before the copy allocates its own
             gc.collect()
-            row["copy_same_ns"] = copy_same_ns(timer, mode, row["bytes_model"], k, new_stop,
-                                               capture)  # launched as the impl was
+            with hold or nullcontext():
+                row["copy_same_ns"] = copy_same_ns(timer, mode, row["bytes_model"], k,
+                                                   new_stop, capture)  # launched as the impl was
             if row["copy_same_ns"] is not None:
                 row["pct_copy_same"] = 100 * row["copy_same_ns"] / row["median_ns"]
     except ContractError as e:

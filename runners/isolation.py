@@ -1,7 +1,9 @@
 """Where a case runs: in this process (`--isolate none`) or in worker processes that a hung or
 crashed kernel cannot take down with it (`case`, `impl`).
 
-`runner_for(args, work)` is a context manager yielding `run(work_item, run_id) -> row`.
+`runner_for(args, work)` is a context manager yielding `rows(work, one)`, the executor of a
+sweep (its docstring says how an executor plugs in); `case_runner(args, work)` yields the
+function that checks one case where the isolation mode says, `run(work_item, run_id) -> row`.
 
 `case`: one worker process (multiprocessing "spawn": CUDA must never be initialised in a forked
 child) runs the cases one at a time and is reused until something goes wrong. It loads the same
@@ -88,6 +90,46 @@ def case_timeout(case, first_of_shape: bool) -> float:
 
 @contextmanager
 def runner_for(args, work):
+    """The sweep's executor: yields `rows(work, one) -> iterator of (w, row)`, every item of
+    `work` once, in the order the rows complete. `one(w, run_case) -> row` is the caller's: it
+    turns one item into its row given `run_case(w, run_id) -> row` (the check of one case
+    where this executor runs cases: `case_runner`'s function, one per device), with the run id,
+    repeats and ledger bound (`verbs/check.py::run_work`). The caller is the only writer of
+    rows: an executor hands them back, never stores them. The caller may stop early (break,
+    --maxfail): closing the iterator must stop the executor's work and its processes.
+
+    An executor:
+    - calls `one` once per item (from any thread: `one` is thread-safe), with a `run_case`
+      bound to where it runs the item, and yields each row it returns as it completes;
+    - may tag rows (`device_index`, a store column) before yielding them;
+    - raises `DeviceUnusable` once no device of it can go on (rows so far yielded), and on
+      KeyboardInterrupt yields the rows already complete, then re-raises it.
+    The serial one (`serial_rows`) runs them in order in one isolated worker (or in this
+    process); `--devices` deals them to one worker per device (`runners/devices.py`). Another
+    executor (many hosts) is one more branch below, picked by its flag."""
+    if getattr(args, "devices", None):
+        from runners.devices import device_rows
+
+        with device_rows(args, work) as rows:
+            yield rows
+        return
+    with case_runner(args, work) as run_case:
+        yield serial_rows(run_case)
+
+
+def serial_rows(run_case):
+    """The serial executor: each item in order, on `run_case`; a `DeviceUnusable` or a
+    KeyboardInterrupt propagates at once (every row before it already yielded)."""
+    def rows(work, one):
+        for w in work:
+            yield w, one(w, run_case)
+    return rows
+
+
+@contextmanager
+def case_runner(args, work):
+    """`run(w, run_id) -> row` where `--isolate` says: in this process (`none`) or in an
+    isolated worker (`case`, `impl`)."""
     mode = isolation_mode(getattr(args, "isolate", None), work)
     if mode == "none":
         def run(w, run_id):
@@ -111,11 +153,16 @@ def runner_for(args, work):
 
 class IsolatedRunner:
     def __init__(self, plugins: list[str], backends: list[str], fresh_per_impl: bool,
-                 fixed_timeout: float | None):
+                 fixed_timeout: float | None, visible: str | None = None, hold=None):
+        self.hold = hold  # a multiprocessing lock the workers hold while they time (bench)
         self.plugins, self.backends = plugins, backends
         self.fresh_per_impl, self.fixed_timeout = fresh_per_impl, fixed_timeout
+        self.visible = visible  # the workers' CUDA_VISIBLE_DEVICES (None: inherited)
         self.suspect = None  # (work, status) whose crash or timeout the next worker must probe
-        self.worker = _Worker(plugins, backends)  # started now: it imports while we set up
+        self.worker = self._new_worker()  # started now: it imports while we set up
+
+    def _new_worker(self) -> "_Worker":
+        return _Worker(self.plugins, self.backends, self.visible, self.hold)
 
     def close(self) -> None:
         if self.worker is not None:
@@ -124,13 +171,13 @@ class IsolatedRunner:
 
     def _replace(self) -> None:
         self.worker.kill()
-        self.worker = _Worker(self.plugins, self.backends)  # imports while the row is written
+        self.worker = self._new_worker()  # imports while the row is written
 
     def _worker_for(self, w) -> "_Worker":
         if self.worker is None or (self.fresh_per_impl
                                    and self.worker.impl not in (None, w.impl.id)):
             self.close()
-            self.worker = _Worker(self.plugins, self.backends)
+            self.worker = self._new_worker()
         self.worker.wait_ready()
         self.worker.impl = w.impl.id
         return self.worker
@@ -171,6 +218,32 @@ class IsolatedRunner:
         else:
             return row
         self.suspect = (w, row["status"])
+        self._replace()
+        return row
+
+    def bench(self, item, run_id: str, settings: dict, timeout: float) -> dict:
+        """`runners.bench.bench_one`'s row for `item` = (work, mode), run in the worker
+        (`settings`: its keyword arguments, the stopping rule's as `stop`). A hang or a crash
+        is an `error` row, and the worker is replaced (no probe: bench rows have no crash
+        status, and the next measurement meets a broken device as its own error)."""
+        from runners.bench import _base_row
+
+        w, mode = item
+        worker = self._worker_for(w)
+        t0 = time.perf_counter()
+        try:
+            worker.conn.send(("bench", (w.impl.id, w.case.to_json(), mode, run_id, settings)))
+        except BrokenPipeError:
+            pass  # it died between cases: answer() says so
+        outcome, row = worker.answer(timeout)
+        if outcome == "answer":
+            return row
+        row = _base_row(w.impl, _backend(w.impl.backend), w.case, mode, run_id)
+        row["message"] = (f"no answer within {timeout:.3g} s; the worker was killed"
+                          if outcome == "timeout" else
+                          f"the worker died measuring this case ({_death(worker.proc.exitcode)})"
+                          + (f"; its stderr: {tail}" if (tail := worker.stderr_tail()) else ""))
+        row["seconds"] = time.perf_counter() - t0
         self._replace()
         return row
 
@@ -227,7 +300,8 @@ def _death(exitcode: int | None) -> str:
 class _Worker:
     """One spawned worker process, the pipe to it, and the file its stdout and stderr go to."""
 
-    def __init__(self, plugins: list[str], backends: list[str]):
+    def __init__(self, plugins: list[str], backends: list[str], visible: str | None = None,
+                 hold=None):
         ctx = multiprocessing.get_context("spawn")
         fd, self.stderr_path = tempfile.mkstemp(prefix="kparity-worker-", suffix=".log")
         os.close(fd)
@@ -235,7 +309,8 @@ class _Worker:
         # Not a daemon: an impl may start processes of its own (torch.compile's compile
         # workers); close() and the worker's parent-death signal see that none outlives us.
         self.proc = ctx.Process(target=worker_main, name="kparity-worker",
-                                args=(child_conn, plugins, backends, self.stderr_path))
+                                args=(child_conn, plugins, backends, self.stderr_path, visible,
+                                      hold))
         self.proc.start()
         child_conn.close()  # ours closed: the worker's death reads as EOF here
         self.ready = False
@@ -309,7 +384,10 @@ class _Worker:
 
 # --- the worker's side -------------------------------------------------------------------------
 
-def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str) -> None:
+def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str,
+                visible: str | None = None, hold=None) -> None:
+    if visible is not None:  # before any framework starts CUDA, which reads it once
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
     _detach_output_and_tether(stderr_path)
     try:
         import gpu_impls
@@ -340,6 +418,25 @@ def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str)
             conn.send(check_noting_cache(w, gpu_impls.backend(w.impl.backend), run_id))
         elif kind == "probe":
             conn.send(_probe(gpu_impls.backend(payload)))
+        elif kind == "bench":
+            conn.send(_bench(impls, *payload, hold=hold))
+
+
+def _bench(impls, impl_id: str, case_json: str, mode: str, run_id: str, settings: dict,
+           hold=None) -> dict:
+    """A worker's `bench_one` row (`IsolatedRunner.bench`)."""
+    from functools import partial
+
+    import gpu_impls
+    from cases.model import Case
+    from runners.bench import bench_one
+    from runners.stopping import StdRel
+
+    impl = impls[impl_id]
+    settings = dict(settings)
+    stop = partial(StdRel, **settings.pop("stop"))
+    return bench_one(impl, gpu_impls.backend(impl.backend), Case.from_json(case_json), mode,
+                     stop, run_id=run_id, hold=hold, **settings)
 
 
 def _detach_output_and_tether(stderr_path: str) -> None:

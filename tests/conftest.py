@@ -1,7 +1,8 @@
 """pytest setup: markers, the no-accelerator guard for `-m gpu`, hypothesis profiles.
 
 `pytest -m gpu` on a machine without an accelerator must fail loudly, not pass empty: the guard
-exits with status 3 and says which backends were looked for and why each is missing.
+exits with status 3 and says which backends were looked for and why each is missing. Under
+`-n auto` each xdist worker takes one GPU (`pin_xdist_worker`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,20 @@ def accelerators() -> tuple[list[str], list[str]]:
     return found, why
 
 
+def pin_xdist_worker() -> None:
+    """Under pytest-xdist, this worker takes one GPU (`runners.devices.xdist_gpu`): worker gwN
+    gets CUDA_VISIBLE_DEVICES = the (N mod G)th of the G GPUs visible, counted by `nvidia-smi -L`
+    (or an existing CUDA_VISIBLE_DEVICES), before any test starts CUDA."""
+    from runners.devices import visible_gpus, xdist_gpu
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    gpu = xdist_gpu(worker, visible_gpus()) if worker else None
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
 def pytest_configure(config):
+    pin_xdist_worker()  # first: the accelerator guard below starts CUDA
     markexpr = config.getoption("markexpr") or ""
     if "gpu" in markexpr and "not gpu" not in markexpr:
         found, why = accelerators()

@@ -13,6 +13,8 @@ the process that runs it forever, `fault_segv` kills it.
 |                    |                            | worker that loads this plugin afterwards has |
 |                    |                            | a torch backend whose to_device raises       |
 | torch:fault_none   | (none)                     | torch:rms_norm, renamed                      |
+| torch:fault_pinned | every case                 | raises where CUDA_VISIBLE_DEVICES is 1 (the  |
+|                    |                            | second `--devices` stand-in): shows the pin  |
 
 `fault_hang` creates the file `$KPARITY_FAULT_HANG_MARK` (when set) as it starts hanging.
 `fault_brick` marks the device broken by creating the file `$KPARITY_FAULT_BRICK_MARK` (unset:
@@ -70,9 +72,17 @@ def faulty(name: str, fault):
                 doc=f"{BASE.id}, but {fault.__name__} on bf16 {FAULTY_DIST[name]}")
 
 
+def pinned(launch, inputs, outputs, case):
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "1":
+        raise RuntimeError("fault_pinned runs where CUDA_VISIBLE_DEVICES=1")
+    return BASE.run(launch, inputs, outputs, case)
+
+
 FAULT_IMPLS = (*(faulty(name, fault) for name, fault in FAULTS.items()),
                Impl(BASE.op, BASE.backend, "fault_none", BASE.run, BASE.contract,
-                    doc=f"{BASE.id}, renamed: the control"))
+                    doc=f"{BASE.id}, renamed: the control"),
+               Impl(BASE.op, BASE.backend, "fault_pinned", pinned, BASE.contract,
+                    doc=f"{BASE.id}, but an error where CUDA_VISIBLE_DEVICES=1"))
 
 
 def _device_lost(self, array):
@@ -163,3 +173,23 @@ for _name, _run in (("fault_oob_write", _oob_write), ("fault_unwritten_last", _u
                     ("fault_in_place", _in_place), ("fault_unwritten_view", _unwritten_view)):
     if f"torch:{_name}" not in impls():
         register(Impl(BASE.op, "torch", _name, _run, BASE.contract, doc=f"test-only: {_name}"))
+
+
+# --- `bench --devices`: each measurement in a worker logged ------------------------------------
+# With $KPARITY_FAULT_MEASURE_LOG set, an isolation worker appends "start end pid" (wall clock)
+# to that file for each `measure` it runs: a test sees whether two devices' measurements overlap.
+MEASURE_LOG = os.environ.get("KPARITY_FAULT_MEASURE_LOG", "")
+if MEASURE_LOG and multiprocessing.current_process().name == "kparity-worker":
+    import runners.bench as _bench
+
+    _measure = _bench.measure
+
+    def _logged_measure(*args, **kwargs):
+        start = time.time()
+        try:
+            return _measure(*args, **kwargs)
+        finally:
+            with open(MEASURE_LOG, "a", encoding="utf-8") as f:
+                f.write(f"{start} {time.time()} {os.getpid()}\n")
+
+    _bench.measure = _logged_measure

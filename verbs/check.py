@@ -25,8 +25,8 @@ from runners.correctness import judged_row, quarantined_row, repeated_row
 from runners.isolation import MODES as ISOLATION_MODES, runner_for
 from runners.verdicts import failure_kind, is_failure, outcome
 from verbs.common import (FILTERS, UsageError, _backend, _filters, _impls, _seed, _split,
-                          check_presets, console, global_flags, repro_line, select_impls,
-                          unknown, work_for, work_list)
+                          check_presets, console, devices_flag, global_flags, pick_devices,
+                          repro_line, select_impls, unknown, work_for, work_list)
 from verbs.outputs import add_flags as add_output_flags, write_check
 
 ORDER = 1  # after ops and cases in `kparity --help`
@@ -55,6 +55,7 @@ def add_parsers(sub) -> None:
                           "runs the rest")
     chk.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
                      help="stop at the first failing row (--maxfail 1)")
+    devices_flag(chk)
     add_output_flags(chk, "(impl, case)")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
     rep.add_argument("case_id", help="the 12-hex case id a failure line, the store or "
@@ -104,21 +105,27 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     try:
         with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
                 oracle_prefetch(args, work) as ahead, \
-                runner_for(args, work) as run_case, Progress(
+                runner_for(args, work) as executor, Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
                 console=console, transient=True) as progress:
             task = progress.add_task(verb, total=len(work), failed=0)
             repeat = getattr(args, "repeat", None) or 1
-            for w in work:
-                if maxfail is not None and failed >= maxfail:
-                    break
+
+            def one(w: Work, run_case) -> dict:
+                """`w`'s row, its oracle cache outcome under CACHE_KEY (called by the
+                executor, from any of its threads)."""
                 progress.update(task, description=f"{w.impl.id} {w.case.dtype}")
                 computed_ahead = ahead.wait(w)  # its oracle entries, if the pool has them
                 row = run_one(w, run_id, run_case, repeat, ledger)
+                if row.get(oracle_cache.CACHE_KEY) is not None and computed_ahead:
+                    row[oracle_cache.CACHE_KEY] = computed_ahead
+                return row
+
+            for w, row in executor(work, one):  # rows as they complete; this loop writes them
                 outcome_of_cache = row.pop(oracle_cache.CACHE_KEY, None)
                 if outcome_of_cache is not None:
-                    cached[computed_ahead or outcome_of_cache] += 1
+                    cached[outcome_of_cache] += 1
                 writer.add(row)
                 rows.append(row)
                 done += 1
@@ -132,6 +139,8 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
                             + escape("    repro: " + repro_line(args, w.case.id, w.impl.id)),
                             soft_wrap=True)  # a repro line must survive copy-paste: never wrap
                 progress.update(task, advance=1, failed=failed)
+                if maxfail is not None and failed >= maxfail:
+                    break  # closes the executor: nothing more starts
     except KeyboardInterrupt:  # the writer has closed: every finished row is in a part
         raise Interrupted(args, verb, run_id, store) from None
     summarize(rows, run_id, store, getattr(args, "seed", 0))
@@ -357,6 +366,7 @@ def cmd_check(args) -> int:
     if not work:
         console.print("[red]no cases match the filters[/]")
         return 3
+    pick_devices(args, {w.impl.backend for w in work})
     if not getattr(args, "cases", None):  # a case file says so itself (case_file_work)
         say_unchecked(args, impls, work)
     rows = run_work(args, work, "check")
@@ -406,6 +416,7 @@ def resume_check(args) -> int:
     done = {(r["impl"], r["case_id"], r["expect"]) for r in kept}
     work = [w for w in work_list(args, select_impls(args, need_available=True))
             if (w.impl.id, w.case.id, w.expect) not in done]
+    pick_devices(args, {w.impl.backend for w in work})
     console.print(f"resuming run {args.resume}: {len(kept)} rows kept ({recovered} recovered "
                   f"from its journal), {len(work)} to run")
     rows = run_work(args, work, "check", resume=args.resume, kept=kept)

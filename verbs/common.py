@@ -211,6 +211,30 @@ def _filters(p: argparse.ArgumentParser) -> None:
                    help="case label substring: a model preset, 'edge' or 'violates'")
 
 
+def devices_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", default=None, metavar="all|0,1,...",
+                   help="spread the work over these GPUs of this host: one isolated worker per "
+                        "device (CUDA_VISIBLE_DEVICES), cases dealt in small batches, each row "
+                        "tagged with its device_index; 'all': every GPU visible")
+
+
+def pick_devices(args, backends) -> None:
+    """`args.devices` (a `--devices` string) parsed in place into `runners.devices.Device`s;
+    a bad value is bad input, before anything runs."""
+    if not isinstance(getattr(args, "devices", None), str):
+        return
+    if getattr(args, "isolate", None) == "none":
+        raise UsageError("--devices with --isolate none: each device needs a worker process of "
+                         "its own; --isolate case (or impl), or leave --isolate out")
+    from runners.devices import DevicesError, parse_devices
+
+    try:
+        args.devices = parse_devices(args.devices,
+                                     any(_backend(b).accelerator for b in set(backends)))
+    except DevicesError as e:
+        raise UsageError(str(e)) from None
+
+
 def _seed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="fresh data: add N to every generated case's seed (sources give 0, so it "

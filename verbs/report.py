@@ -26,6 +26,10 @@ def add_parsers(sub) -> None:
     nightly.add_argument("--out", required=True, help="report folder")
     nightly.add_argument("--baseline", type=int, default=10, help="runs of history (10)")
     nightly.add_argument("--no-bench", action="store_true", help="correctness only")
+    nightly.add_argument("--devices", default=None, metavar="all|0,1,...",
+                         help="check and bench over these GPUs of this host (as theirs)")
+    nightly.add_argument("--concurrent-timing", action="store_true",
+                         help="with --devices: bench times on every device at once")
 
 
 def need_plotly(verb: str) -> None:
@@ -115,7 +119,8 @@ def cmd_nightly(args) -> int:
     head, filters = _global_options(args), _filter_options(args)
     console.rule("nightly: check")
     before = _run_ids(store)
-    check_rc = main([*head, "check", *filters])
+    spread = ["--devices", args.devices] if args.devices else []
+    check_rc = main([*head, "check", *filters, *spread])
     if check_rc in (2, 3):  # bad input, or no backend here for the selection: nothing to go on
         return check_rc
     failed = check_rc != 0
@@ -132,7 +137,8 @@ def cmd_nightly(args) -> int:
         console.print(f"bench on {', '.join(fast)}" + (f" (not {'; '.join(slow)})" if slow else ""))
         before = _run_ids(store)
         bench_rc = main([*head, "bench", *_filter_options(args, skip=("backend",)),
-                         "--backend", ",".join(fast)])
+                         "--backend", ",".join(fast), *spread,
+                         *(["--concurrent-timing"] if args.concurrent_timing else [])])
         tonight["bench"] = _new_run(store, before)
         if bench_rc == 1:
             failed = True  # a wrong or crashing kernel at a bench size

@@ -29,7 +29,7 @@ from runners.stopping import StdRel, shortfall
 from runners.timing import MODES
 from verbs import outputs
 from verbs.common import (UsageError, _backend, _filters, _impls, _split, check_presets, console,
-                          select_impls, unknown)
+                          devices_flag, pick_devices, select_impls, unknown)
 
 ORDER = 2  # after check and repro in `kparity --help`
 
@@ -221,6 +221,8 @@ def why_not_benched(impl, dtypes, presets, mode=None) -> str:
 
 def cmd_bench(args) -> int:
     check_timing_flags(args)
+    if args.concurrent_timing and not args.devices:
+        raise UsageError("--concurrent-timing: only with --devices (one device times alone)")
     impls = select_impls(args, need_available=True)
     check_mode(args.mode, impls)
     presets, default = _presets(args, impls)
@@ -253,24 +255,14 @@ def cmd_bench(args) -> int:
                   f"--timeout {args.timeout:g} s")
     for reason in fallbacks.values():
         console.print(f"[yellow]note:[/] {escape(reason)}", soft_wrap=True)
+    pick_devices(args, {w.impl.backend for w, _ in items})
     store, run_id, ceilings = _start(args, "bench", sorted({w.impl.backend for w, _ in items}))
     stop = _stop_rule(args)
     rows, inputs = [], {}
     with RowWriter(store, "bench", run_id, every=20) as writer, _progress() as progress:
         task = progress.add_task("bench", total=len(items), detail="")
-        for w, mode in items:
-            label = w.case.label.split(":", 1)[-1]
-            progress.update(task, description=f"{w.impl.id} {label} {w.case.dtype} {mode}")
-            drawn = w.base or w.case  # a convention variant runs on its bench case's inputs
-            if drawn.id not in inputs:
-                inputs = {drawn.id: make_inputs(drawn)}  # one case's inputs held at a time
 
-            def tell(n, noise):
-                progress.update(task, detail=f"{n} samples, noise {100 * noise:.2f}%")
-            backend = _backend(w.impl.backend)
-            row = bench_one(w.impl, backend, w.case, mode, stop, ceilings[w.impl.backend],
-                            run_id, host_inputs=inputs[drawn.id], verify=not args.no_verify,
-                            progress=tell, copy_same=args.copy_same_bytes)
+        def landed(w, row):
             writer.add(row)
             rows.append(row)
             if row["status"] not in ("ok",):
@@ -278,6 +270,24 @@ def cmd_bench(args) -> int:
                                        f"{w.case.id} ({escape(w.case.short())}): "
                                        f"{escape(row['message'][:300])}", soft_wrap=True)
             progress.update(task, advance=1, detail="")
+        if args.devices:
+            for (w, _), row in _dealt(args, items, ceilings, run_id, progress.console.print):
+                landed(w, row)
+        else:
+            for w, mode in items:
+                label = w.case.label.split(":", 1)[-1]
+                progress.update(task, description=f"{w.impl.id} {label} {w.case.dtype} {mode}")
+                drawn = w.base or w.case  # a convention variant runs on its bench case's inputs
+                if drawn.id not in inputs:
+                    inputs = {drawn.id: make_inputs(drawn)}  # one case's inputs held at a time
+
+                def tell(n, noise):
+                    progress.update(task, detail=f"{n} samples, noise {100 * noise:.2f}%")
+                backend = _backend(w.impl.backend)
+                row = bench_one(w.impl, backend, w.case, mode, stop, ceilings[w.impl.backend],
+                                run_id, host_inputs=inputs[drawn.id], verify=not args.no_verify,
+                                progress=tell, copy_same=args.copy_same_bytes)
+                landed(w, row)
     notes = {i: note(r, args.max_noise) for i, r in enumerate(rows)}
     bench_table(rows, run_id, notes)
     counts = Counter(r["status"] for r in rows)
@@ -286,6 +296,29 @@ def cmd_bench(args) -> int:
                   + convergence_summary(notes.values(), args) + f"; rows in {store.root}/")
     outputs.write_bench(args, rows, run_id, notes)
     return 1 if counts["fail"] or counts["error"] else 0
+
+
+def _dealt(args, items, ceilings, run_id, say):
+    """`bench --devices`: the (item, row) pairs as the devices' workers measure them
+    (`runners.devices.bench_rows`: verified in parallel, timed one device at a time unless
+    --concurrent-timing). A worker may wait for the others' measurements: its limit counts
+    them."""
+    from runners.devices import bench_rows
+    from runners.isolation import BASE_S, case_timeout
+
+    stop = {"max_noise": args.max_noise, "min_time_s": args.min_time,
+            "min_samples": args.min_samples, "timeout_s": args.timeout}
+    per_measure = args.timeout * (2 if args.copy_same_bytes else 1) + BASE_S
+    waits = 1 if args.concurrent_timing else len(args.devices)
+
+    def one(item, bench):
+        w, _ = item
+        settings = {"stop": stop, "ceilings": ceilings[w.impl.backend],
+                    "verify": not args.no_verify, "copy_same": args.copy_same_bytes}
+        return bench(item, run_id, settings,
+                     case_timeout(w.case, first_of_shape=True) + waits * per_measure)
+    with bench_rows(args, items, say) as rows:
+        yield from rows(items, one)
 
 
 def convergence_summary(notes, args) -> str:
@@ -611,6 +644,10 @@ def add_parsers(sub) -> None:
                        help="also time a copy of each case's bytes in the same mode and "
                             "rotation (CUDA timers): the %%cp-same column, the ceiling of a "
                             "kernel that small (a 1 GiB copy's %%copy is out of its reach)")
+    devices_flag(bench)
+    bench.add_argument("--concurrent-timing", action="store_true",
+                       help="with --devices: time on every device at once (default: one "
+                            "device at a time, since GPUs of one host share power and PCIe)")
     outputs.add_flags(bench, "(impl, case, mode) measurement")
     ab = sub.add_parser("ab", help="A/B of a baseline and one or more impls: correctness, "
                                    "interleaved runs, verdicts")

@@ -1,0 +1,287 @@
+"""`--devices all|0,1,...`: one sweep over several GPUs of one host.
+
+One isolated worker per device (`runners/isolation.py`'s `IsolatedRunner`), pinned by
+CUDA_VISIBLE_DEVICES set in the worker before any framework starts CUDA; one thread per device
+pulls small batches of work from a shared queue, so a device that meets slow cases takes fewer
+batches and none sits idle while work is left. The threads hand rows back; the sweep's thread
+writes them (one writer). Every row carries its device's index (`device_index`, the position
+in `--devices all`'s list, or the index given).
+
+What each guarantee of one device becomes:
+- a hang or a crash on a device replaces that device's worker only (`IsolatedRunner`);
+- a device found unusable after one (its probe fails) stops that device's thread: its batch
+  goes back to the queue for the other devices, and the sweep says so; the sweep stops with
+  `DeviceUnusable` only when no device is left;
+- `--resume` skips what has rows, whichever device wrote them: a resumed run may use other
+  devices, or none;
+- Ctrl-C: the rows the devices finished are handed back (and written), the workers killed.
+
+`--devices all`: the GPUs visible here, counted without starting CUDA in this process
+(CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`). On a CPU-only selection the indices are
+stand-ins (CI tests the dealer so): the workers get CUDA_VISIBLE_DEVICES all the same.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import re
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from typing import NamedTuple
+
+from runners.isolation import DeviceUnusable, IsolatedRunner, isolation_mode
+
+# Items a device takes at a time: few, so that one slow batch does not hold much work back.
+BATCH = 4
+# Seconds the sweep waits for the device threads to stop once it ends.
+STOP_S = 30.0
+
+
+class Device(NamedTuple):
+    index: int     # what the rows carry: the position in `--devices`' list of visible devices
+    visible: str   # the worker's CUDA_VISIBLE_DEVICES
+
+
+class DevicesError(ValueError):
+    """A `--devices` value that names no usable set of devices (the verbs make it exit 2)."""
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries, without starting CUDA:
+    CUDA_VISIBLE_DEVICES's own entries when it is set, else the indices `nvidia-smi -L` lists;
+    [] when neither names one."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    return [m.group(1) for m in re.finditer(r"^GPU (\d+):", out.stdout, re.MULTILINE)]
+
+
+def parse_devices(text: str, accelerated: bool) -> list[Device]:
+    """`--devices all|0,1,...` as the devices to deal to. `accelerated`: some selected backend
+    runs on the GPU, so each index must name a visible GPU; otherwise indices are stand-ins."""
+    visible = visible_gpus()
+    where = ("CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ
+             else "nvidia-smi -L")
+    if text.strip() == "all":
+        if not visible:
+            raise DevicesError(f"--devices all: no GPU visible here ({where} names none); "
+                               "name the devices instead, e.g. --devices 0,1 (stand-ins on a "
+                               "CPU-only selection), or leave --devices out")
+        return [Device(i, v) for i, v in enumerate(visible)]
+    parts = [p.strip() for p in text.split(",")]
+    for p in parts:
+        if not p.isdigit():
+            raise DevicesError(f"--devices {text}: {p!r} is not a device index; give 'all' or "
+                               "indices, e.g. --devices 0,1")
+    indices = [int(p) for p in parts]
+    for i in indices:
+        if indices.count(i) > 1:
+            raise DevicesError(f"--devices {text}: device {i} twice; name each device once, "
+                               "e.g. --devices 0,1")
+    if accelerated:
+        for i in indices:
+            if i >= len(visible):
+                raise DevicesError(
+                    f"--devices {text}: no device {i} here ({len(visible)} visible by {where}"
+                    + (f": indices 0 to {len(visible) - 1}" if visible else "")
+                    + "); --devices all takes every visible one")
+    return [Device(i, visible[i] if i < len(visible) else str(i)) for i in indices]
+
+
+def batch_size(items: int, devices: int) -> int:
+    """BATCH, but small enough that every device gets a couple of batches."""
+    return max(1, min(BATCH, items // (2 * devices)))
+
+
+@contextmanager
+def device_rows(args, work):
+    """`runner_for`'s executor for `--devices` (`args.devices`: parsed by the verb, a list of
+    `Device`): yields the dealer's `rows(work, one)`; on exit every device's worker is gone."""
+    from verbs.common import console  # the sweep's console: its progress bar stays intact
+
+    devices = args.devices
+    mode = isolation_mode(getattr(args, "isolate", None), work)
+    dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
+        halt, plugins=list(getattr(args, "plugin", None) or []),
+        backends=sorted({w.impl.backend for w in work}), fresh_per_impl=mode == "impl",
+        fixed_timeout=getattr(args, "case_timeout", None), visible=device.visible),
+        batch_size(len(work), len(devices)), say=console.print)
+    console.print(f"dealing {len(work)} (impl, case) pairs to {len(devices)} devices "
+                  f"({', '.join(str(d.index) for d in devices)}), one isolated worker each, in "
+                  f"batches of {dealer.batch}")
+    try:
+        yield dealer.rows
+    finally:
+        dealer.stop()
+
+
+@contextmanager
+def bench_rows(args, items, say):
+    """`bench --devices`' executor: yields `rows(items, one)` over (work, mode) items, `one`
+    given the device runner's `bench(item, run_id, settings, timeout)`. Unless
+    `--concurrent-timing`, one lock (a multiprocessing one, shared by every worker) is held
+    around each measurement: the devices verify in parallel and time one at a time."""
+    devices = args.devices
+    hold = None if args.concurrent_timing else multiprocessing.get_context("spawn").Lock()
+    dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
+        halt, plugins=list(getattr(args, "plugin", None) or []),
+        backends=sorted({w.impl.backend for w, _ in items}), fresh_per_impl=False,
+        fixed_timeout=None, visible=device.visible, hold=hold),
+        batch_size(len(items), len(devices)), say=say, method="bench")
+    say(f"dealing {len(items)} measurements to {len(devices)} devices "
+        f"({', '.join(str(d.index) for d in devices)}), one isolated worker each; "
+        + ("timing on every device at once (--concurrent-timing): GPUs of one host share "
+           "power and PCIe, so a time may differ from one measured alone" if hold is None else
+           "timing one device at a time (GPUs of one host share power and PCIe): "
+           "--concurrent-timing to overlap"), soft_wrap=True)
+    try:
+        yield dealer.rows
+    finally:
+        dealer.stop()
+
+
+class _DeviceRunner(IsolatedRunner):
+    """An `IsolatedRunner` of one device whose worker the sweep may kill when it stops
+    (`interrupt`): no new worker replaces one after that."""
+
+    def __init__(self, halt: threading.Event, **kwargs):
+        self.halt = halt
+        super().__init__(**kwargs)
+
+    def _replace(self) -> None:
+        if self.halt.is_set():  # the sweep killed it: the "crash" is ours, and no case is left
+            self.close()
+            return
+        super()._replace()
+
+    def interrupt(self) -> None:
+        """From the sweep's thread: kill the worker, so that a thread waiting on it returns."""
+        worker = self.worker
+        if worker is not None and worker.proc.is_alive():
+            worker.proc.kill()
+
+
+class Dealer:
+    """Deals a work list in batches to one thread per device; `rows(work, one)` yields
+    (item, row) as the rows complete, each tagged with its device (`runner_for`'s executor).
+
+    `open_runner(halt, device)` makes a device's runner (`run(w, run_id) -> row`, `close()`,
+    `interrupt()`), in the device's thread: on Linux a worker dies with the thread that started
+    it, so none outlives its thread."""
+
+    def __init__(self, devices: list[Device], open_runner, batch: int,
+                 say=lambda text, **_: print(text), method: str = "run"):
+        self.devices, self.open_runner, self.batch, self.say = devices, open_runner, batch, say
+        self.method = method  # the runner's method handed to `one`: run (check), bench
+        self.batches: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()  # ("row" | "unusable" | "error", device, x)
+        self.halt = threading.Event()
+        self.runners: dict[int, object] = {}
+        self.threads: list[threading.Thread] = []
+
+    def rows(self, work, one):
+        if not work:  # nothing to deal (a resumed run with nothing left): no worker starts
+            return
+        for k in range(0, len(work), self.batch):
+            self.batches.put(list(work[k:k + self.batch]))
+        for device in self.devices:
+            thread = threading.Thread(target=self._serve, args=(device, one), daemon=True,
+                                      name=f"kparity-device-{device.index}")
+            thread.start()
+            self.threads.append(thread)
+        left, alive = len(work), {d.index for d in self.devices}
+        try:
+            while left:
+                kind, device, payload = self._next()
+                if kind == "row":
+                    left -= 1
+                    yield payload
+                elif kind == "unusable":
+                    alive.discard(device.index)
+                    if not alive:
+                        raise payload
+                    self.say(f"[yellow]device {device.index} stopped[/]: {payload}. Its cases "
+                             f"go to the other devices ({', '.join(map(str, sorted(alive)))})",
+                             soft_wrap=True)
+                else:
+                    raise payload
+        except KeyboardInterrupt:  # hand back what the devices finished, then stop
+            self.halt.set()
+            while True:
+                try:
+                    kind, _, payload = self.results.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "row":
+                    yield payload
+            raise
+
+    def _next(self):
+        """The next message of a device thread (a short wait at a time: Ctrl-C gets through)."""
+        while True:
+            try:
+                return self.results.get(timeout=0.2)
+            except queue.Empty:
+                if not any(t.is_alive() for t in self.threads) and self.results.empty():
+                    raise RuntimeError("every device thread ended with work left (a bug)")
+
+    def _serve(self, device: Device, one) -> None:
+        runner = None
+        try:
+            runner = self.open_runner(self.halt, device)
+            self.runners[device.index] = runner
+            while not self.halt.is_set():
+                try:
+                    batch = self.batches.get(timeout=0.1)
+                except queue.Empty:
+                    continue  # another device may still hand a batch back
+                for k, w in enumerate(batch):
+                    if self.halt.is_set():
+                        return
+                    try:
+                        row = one(w, getattr(runner, self.method))
+                    except DeviceUnusable as e:  # the probe before `w`: `w` did not run
+                        self.batches.put(batch[k:])
+                        self.results.put(("unusable", device, e))
+                        return
+                    if self.halt.is_set():  # a row after the halt may be from its kill
+                        return
+                    row["device_index"] = device.index
+                    self.results.put(("row", device, (w, row)))
+        except BaseException as e:  # noqa: BLE001  (the sweep's thread raises it)
+            if not self.halt.is_set():
+                self.results.put(("error", device, e))
+        finally:
+            if runner is not None:
+                runner.close()
+
+    def stop(self) -> None:
+        """Halt the device threads, kill their workers, and wait for the threads (each closes
+        its runner on the way out)."""
+        self.halt.set()
+        deadline = time.monotonic() + STOP_S
+        for thread in self.threads:
+            thread.join(0.5)  # an idle thread ends at once, closing its worker gently
+            while thread.is_alive() and time.monotonic() < deadline:
+                for runner in list(self.runners.values()):
+                    runner.interrupt()  # a thread waiting on a case: its worker dies
+                thread.join(0.2)
+
+
+def xdist_gpu(worker: str | None, visible: list[str]) -> str | None:
+    """The GPU a pytest-xdist worker (`PYTEST_XDIST_WORKER`, gwN) takes: entry N % G of the G
+    visible GPUs, so `pytest -m gpu -n auto` spreads the gate over them; None outside xdist or
+    without a GPU."""
+    if not worker or not visible or not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    return visible[int(worker[2:]) % len(visible)]

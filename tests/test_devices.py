@@ -1,0 +1,200 @@
+"""`--devices` on CPU, with stand-in devices (indices no GPU backs: the workers get
+CUDA_VISIBLE_DEVICES all the same): the dealer's rows equal the plain run's, each tagged with its
+device, both devices used, each worker pinned; a crash replaces that device's worker only; a
+device found unusable hands its cases to the others; `--resume` across devices; bad values exit
+2 naming the fix; the xdist worker's GPU. The faults are tests/faults.py's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from results.store import Store
+from runners import devices
+from runners.devices import Dealer, Device, DevicesError, parse_devices, xdist_gpu
+from runners.isolation import DeviceUnusable
+from verbs.cli import main
+
+FAULTS = str(Path(__file__).with_name("faults.py"))
+CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16"]
+
+
+@pytest.fixture(autouse=True)
+def no_gpus(monkeypatch):
+    """No GPU visible: the indices are stand-ins, whatever the machine."""
+    monkeypatch.setattr(devices, "visible_gpus", lambda: [])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def rows(store: Path) -> list[dict]:
+    return Store(store).read("correctness").to_pylist()
+
+
+def test_two_devices_give_the_plain_rows_tagged_and_a_crash_replaces_one_worker(
+        tmp_path, monkeypatch):
+    replaced = []  # the device (its CUDA_VISIBLE_DEVICES) of each worker replaced
+    original = devices._DeviceRunner._replace
+
+    def spy(self):
+        replaced.append(self.visible)
+        original(self)
+    monkeypatch.setattr(devices._DeviceRunner, "_replace", spy)
+    impls = "torch:fault_segv,torch:fault_none,torch:fault_pinned"
+    assert main(["--store", str(tmp_path / "dealt"), "--plugin", FAULTS, "check", "--impl",
+                 impls, *CASES, "--devices", "0,1"]) == 1
+    got = rows(tmp_path / "dealt")
+    n = len(got) // 3
+    by = Counter((r["impl"], r["status"]) for r in got)
+    assert by[("torch:fault_segv", "crash")] == 1 and by[("torch:fault_segv", "pass")] == n - 1
+    assert by[("torch:fault_none", "pass")] == n  # no row lost, none twice
+    assert len({(r["impl"], r["case_id"]) for r in got}) == 3 * n
+    assert {r["device_index"] for r in got} == {0, 1}  # every row tagged, both devices used
+    for r in got:  # each worker pinned: fault_pinned fails exactly where the pin is 1
+        if r["impl"] == "torch:fault_pinned":
+            assert r["status"] == ("error" if r["device_index"] == 1 else "pass"), r["message"]
+    crash = next(r for r in got if r["status"] == "crash")
+    assert replaced == [str(crash["device_index"])]  # that device's worker, no other
+
+    assert main(["--store", str(tmp_path / "plain"), "--plugin", FAULTS, "check", "--impl",
+                 "torch:fault_none", *CASES]) == 0
+    plain = rows(tmp_path / "plain")
+    assert {r["device_index"] for r in plain} == {None}
+    assert (sorted((r["case_id"], r["status"]) for r in plain)
+            == sorted((r["case_id"], r["status"]) for r in got if r["impl"] == "torch:fault_none"))
+
+
+def test_resume_across_devices_gives_the_unbroken_runs_rows(tmp_path, capsys):
+    impls = ["--impl", "torch:fault_sticky,torch:fault_none", *CASES, "--isolate", "none"]
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert main(["--store", str(whole), "--plugin", FAULTS, "check", *impls]) == 1
+    assert main(["--store", str(broken), "--plugin", FAULTS, "check", *impls,
+                 "--maxfail", "1"]) == 1
+    kept = rows(broken)
+    assert 0 < len(kept) < len(rows(whole))
+    assert main(["--store", str(broken), "--plugin", FAULTS, "check", "--resume", "last",
+                 "--devices", "0,1"]) == 1
+    after = rows(broken)
+    assert (Counter((r["impl"], r["case_id"], r["status"]) for r in after)
+            == Counter((r["impl"], r["case_id"], r["status"]) for r in rows(whole)))
+    fresh = [r for r in after if r["device_index"] is not None]
+    assert len(fresh) == len(after) - len(kept) and {r["device_index"] for r in fresh} == {0, 1}
+
+
+@pytest.mark.parametrize("value, says", [
+    ("x", "'x' is not a device index"), ("0,0", "device 0 twice"),
+    ("all", "--devices all: no GPU visible here"), ("0,-1", "'-1' is not a device index")])
+def test_bad_devices_exit_2_naming_the_fix(tmp_path, capsys, value, says):
+    assert main(["--store", str(tmp_path / "s"), "check", "--impl", "torch:rms_norm", *CASES,
+                 "--devices", value]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert says in out and "e.g. --devices 0,1" in out
+    assert not (tmp_path / "s" / "correctness").exists()  # refused before anything ran
+
+
+def test_devices_need_worker_processes(tmp_path, capsys):
+    assert main(["--store", str(tmp_path / "s"), "check", "--impl", "torch:rms_norm", *CASES,
+                 "--devices", "0,1", "--isolate", "none"]) == 2
+    assert "--isolate case" in capsys.readouterr().out
+
+
+def test_parse_devices_on_gpus(monkeypatch):
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["3", "5"])
+    assert parse_devices("all", accelerated=True) == [Device(0, "3"), Device(1, "5")]
+    assert parse_devices("1", accelerated=True) == [Device(1, "5")]
+    with pytest.raises(DevicesError, match=r"no device 2 here \(2 visible .*indices 0 to 1\)"):
+        parse_devices("0,2", accelerated=True)
+    assert parse_devices("0,2", accelerated=False) == [Device(0, "3"), Device(2, "2")]
+
+
+class FakeRunner:
+    """A device's runner without a process: device 1 is unusable after its first case."""
+
+    def __init__(self, device: Device):
+        self.device, self.ran, self.closed = device, 0, False
+
+    def run(self, w, run_id):
+        if self.device.index == 1 and self.ran == 1:
+            raise DeviceUnusable(f"device {self.device.index} broke")
+        self.ran += 1
+        time.sleep(0.005 if self.device.index == 0 else 0)
+        return {"item": w, "thread": threading.current_thread().name}
+
+    def close(self):
+        self.closed = True
+
+    def interrupt(self):
+        pass
+
+
+def test_an_unusable_device_hands_its_cases_to_the_others():
+    said, runners = [], []
+
+    def open_runner(halt, device):
+        runners.append(FakeRunner(device))
+        return runners[-1]
+    dealer = Dealer([Device(0, "0"), Device(1, "1")], open_runner, batch=2,
+                    say=lambda text, **_: said.append(text))
+    got = list(dealer.rows(list(range(40)), lambda w, run: run(w, "run")))
+    dealer.stop()
+    assert sorted(w for w, _ in got) == list(range(40))  # each once, the broken batch's too
+    assert Counter(r["device_index"] for _, r in got)[1] == 1
+    assert any("device 1 stopped" in s and "go to the other devices (0)" in s for s in said)
+    assert all(r.closed for r in runners)
+
+
+def test_no_device_left_stops_the_sweep():
+    class Broken(FakeRunner):
+        def run(self, w, run_id):
+            raise DeviceUnusable("broke")
+    dealer = Dealer([Device(0, "0"), Device(1, "1")], lambda halt, d: Broken(d), batch=1)
+    with pytest.raises(DeviceUnusable):
+        list(dealer.rows(list(range(4)), lambda w, run: run(w, "run")))
+    dealer.stop()
+
+
+def test_each_xdist_worker_takes_one_gpu():
+    assert [xdist_gpu(f"gw{n}", ["0", "1"]) for n in range(4)] == ["0", "1", "0", "1"]
+    assert xdist_gpu("gw5", ["GPU-a", "GPU-b", "GPU-c"]) == "GPU-c"
+    assert xdist_gpu(None, ["0", "1"]) is None and xdist_gpu("gw0", []) is None
+
+
+def overlapping(log: Path) -> list[tuple]:
+    """Pairs of logged measurements (tests/faults.py's hook) of two workers that overlap."""
+    spans = [tuple(map(float, line.split()[:2])) + (line.split()[2],)
+             for line in log.read_text().splitlines()]
+    return [(a, b) for a in spans for b in spans
+            if a[2] < b[2] and a[0] < b[1] and b[0] < a[1]]
+
+
+def test_bench_on_devices_times_one_device_at_a_time(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "measures"
+    monkeypatch.setenv("KPARITY_FAULT_MEASURE_LOG", str(log))
+    assert main(["--store", str(tmp_path / "s"), "--plugin", FAULTS, "bench", "--impl",
+                 "torch:rms_norm", "--preset", "decode-1x", "--dtype", "f32,f16,bf16",
+                 "--min-time", "0", "--timeout", "0.1", "--min-samples", "2", "--no-verify",
+                 "--devices", "0,1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "timing one device at a time (GPUs of one host share power and PCIe): " \
+           "--concurrent-timing to overlap" in out
+    got = Store(tmp_path / "s").read("bench").to_pylist()
+    assert len(got) == 3 and {r["status"] for r in got} == {"ok"}
+    assert {r["device_index"] for r in got} == {0, 1}
+    assert len({line.split()[2] for line in log.read_text().splitlines()}) == 2  # two workers
+    assert overlapping(log) == []
+
+
+def test_concurrent_timing_needs_devices(tmp_path, capsys):
+    assert main(["--store", str(tmp_path / "s"), "bench", "--impl", "torch:rms_norm",
+                 "--concurrent-timing"]) == 2
+    assert "only with --devices" in capsys.readouterr().out
+
+
+def test_nightly_hands_devices_to_its_steps(tmp_path, capsys):
+    pytest.importorskip("plotly")
+    assert main(["--store", str(tmp_path / "s"), "nightly", "--out", str(tmp_path / "site"),
+                 "--impl", "torch:rms_norm", "--devices", "0,0"]) == 2
+    assert "device 0 twice" in capsys.readouterr().out
