@@ -105,8 +105,14 @@ def runner_for(args, work):
     - raises `DeviceUnusable` once no device of it can go on (rows so far yielded), and on
       KeyboardInterrupt yields the rows already complete, then re-raises it.
     The serial one (`serial_rows`) runs them in order in one isolated worker (or in this
-    process); `--devices` deals them to one worker per device (`runners/devices.py`). Another
-    executor (many hosts) is one more branch below, picked by its flag."""
+    process); `--devices` deals them to one worker per device (`runners/devices.py`); `--ray`
+    sends them to a Ray cluster's hosts as tasks (`runners/ray_sweep.py`)."""
+    if getattr(args, "ray", None):
+        from runners.ray_sweep import ray_rows
+
+        with ray_rows(args) as rows:
+            yield rows
+        return
     if getattr(args, "devices", None):
         from runners.devices import device_rows
 

@@ -77,6 +77,29 @@ def add_parsers(sub) -> None:
                  "case on GPU backends, none on CPU")
         verb_parser.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
                                  help="per-case limit in a worker (default: from the case)")
+    chk.add_argument("--ray", metavar="ADDRESS", default=None, type=ray_address,
+                     help="run the cases as tasks on a Ray cluster (pip install "
+                          "'kparity[ray]'): its address, auto (the cluster of this host), or "
+                          "local (start one here, 2 CPUs); rows stream back to this process")
+    chk.add_argument("--ray-retries", type=at_least_0, default=None, metavar="N",
+                     help="with --ray: reruns of a task whose worker died (2); a batch that "
+                          "still kills it is split, and a case that alone does is a crash row")
+
+
+def at_least_0(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text}: a count, 0 or more")
+    return int(text)
+
+
+def ray_address(text: str) -> str:
+    """--ray's value, refused at once where Ray is not installed (exit 2)."""
+    from runners.ray_sweep import available
+
+    if not available():
+        raise argparse.ArgumentTypeError(f"{text}: Ray is not installed here; "
+                                         "pip install 'kparity[ray]'")
+    return text
 
 
 def run_work(args, work: list[Work], verb: str, resume: str | None = None,
@@ -159,6 +182,8 @@ def oracle_prefetch(args, work: list[Work]) -> oracle_cache.Prefetch:
     (`runners/oracle_cache.py`); a bad KPARITY_CACHE_* setting is bad input."""
     from oracle.diskcache import CacheConfigError
 
+    if getattr(args, "ray", None):  # the tasks' hosts compute (and cache) their own
+        work = []
     try:
         return oracle_cache.Prefetch(work, _backend, getattr(args, "plugin", None) or [])
     except CacheConfigError as e:
