@@ -1,0 +1,91 @@
+"""`check --ray` (runners/ray_sweep.py) on a local Ray cluster of 2 CPUs, started once for the
+module: the sweep's rows equal the single-process sweep's, and a Ray worker killed mid-task
+loses no row (Ray reruns the task; a case that always kills its worker becomes a `crash` row,
+its batch's other cases still run). The killers are tests/ray_faults.py's impls."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from results.store import Store
+from runners import ray_sweep
+from verbs.cli import main
+from verbs.common import UsageError
+
+KILLERS = str(Path(__file__).with_name("ray_faults.py"))
+CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16"]
+KILLED_DIST = "zero_rows"  # tests/ray_faults.py's DIST: the case its impls kill their worker on
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def rows(store: Path) -> list[dict]:
+    return Store(store).read("correctness").to_pylist()
+
+
+def outcomes(got: list[dict]) -> Counter:
+    return Counter((r["impl"], r["case_id"], r["expect"], r["status"]) for r in got)
+
+
+def test_ray_sweep_rows_equal_the_single_process_sweep(tmp_path, cluster):
+    args = ["check", "--impl", "torch:rms_norm,torch:rms_norm_llama", *CASES]
+    assert main(["--store", str(tmp_path / "one"), *args]) == 0
+    assert main(["--store", str(tmp_path / "ray"), *args, "--ray", "local"]) == 0
+    one, ray = rows(tmp_path / "one"), rows(tmp_path / "ray")
+    assert len(ray) == len(one) > 8  # more than one batch a slot (runners/ray_sweep.batches)
+    assert outcomes(ray) == outcomes(one)
+    assert len({r["run_id"] for r in ray}) == 1
+
+
+def test_a_killed_ray_worker_loses_no_row(tmp_path, cluster, monkeypatch):
+    """3 impls x 3 cases: batches of 2 and 1 (9 items, 2 slots), the killed case second in its
+    batch, so the worker dies with the batch's first row computed and not yet returned."""
+    monkeypatch.setenv("KPARITY_RAY_KILL_DIR", str(tmp_path))  # KPARITY_*: passed to the tasks
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([{"op": "rms_norm", "dims": {"rows": 3, "n": 96},
+                                  "dtype": "bf16", "dist": dist}
+                                 for dist in ("normal", KILLED_DIST, "outlier_rows")]))
+    store = tmp_path / "store"
+    rc = main(["--store", str(store), "--plugin", KILLERS, "check", "--cases", str(cases),
+               "--impl", "torch:ray_kill_once,torch:ray_kill_always,torch:rms_norm",
+               "--ray", "local", "--ray-retries", "1"])
+    assert rc == 1  # the crash row is a failure
+    got = rows(store)
+    assert (tmp_path / "once").exists()  # ray_kill_once did kill its worker once
+    # ray_kill_always's case: its batch of 2 tried twice (--ray-retries 1), then alone twice
+    assert (tmp_path / "always.log").read_text().count("killed") == 4
+    assert Counter((r["impl"], r["status"]) for r in got) == {
+        ("torch:rms_norm", "pass"): 3, ("torch:ray_kill_once", "pass"): 3,
+        ("torch:ray_kill_always", "pass"): 2, ("torch:ray_kill_always", "crash"): 1}
+    crash = next(r for r in got if r["status"] == "crash")
+    assert crash["dist"] == KILLED_DIST and crash["expect"] == "valid" and crash["case_json"]
+    assert "the Ray worker died running this case, on each of its 2 tries" in crash["message"]
+    assert len({(r["impl"], r["case_id"]) for r in got}) == len(got) == 9
+
+
+def test_gpu_batches_on_a_cluster_without_gpus_are_refused_at_once():
+    with pytest.raises(UsageError, match=r"cuda impls need a GPU each, and the Ray cluster has "
+                                         r"none \(CPU 2\)"):
+        ray_sweep._check_feasible({"cuda": True, "torch": False}, {"CPU": 2.0}, "local")
+    ray_sweep._check_feasible({"cuda": True}, {"CPU": 2.0, "GPU": 1.0}, "local")
+    ray_sweep._check_feasible({"torch": False}, {"CPU": 2.0}, "local")
+
+
+def test_ray_without_ray_installed_is_bad_input(monkeypatch, capsys):
+    monkeypatch.setattr(ray_sweep, "available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--impl", "torch:rms_norm", "--ray", "local"])
+    assert e.value.code == 2
+    assert "pip install 'kparity[ray]'" in capsys.readouterr().err
