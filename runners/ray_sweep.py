@@ -288,8 +288,10 @@ def _died_row(w, error: Exception, retries: int, seconds: float) -> dict:
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return _row_without_result(
         w, "", "crash",
-        f"the Ray worker died running this case, on each of its {retries + 1} "
-        f"{'try' if retries == 0 else 'tries'} ({type(error).__name__}: {first[:300]}); "
+        "the Ray worker died running this case, "
+        + (f"on each of its {retries + 1} tries" if retries
+           else "on its only try (--ray-retries 0)")
+        + f" ({type(error).__name__}: {first[:300]}); "
         "the rest of its batch ran in other tasks", seconds)
 
 

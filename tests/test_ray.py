@@ -1,7 +1,8 @@
 """`check --ray` (runners/ray_sweep.py) on a local Ray cluster of 2 CPUs, started once for the
-module: the sweep's rows equal the single-process sweep's, and a Ray worker killed mid-task
-loses no row (Ray reruns the task; a case that always kills its worker becomes a `crash` row,
-its batch's other cases still run). The killers are tests/ray_faults.py's impls."""
+module: the sweep's rows equal the single-process sweep's; a Ray worker killed mid-task loses
+no row (Ray reruns the task; a case that always kills its worker becomes a `crash` row, its
+batch's other cases still run); a sweep stopped early resumes on Ray. The killers are
+tests/ray_faults.py's impls."""
 
 from __future__ import annotations
 
@@ -73,6 +74,23 @@ def test_a_killed_ray_worker_loses_no_row(tmp_path, cluster, monkeypatch):
     assert crash["dist"] == KILLED_DIST and crash["expect"] == "valid" and crash["case_json"]
     assert "the Ray worker died running this case, on each of its 2 tries" in crash["message"]
     assert len({(r["impl"], r["case_id"]) for r in got}) == len(got) == 9
+
+
+def test_a_ray_sweep_stopped_early_resumes_on_ray(tmp_path, cluster, capsys):
+    """--maxfail 1 stops the sweep at its first failing row (tests/mutants.py's drop_eps fails
+    2 of its 7 cases), the tasks still out cancelled; --resume runs the rest, each pair once."""
+    sweep = ["check", "--impl", "torch:mutant_drop_eps,torch:rms_norm", *CASES]
+    mutants = ["--plugin", str(Path(__file__).with_name("mutants.py"))]
+    assert main(["--store", str(tmp_path / "one"), *mutants, *sweep]) == 1
+    store = ["--store", str(tmp_path / "store"), *mutants]
+    assert main([*store, *sweep, "--ray", "local", "--maxfail", "1"]) == 1
+    said = capsys.readouterr().out
+    if "stopped early" in said:  # (unless the failing batch was the last to finish)
+        assert " --ray local" in said.split("The rest: ")[1]  # the resume command names it
+    assert main([*store, "check", "--resume", "last", "--ray", "local"]) == 1
+    got = rows(tmp_path / "store")
+    assert outcomes(got) == outcomes(rows(tmp_path / "one"))  # each pair once, as one run
+    assert {r["status"] for r in got} == {"pass", "fail"} and len({r["run_id"] for r in got}) == 1
 
 
 def test_gpu_batches_on_a_cluster_without_gpus_are_refused_at_once():

@@ -204,7 +204,8 @@ class Interrupted(Exception):
 
 def resume_command(args, run_id: str) -> str:
     """The command that runs what check run `run_id` left (its store and plugins named again)."""
-    return f"kparity{global_flags(args)} check --resume {run_id}"
+    ray = f" --ray {args.ray}" if getattr(args, "ray", None) else ""  # its cluster again
+    return f"kparity{global_flags(args)} check --resume {run_id}{ray}"
 
 
 def interruptible(verb):
