@@ -72,8 +72,8 @@ def ray_rows(args):
     from verbs.common import UsageError
 
     if getattr(args, "devices", None):
-        raise UsageError(f"--ray {args.ray} and --devices {args.devices}: give one; on a Ray "
-                         "cluster each task takes one GPU of its host")
+        raise UsageError(f"--ray {args.ray} and --devices: give one of them; on a Ray cluster "
+                         "each task takes one GPU of its host")
     made = []
 
     def rows(work: list, one):
@@ -223,9 +223,10 @@ def _check_feasible(gpu: dict[str, bool], resources: dict, where: str) -> None:
 
     want = sorted(b for b, g in gpu.items() if g)
     if want and not resources.get("GPU"):
+        has = ", ".join(f"{k} {resources[k]:g}" for k in ("CPU", "GPU") if k in resources)
         raise UsageError(
             f"--ray {where}: the {', '.join(want)} impls need a GPU each, and the Ray cluster "
-            f"has none ({', '.join(f'{k} {v:g}' for k, v in sorted(resources.items()) if k in ('CPU', 'GPU')) or 'no resources'}). "
+            f"has none ({has or 'no resources'}). "
             "Start its workers on GPU hosts (`ray start --num-gpus N` declares an Apple GPU), "
             "or leave those impls out (--backend)")
 

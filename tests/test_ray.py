@@ -47,7 +47,8 @@ def test_ray_sweep_rows_equal_the_single_process_sweep(tmp_path, cluster):
     one, ray = rows(tmp_path / "one"), rows(tmp_path / "ray")
     assert len(ray) == len(one) > 8  # more than one batch a slot (runners/ray_sweep.batches)
     assert outcomes(ray) == outcomes(one)
-    assert len({r["run_id"] for r in ray}) == 1
+    run_ids = {r["run_id"] for r in Store(tmp_path / "ray").read("runs").to_pylist()}
+    assert {r["run_id"] for r in ray} == run_ids and len(run_ids) == 1  # the sweep's, not a task's
 
 
 def test_a_killed_ray_worker_loses_no_row(tmp_path, cluster, monkeypatch):
