@@ -104,19 +104,18 @@ def batch_size(items: int, devices: int) -> int:
 
 
 @contextmanager
-def device_rows(args, work):
+def device_rows(args, work, say=print):
     """`runner_for`'s executor for `--devices` (`args.devices`: parsed by the verb, a list of
-    `Device`): yields the dealer's `rows(work, one)`; on exit every device's worker is gone."""
-    from verbs.common import console  # the sweep's console: its progress bar stays intact
-
+    `Device`): yields the dealer's `rows(work, one)`; on exit every device's worker is gone.
+    `say`: how its lines are printed (the sweep's console)."""
     devices = args.devices
     mode = isolation_mode(getattr(args, "isolate", None), work)
     dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
         halt, plugins=list(getattr(args, "plugin", None) or []),
         backends=sorted({w.impl.backend for w in work}), fresh_per_impl=mode == "impl",
         fixed_timeout=getattr(args, "case_timeout", None), visible=device.visible),
-        batch_size(len(work), len(devices)), say=console.print)
-    console.print(f"dealing {len(work)} (impl, case) pairs to {len(devices)} devices "
+        batch_size(len(work), len(devices)), say=say)
+    say(f"dealing {len(work)} (impl, case) pairs to {len(devices)} devices "
                   f"({', '.join(str(d.index) for d in devices)}), one isolated worker each, in "
                   f"batches of {dealer.batch}")
     try:

@@ -59,6 +59,11 @@ STICKY_ERROR = re.compile("|".join((
     r"HARDWARE_STACK_ERROR|ASSERT)")), re.IGNORECASE)
 
 
+class BadInput(ValueError):
+    """Bad input a runner finds (an executor's flags, a cluster that cannot run the work): the
+    CLI prints it as a usage error, exit code 2 (runners never import the verbs)."""
+
+
 class DeviceUnusable(RuntimeError):
     """The probe after a crash or timeout failed: the sweep cannot go on on this device."""
 
@@ -89,7 +94,7 @@ def case_timeout(case, first_of_shape: bool) -> float:
 
 
 @contextmanager
-def runner_for(args, work):
+def runner_for(args, work, say=print):
     """The sweep's executor: yields `rows(work, one) -> iterator of (w, row)`, every item of
     `work` once, in the order the rows complete. `one(w, run_case) -> row` is the caller's: it
     turns one item into its row given `run_case(w, run_id) -> row` (the check of one case
@@ -106,7 +111,8 @@ def runner_for(args, work):
       KeyboardInterrupt yields the rows already complete, then re-raises it.
     The serial one (`serial_rows`) runs them in order in one isolated worker (or in this
     process); `--devices` deals them to one worker per device (`runners/devices.py`); `--ray`
-    sends them to a Ray cluster's hosts as tasks (`runners/ray_sweep.py`)."""
+    sends them to a Ray cluster's hosts as tasks (`runners/ray_sweep.py`). `say(text)` prints
+    an executor's lines (the sweep's console, so its progress bar stays intact)."""
     if getattr(args, "ray", None):
         from runners.ray_sweep import ray_rows
 
@@ -116,7 +122,7 @@ def runner_for(args, work):
     if getattr(args, "devices", None):
         from runners.devices import device_rows
 
-        with device_rows(args, work) as rows:
+        with device_rows(args, work, say) as rows:
             yield rows
         return
     with case_runner(args, work) as run_case:

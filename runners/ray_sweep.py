@@ -5,7 +5,7 @@ The driver (this process) deals the work into batches of one impl's cases and su
 task needing one GPU where the impl's backend runs on an accelerator (`needs_gpu`), else one CPU.
 A task rebuilds its Work items from (impl id, case JSON, expect, invariant), as an isolation
 worker does (the same --plugin modules loaded first), and runs each through the serial sweep's
-own per-item path (`verbs.check.run_one`: --repeat, the known-issues ledger) with the runner the
+own per-item path (`runners.item.run_one`: --repeat, the known-issues ledger) with the runner the
 serial sweep would pick for that batch (`runners.isolation.case_runner`): under `--isolate
 auto` that is a worker process per task on an accelerator (a hung case becomes a `timeout` row,
 a crashed one a `crash` row, as on one host), in the Ray worker itself on a CPU backend. The
@@ -69,10 +69,10 @@ def ray_rows(args):
     """`runners.isolation.runner_for`'s executor for --ray: yields `rows(work, one)`; on exit
     (the sweep's end, --maxfail, an exception, Ctrl-C) every iterator it made is closed: the
     tasks still out are cancelled, a Ray session it started ends."""
-    from verbs.common import UsageError
+    from runners.isolation import BadInput
 
     if getattr(args, "devices", None):
-        raise UsageError(f"--ray {args.ray} and --devices: give one of them; on a Ray cluster "
+        raise BadInput(f"--ray {args.ray} and --devices: give one of them; on a Ray cluster "
                          "each task takes one GPU of its host")
     made = []
 
@@ -184,12 +184,12 @@ def batches(work: list, gpu: dict[str, bool], resources: dict) -> list[list[int]
 
 
 def _import_ray():
-    from verbs.common import UsageError
+    from runners.isolation import BadInput
 
     try:
         import ray
     except ImportError as e:
-        raise UsageError(f"--ray needs Ray ({e}): pip install 'kparity[ray]'") from None
+        raise BadInput(f"--ray needs Ray ({e}): pip install 'kparity[ray]'") from None
     return ray
 
 
@@ -199,7 +199,7 @@ def _connect(ray, where: str) -> bool:
     uses its session, whatever `where` says."""
     import logging
 
-    from verbs.common import UsageError
+    from runners.isolation import BadInput
 
     if ray.is_initialized():
         return False
@@ -210,7 +210,7 @@ def _connect(ray, where: str) -> bool:
         else:
             ray.init(address=where, **quiet)
     except ConnectionError as e:
-        raise UsageError(f"--ray {where}: no Ray cluster reached ({e}). Start one (`ray start "
+        raise BadInput(f"--ray {where}: no Ray cluster reached ({e}). Start one (`ray start "
                          "--head` on one host, `ray start --address HEAD:6379` on the others) "
                          "and give its address, or `auto` on one of its hosts; `--ray local` "
                          "starts one here") from None
@@ -219,12 +219,12 @@ def _connect(ray, where: str) -> bool:
 
 def _check_feasible(gpu: dict[str, bool], resources: dict, where: str) -> None:
     """A GPU batch on a cluster without GPUs would wait forever: bad input, said at once."""
-    from verbs.common import UsageError
+    from runners.isolation import BadInput
 
     want = sorted(b for b, g in gpu.items() if g)
     if want and not resources.get("GPU"):
         has = ", ".join(f"{k} {resources[k]:g}" for k in ("CPU", "GPU") if k in resources)
-        raise UsageError(
+        raise BadInput(
             f"--ray {where}: the {', '.join(want)} impls need a GPU each, and the Ray cluster "
             f"has none ({has or 'no resources'}). "
             "Start its workers on GPU hosts (`ray start --num-gpus N` declares an Apple GPU), "
@@ -256,7 +256,7 @@ def _run_batch(spec: dict, items: list[tuple]) -> list[list[dict]]:
     from cases.generate import Work
     from cases.model import Case
     from runners.isolation import case_runner
-    from verbs.check import run_one
+    from runners.item import run_one
 
     for module in spec["plugins"]:  # once per worker process: load_plugin remembers
         gpu_impls.load_plugin(module)

@@ -16,7 +16,7 @@ import pytest
 from results.store import Store
 from runners import ray_sweep
 from verbs.cli import main
-from verbs.common import UsageError
+from runners.isolation import BadInput
 
 KILLERS = str(Path(__file__).with_name("ray_faults.py"))
 CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16"]
@@ -95,7 +95,7 @@ def test_a_ray_sweep_stopped_early_resumes_on_ray(tmp_path, cluster, capsys):
 
 
 def test_gpu_batches_on_a_cluster_without_gpus_are_refused_at_once():
-    with pytest.raises(UsageError, match=r"cuda impls need a GPU each, and the Ray cluster has "
+    with pytest.raises(BadInput, match=r"cuda impls need a GPU each, and the Ray cluster has "
                                          r"none \(CPU 2\)"):
         ray_sweep._check_feasible({"cuda": True, "torch": False}, {"CPU": 2.0}, "local")
     ray_sweep._check_feasible({"cuda": True}, {"CPU": 2.0, "GPU": 1.0}, "local")

@@ -21,8 +21,8 @@ from oracle.metrics import budget_text
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store
 from runners import oracle_cache
-from runners.correctness import judged_row, quarantined_row, repeated_row
 from runners.isolation import MODES as ISOLATION_MODES, runner_for
+from runners.item import run_one  # noqa: F401 (run_work calls it by this module's name)
 from runners.verdicts import failure_kind, is_failure, outcome
 from verbs.common import (FILTERS, UsageError, _backend, _filters, _impls, _seed, _split,
                           check_presets, console, devices_flag, global_flags, pick_devices,
@@ -128,7 +128,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     try:
         with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
                 oracle_prefetch(args, work) as ahead, \
-                runner_for(args, work) as executor, Progress(
+                runner_for(args, work, say=console.print) as executor, Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
                 console=console, transient=True) as progress:
@@ -224,26 +224,6 @@ def interruptible(verb):
                           "in the store")
         return 130
     return run
-
-
-def run_one(w: Work, run_id: str, run_case, repeat: int, ledger) -> dict:
-    """One (impl, case)'s row: `repeat` runs of it (valid cases), judged by the known-issues
-    ledger (`gpu_impls/known_issues.py`): a never-launch entry's case does not run at all."""
-    entry = known_issues.find(w.impl.id, w.case, ledger) if w.expect == "valid" else None
-    if entry is not None and entry.kind == "never-launch":
-        return quarantined_row(w, _backend(w.impl.backend).device(), run_id, entry)
-    rows = [run_case(w, run_id)]
-    if w.expect == "valid" and repeat > 1:
-        while len(rows) < repeat and not is_failure(rows[-1]):  # a failed repeat decides
-            rows.append(run_case(w, run_id))
-        cached = rows[0].get(oracle_cache.CACHE_KEY)  # the first repeat's lookup speaks for it
-        rows = [{k: v for k, v in r.items() if k != oracle_cache.CACHE_KEY} for r in rows]
-        row = repeated_row(w.impl, rows, repeat)
-        if cached is not None:
-            row[oracle_cache.CACHE_KEY] = cached
-    else:
-        row = rows[0]
-    return judged_row(row, entry) if entry is not None else row
 
 
 # Columns shown only when some row of the run has that status.

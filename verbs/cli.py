@@ -40,7 +40,7 @@ import verbs
 from cases.casefile import CaseFileError
 from gpu_impls import known_issues
 from results.store import StoreError
-from runners.isolation import DeviceUnusable
+from runners.isolation import BadInput, DeviceUnusable
 from verbs.common import UsageError, console
 
 
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         with plugin_warnings_in_yellow():
             load_plugins(args.plugin or [])
             return verb_table()[args.verb](args)
-    except UsageError as e:
+    except (UsageError, BadInput) as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     except (StoreError, CaseFileError, known_issues.KnownIssueError) as e:
