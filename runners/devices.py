@@ -14,7 +14,9 @@ What each guarantee of one device becomes:
   `DeviceUnusable` only when no device is left;
 - `--resume` skips what has rows, whichever device wrote them: a resumed run may use other
   devices, or none;
-- Ctrl-C: the rows the devices finished are handed back (and written), the workers killed.
+- Ctrl-C: the rows the devices finished are handed back (and written), the workers killed; a
+  row that finished while the sweep was writing another may be left out, and `--resume` runs
+  it again (nothing is written twice).
 
 `--devices all`: the GPUs visible here, counted without starting CUDA in this process
 (CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`). On a CPU-only selection the indices are
@@ -23,11 +25,11 @@ stand-ins (CI tests the dealer so): the workers get CUDA_VISIBLE_DEVICES all the
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -128,10 +130,11 @@ def device_rows(args, work, say=print):
 def bench_rows(args, items, say):
     """`bench --devices`' executor: yields `rows(items, one)` over (work, mode) items, `one`
     given the device runner's `bench(item, run_id, settings, timeout)`. Unless
-    `--concurrent-timing`, one lock (a multiprocessing one, shared by every worker) is held
+    `--concurrent-timing`, one lock (`HostLock`, shared by every worker) is held
     around each measurement: the devices verify in parallel and time one at a time."""
     devices = args.devices
-    hold = None if args.concurrent_timing else multiprocessing.get_context("spawn").Lock()
+    lock_dir = tempfile.TemporaryDirectory(prefix="kparity-timing-")
+    hold = None if args.concurrent_timing else HostLock(os.path.join(lock_dir.name, "lock"))
     dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
         halt, plugins=list(getattr(args, "plugin", None) or []),
         backends=sorted({w.impl.backend for w, _ in items}), fresh_per_impl=False,
@@ -147,6 +150,32 @@ def bench_rows(args, items, say):
         yield dealer.rows
     finally:
         dealer.stop()
+        lock_dir.cleanup()
+
+
+class HostLock:
+    """The timing lock of `bench --devices`: an exclusive `flock` on a file, taken in a worker
+    around each measurement. The kernel releases it when its holder dies, so a worker killed
+    mid-measurement (a hang past its limit, a crash) does not stall every other device; a
+    multiprocessing.Lock held by a killed process stays held. Picklable: the workers open the
+    file themselves."""
+
+    def __init__(self, path: str):
+        self.path, self.fd = path, None
+
+    def __getstate__(self):
+        return {"path": self.path, "fd": None}
+
+    def __enter__(self):
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # closing the last descriptor releases the lock
+        self.fd = None
 
 
 class _DeviceRunner(IsolatedRunner):

@@ -40,6 +40,7 @@ import json
 import multiprocessing
 import multiprocessing.pool
 import os
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -380,6 +381,7 @@ class Prefetch:
         """`backend_of(name)`: the backend object (only its `flushes_subnormals` is read)."""
         self.futures: dict[tuple, multiprocessing.pool.AsyncResult] = {}
         self.outcomes: Counter = Counter()
+        self._counting = threading.Lock()  # wait() runs on every --devices thread
         self.workers = 0
         self.pool = None
         cache = current_cache()
@@ -423,7 +425,8 @@ class Prefetch:
             outcome = "late"
         except Exception:  # noqa: BLE001  (the check computes it and reports the error)
             outcome = "failed"
-        self.outcomes[outcome] += 1
+        with self._counting:
+            self.outcomes[outcome] += 1
         return outcome if outcome in ("miss", "stale", "corrupt") else None
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ device found unusable hands its cases to the others; `--resume` across devices; 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -198,3 +199,31 @@ def test_nightly_hands_devices_to_its_steps(tmp_path, capsys):
     assert main(["--store", str(tmp_path / "s"), "nightly", "--out", str(tmp_path / "site"),
                  "--impl", "torch:rms_norm", "--devices", "0,0"]) == 2
     assert "device 0 twice" in capsys.readouterr().out
+
+
+def _hold_and_die(lock, ready):
+    """Takes the timing lock and dies holding it, as a worker killed mid-measurement does."""
+    with lock:
+        ready.set()
+        os._exit(1)
+
+
+def test_the_timing_lock_is_released_when_its_holder_dies(tmp_path):
+    """A worker killed while it times (a hang past its limit, a crash) must not leave the lock
+    held: every other device would wait on it for the rest of the sweep."""
+    import multiprocessing
+
+    from runners.devices import HostLock
+
+    ctx = multiprocessing.get_context("spawn")
+    lock, ready = HostLock(str(tmp_path / "lock")), ctx.Event()
+    holder = ctx.Process(target=_hold_and_die, args=(lock, ready))
+    holder.start()
+    assert ready.wait(60)
+    holder.join(60)
+    assert holder.exitcode == 1
+    taken = threading.Event()
+    waiter = threading.Thread(target=lambda: (lock.__enter__(), taken.set(), lock.__exit__()),
+                              daemon=True)
+    waiter.start()
+    assert taken.wait(10), "the lock stayed held after its holder died"
