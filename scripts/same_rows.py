@@ -1,0 +1,53 @@
+"""Do two check runs have the same rows? `python3 scripts/same_rows.py STORE_A STORE_B`
+
+Issue 32's test of a spread sweep (`--devices`, `--ray`, `pytest -n`): it must give the rows
+the plain run gives. Compares the newest check run of each store as multisets of (impl, case
+id, expect, status); prints the counts, each difference (at most 20 of each side), the devices
+each run used (`device_index`), and exits 1 when they differ. Needs pyarrow only (no DuckDB: the
+GPU image lacks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+
+from results.store import Store
+
+KEY = ("impl", "case_id", "expect", "status")
+
+
+def newest_check_rows(path: str) -> tuple[str, list[dict]]:
+    """(run id, rows) of the store's newest `check` run."""
+    store = Store(path)
+    runs = [r for r in store.read("runs").to_pylist() if r.get("verb") == "check"]
+    if not runs:
+        sys.exit(f"{path}: no check run in this store")
+    run_id = max(runs, key=lambda r: r["run_id"])["run_id"]
+    rows = [r for r in store.read("correctness").to_pylist() if r["run_id"] == run_id]
+    return run_id, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("stores", nargs=2, metavar="STORE")
+    args = ap.parse_args(argv)
+    counts = []
+    for path in args.stores:
+        run_id, rows = newest_check_rows(path)
+        devices = Counter(r.get("device_index") for r in rows)
+        print(f"{path}: run {run_id}, {len(rows)} rows, by device_index {dict(devices)}")
+        counts.append(Counter(tuple(r[k] for k in KEY) for r in rows))
+    only_a, only_b = counts[0] - counts[1], counts[1] - counts[0]
+    for name, only in (("only in A", only_a), ("only in B", only_b)):
+        for key, n in list(only.items())[:20]:
+            print(f"{name}: {n} x {dict(zip(KEY, key))}")
+    same = not only_a and not only_b
+    print("same rows (impl, case id, expect, status)" if same else
+          f"DIFFERENT: {sum(only_a.values())} rows only in A, {sum(only_b.values())} only in B")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
