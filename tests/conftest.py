@@ -32,16 +32,28 @@ def accelerators() -> tuple[list[str], list[str]]:
     return found, why
 
 
+# Why the `timing` tests skip in this run: set where more xdist workers than GPUs run, so that
+# workers share a GPU and their kernels overlap whatever a test times (None: they run).
+SHARED_GPU = None
+
+
 def pin_xdist_worker() -> None:
     """Under pytest-xdist, this worker takes one GPU (`runners.devices.xdist_gpu`): worker gwN
     gets CUDA_VISIBLE_DEVICES = the (N mod G)th of the G GPUs visible, counted by `nvidia-smi -L`
     (or an existing CUDA_VISIBLE_DEVICES), before any test starts CUDA."""
+    global SHARED_GPU
     from runners.devices import visible_gpus, xdist_gpu
 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    gpu = xdist_gpu(worker, visible_gpus()) if worker else None
+    visible = visible_gpus()
+    gpu = xdist_gpu(worker, visible) if worker else None
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        if workers > len(visible):
+            SHARED_GPU = (f"{workers} xdist workers share {len(visible)} GPU(s): their kernels "
+                          "would overlap what a timing test measures; run with -n "
+                          f"{len(visible)} (a worker per GPU), or without -n")
 
 
 def pytest_configure(config):
@@ -59,6 +71,8 @@ def pytest_collection_modifyitems(config, items):
     from gpu_impls import backend
 
     for item in items:
+        if SHARED_GPU and item.get_closest_marker("timing"):
+            item.add_marker(pytest.mark.skip(reason=SHARED_GPU))
         for name in ("cuda", "mlx", "metal"):
             if item.get_closest_marker(name):
                 ok, reason = backend(name).available()

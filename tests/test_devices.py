@@ -227,3 +227,21 @@ def test_the_timing_lock_is_released_when_its_holder_dies(tmp_path):
                               daemon=True)
     waiter.start()
     assert taken.wait(10), "the lock stayed held after its holder died"
+
+
+@pytest.mark.parametrize("workers, shared", [(4, True), (2, False)])
+def test_timing_tests_skip_where_xdist_workers_share_a_gpu(monkeypatch, workers, shared):
+    """gw3 of `workers` on two GPUs takes GPU 1; with more workers than GPUs the `timing` tests
+    get a skip reason (their kernels would overlap), with a worker per GPU they run."""
+    from tests import conftest
+
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0", "1"])  # two GPUs seen
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    monkeypatch.setattr(conftest, "SHARED_GPU", None)
+    conftest.pin_xdist_worker()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert bool(conftest.SHARED_GPU) == shared
+    if shared:
+        assert "-n 2" in conftest.SHARED_GPU

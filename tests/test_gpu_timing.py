@@ -19,7 +19,7 @@ from gpu_impls import backend, impls
 from runners.bench import bench_one
 from runners.stopping import StdRel
 
-pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
+pytestmark = [pytest.mark.gpu, pytest.mark.cuda, pytest.mark.timing]
 
 LLAMA3_8B_UP = Case.make("dequant_gemv", {"out": 14336, "in": 4096, "bits": 4, "group_size": 64},
                          "bf16", label="bench:llama3-8b-up")
