@@ -204,11 +204,11 @@ def nearest_multiples(value: int, m: int, lo: int = 1, hi: int | None = None) ->
     return " or ".join(str(v) for v in options)
 
 
-def param_is(name: str, value: object, alternative: str, other: object = None) -> Invariant:
+def param_is(name: str, value: object, alternative: str, other: object) -> Invariant:
     """A semantic invariant: the impl implements only `name == value` (e.g. a rounding
-    convention); `other` is the value its violating case uses."""
-    if other is None:
-        other = {"once": "normed", "normed": "once"}[value]
+    convention); `other`, a value the op admits, is the one its violating case uses (named at
+    each call: which values exist is the op's, e.g. rms_norm's once / normed, silu_mul's
+    once / act)."""
     return Invariant(
         name=f"{name} == {value!r}", holds=lambda ns: ns.get(name) == value,
         why=f"this impl implements only {name}={value!r}", fix=lambda ns: alternative,
@@ -216,5 +216,5 @@ def param_is(name: str, value: object, alternative: str, other: object = None) -
 
 
 def rounding_once(alternative: str) -> tuple[Invariant, ...]:
-    """For ops with a `rounding` param: this impl rounds once, at the store."""
-    return (param_is("rounding", "once", alternative),)
+    """For the RMSNorm family's `rounding` (once / normed): this impl rounds once, at the store."""
+    return (param_is("rounding", "once", alternative, other="normed"),)

@@ -41,7 +41,7 @@ from gpu_impls.impl import Impl
 from oracle.numerics import Numerics, lanes
 
 ONCE = Contract(invariants=rounding_once("a non-mutant impl"))
-NORMED = Contract(invariants=(param_is("rounding", "normed", "a non-mutant impl"),
+NORMED = Contract(invariants=(param_is("rounding", "normed", "a non-mutant impl", other="once"),
                               param_is("weight_offset", 0, "a non-mutant impl", other=1)))
 
 

@@ -218,7 +218,7 @@ def test_toy_upper_limit():
 
 def test_param_is_invariant():
     """param_is: holds only for the one value; its violation uses the other rounding."""
-    inv = param_is("rounding", "once", "use the other impl")
+    inv = param_is("rounding", "once", "use the other impl", other="normed")
     assert inv.violation == {"rounding": "normed"}
     assert inv.holds({"rounding": "once"}) and not inv.holds({"rounding": "normed"})
     c = Contract(invariants=(inv,))

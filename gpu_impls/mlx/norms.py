@@ -75,10 +75,11 @@ def _rms_inv(launch, inputs, outputs, case):
 
 # mx.fast.rms_norm takes the weight as stored: a Gemma (1 + w) weight would be formed in T.
 _NORMED = Contract(invariants=(
-    param_is("rounding", "normed", "mlx:rms_norm_f32 for rounding='once'"),
+    param_is("rounding", "normed", "mlx:rms_norm_f32 for rounding='once'", other="once"),
     param_is("weight_offset", 0, "mlx:rms_norm_f32 (forms 1 + w in f32)", other=1)))
 _ONCE = Contract(invariants=(param_is("rounding", "once",
-                                      "mlx:fast_rms_norm for rounding='normed'"),))
+                                      "mlx:fast_rms_norm for rounding='normed'",
+                                      other="normed"),))
 
 register(
     Impl("rms_norm", "mlx", "fast_rms_norm", _fast_rms_norm, _NORMED, doc="mx.fast.rms_norm"),

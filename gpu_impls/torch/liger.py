@@ -99,9 +99,11 @@ register(
            "LigerSiLUMulFunction: silu(gate) in f32 rounded to T, times up in T (rounding "
            "'act')"),
     _liger("rms_norm", "liger_rms_norm_llama", _rms_norm("llama"),
-           param_is("rounding", "normed", "torch:liger_rms_norm_gemma for rounding='once'"),
+           param_is("rounding", "normed", "torch:liger_rms_norm_gemma for rounding='once'",
+                    other="once"),
            "LigerRMSNormFunction, casting_mode 'llama' (x·inv rounded to T, then ·(offset + w))"),
     _liger("rms_norm", "liger_rms_norm_gemma", _rms_norm("gemma"),
-           param_is("rounding", "once", "torch:liger_rms_norm_llama for rounding='normed'"),
+           param_is("rounding", "once", "torch:liger_rms_norm_llama for rounding='normed'",
+                    other="normed"),
            "LigerRMSNormFunction, casting_mode 'gemma' (all f32, one store)"),
 )

@@ -140,7 +140,7 @@ register(
     RMS_NORM, PER_HEAD, RESIDUAL, ADD,
     Impl("rms_norm", "torch", "rms_norm_llama", _rms_norm_llama,
          Contract(invariants=(param_is("rounding", "normed",
-                                       "torch:rms_norm for rounding='once'"),)),
+                                       "torch:rms_norm for rounding='once'", other="once"),)),
          doc="HF LlamaRMSNorm: w * (x.float() * rsqrt(mean(x^2) + eps)).to(T)"),
     Impl("gated_mixer_norm", "torch", "gated_mixer_norm", _gated_mixer_norm,
          doc="composed f32: y * rsqrt(mean(y^2) + eps) * w * silu(z)"),
