@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from runners.isolation import DeviceUnusable, IsolatedRunner, isolation_mode
+from runners.isolation import BadInput, DeviceUnusable, IsolatedRunner, isolation_mode
 
 # Items a device takes at a time: few, so that one slow batch does not hold much work back.
 BATCH = 4
@@ -46,10 +46,6 @@ STOP_S = 30.0
 class Device(NamedTuple):
     index: int     # what the rows carry: the position in `--devices`' list of visible devices
     visible: str   # the worker's CUDA_VISIBLE_DEVICES
-
-
-class DevicesError(ValueError):
-    """A `--devices` value that names no usable set of devices (the verbs make it exit 2)."""
 
 
 def visible_gpus() -> list[str]:
@@ -76,24 +72,24 @@ def parse_devices(text: str, accelerated: bool) -> list[Device]:
              else "nvidia-smi -L")
     if text.strip() == "all":
         if not visible:
-            raise DevicesError(f"--devices all: no GPU visible here ({where} names none); "
+            raise BadInput(f"--devices all: no GPU visible here ({where} names none); "
                                "name the devices instead, e.g. --devices 0,1 (stand-ins on a "
                                "CPU-only selection), or leave --devices out")
         return [Device(i, v) for i, v in enumerate(visible)]
     parts = [p.strip() for p in text.split(",")]
     for p in parts:
         if not p.isdigit():
-            raise DevicesError(f"--devices {text}: {p!r} is not a device index; give 'all' or "
+            raise BadInput(f"--devices {text}: {p!r} is not a device index; give 'all' or "
                                "indices, e.g. --devices 0,1")
     indices = [int(p) for p in parts]
     for i in indices:
         if indices.count(i) > 1:
-            raise DevicesError(f"--devices {text}: device {i} twice; name each device once, "
+            raise BadInput(f"--devices {text}: device {i} twice; name each device once, "
                                "e.g. --devices 0,1")
     if accelerated:
         for i in indices:
             if i >= len(visible):
-                raise DevicesError(
+                raise BadInput(
                     f"--devices {text}: no device {i} here ({len(visible)} visible by {where}"
                     + (f": indices 0 to {len(visible) - 1}" if visible else "")
                     + "); --devices all takes every visible one")
@@ -106,24 +102,15 @@ def batch_size(items: int, devices: int) -> int:
 
 
 @contextmanager
-def device_rows(args, work, say=print):
+def device_rows(args, work, say=lambda text, **_: print(text)):
     """`runner_for`'s executor for `--devices` (`args.devices`: parsed by the verb, a list of
     `Device`): yields the dealer's `rows(work, one)`; on exit every device's worker is gone.
     `say`: how its lines are printed (the sweep's console)."""
-    devices = args.devices
     mode = isolation_mode(getattr(args, "isolate", None), work)
-    dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
-        halt, plugins=list(getattr(args, "plugin", None) or []),
-        backends=sorted({w.impl.backend for w in work}), fresh_per_impl=mode == "impl",
-        fixed_timeout=getattr(args, "case_timeout", None), visible=device.visible),
-        batch_size(len(work), len(devices)), say=say)
-    say(f"dealing {len(work)} (impl, case) pairs to {len(devices)} devices "
-                  f"({', '.join(str(d.index) for d in devices)}), one isolated worker each, in "
-                  f"batches of {dealer.batch}")
-    try:
-        yield dealer.rows
-    finally:
-        dealer.stop()
+    with _dealt(args, {w.impl.backend for w in work}, len(work), say, "(impl, case) pairs",
+                fresh_per_impl=mode == "impl",
+                fixed_timeout=getattr(args, "case_timeout", None)) as rows:
+        yield rows
 
 
 @contextmanager
@@ -132,25 +119,34 @@ def bench_rows(args, items, say):
     given the device runner's `bench(item, run_id, settings, timeout)`. Unless
     `--concurrent-timing`, one lock (`HostLock`, shared by every worker) is held
     around each measurement: the devices verify in parallel and time one at a time."""
+    with tempfile.TemporaryDirectory(prefix="kparity-timing-") as lock_dir:
+        hold = None if args.concurrent_timing else HostLock(os.path.join(lock_dir, "lock"))
+        timing = ("timing on every device at once (--concurrent-timing): GPUs of one host share "
+                  "power and PCIe, so a time may differ from one measured alone" if hold is None
+                  else "timing one device at a time (GPUs of one host share power and PCIe): "
+                  "--concurrent-timing to overlap")
+        with _dealt(args, {w.impl.backend for w, _ in items}, len(items), say, "measurements",
+                    method="bench", hold=hold, note=timing) as rows:
+            yield rows
+
+
+@contextmanager
+def _dealt(args, backends, items: int, say, what: str, method: str = "run",
+           fresh_per_impl: bool = False, fixed_timeout=None, hold=None, note: str = ""):
+    """The dealer of `items` over `args.devices`, one `_DeviceRunner` each (its `method` runs an
+    item), said in a line; stopped (every worker gone) on exit."""
     devices = args.devices
-    lock_dir = tempfile.TemporaryDirectory(prefix="kparity-timing-")
-    hold = None if args.concurrent_timing else HostLock(os.path.join(lock_dir.name, "lock"))
     dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
-        halt, plugins=list(getattr(args, "plugin", None) or []),
-        backends=sorted({w.impl.backend for w, _ in items}), fresh_per_impl=False,
-        fixed_timeout=None, visible=device.visible, hold=hold),
-        batch_size(len(items), len(devices)), say=say, method="bench")
-    say(f"dealing {len(items)} measurements to {len(devices)} devices "
-        f"({', '.join(str(d.index) for d in devices)}), one isolated worker each; "
-        + ("timing on every device at once (--concurrent-timing): GPUs of one host share "
-           "power and PCIe, so a time may differ from one measured alone" if hold is None else
-           "timing one device at a time (GPUs of one host share power and PCIe): "
-           "--concurrent-timing to overlap"), soft_wrap=True)
+        halt, plugins=list(getattr(args, "plugin", None) or []), backends=sorted(backends),
+        fresh_per_impl=fresh_per_impl, fixed_timeout=fixed_timeout, visible=device.visible,
+        hold=hold), batch_size(items, len(devices)), say=say, method=method)
+    say(f"dealing {items} {what} to {len(devices)} devices "
+        f"({', '.join(str(d.index) for d in devices)}), one isolated worker each, in batches "
+        f"of {dealer.batch}" + (f"; {note}" if note else ""), soft_wrap=True)
     try:
         yield dealer.rows
     finally:
         dealer.stop()
-        lock_dir.cleanup()
 
 
 class HostLock:

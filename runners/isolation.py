@@ -94,7 +94,7 @@ def case_timeout(case, first_of_shape: bool) -> float:
 
 
 @contextmanager
-def runner_for(args, work, say=print):
+def runner_for(args, work, say=lambda text, **_: print(text)):
     """The sweep's executor: yields `rows(work, one) -> iterator of (w, row)`, every item of
     `work` once, in the order the rows complete. `one(w, run_case) -> row` is the caller's: it
     turns one item into its row given `run_case(w, run_id) -> row` (the check of one case

@@ -16,8 +16,8 @@ import pytest
 
 from results.store import Store
 from runners import devices
-from runners.devices import Dealer, Device, DevicesError, parse_devices, xdist_gpu
-from runners.isolation import DeviceUnusable
+from runners.devices import Dealer, Device, parse_devices, xdist_gpu
+from runners.isolation import BadInput, DeviceUnusable
 from verbs.cli import main
 
 FAULTS = str(Path(__file__).with_name("faults.py"))
@@ -106,7 +106,7 @@ def test_parse_devices_on_gpus(monkeypatch):
     monkeypatch.setattr(devices, "visible_gpus", lambda: ["3", "5"])
     assert parse_devices("all", accelerated=True) == [Device(0, "3"), Device(1, "5")]
     assert parse_devices("1", accelerated=True) == [Device(1, "5")]
-    with pytest.raises(DevicesError, match=r"no device 2 here \(2 visible .*indices 0 to 1\)"):
+    with pytest.raises(BadInput, match=r"no device 2 here \(2 visible .*indices 0 to 1\)"):
         parse_devices("0,2", accelerated=True)
     assert parse_devices("0,2", accelerated=False) == [Device(0, "3"), Device(2, "2")]
 

@@ -226,13 +226,9 @@ def pick_devices(args, backends) -> None:
     if getattr(args, "isolate", None) == "none":
         raise UsageError("--devices with --isolate none: each device needs a worker process of "
                          "its own; --isolate case (or impl), or leave --isolate out")
-    from runners.devices import DevicesError, parse_devices
+    from runners.devices import parse_devices  # a bad value raises BadInput: exit 2
 
-    try:
-        args.devices = parse_devices(args.devices,
-                                     any(_backend(b).accelerator for b in set(backends)))
-    except DevicesError as e:
-        raise UsageError(str(e)) from None
+    args.devices = parse_devices(args.devices, any(_backend(b).accelerator for b in set(backends)))
 
 
 def _seed(p: argparse.ArgumentParser) -> None:
