@@ -201,14 +201,8 @@ class IsolatedRunner:
         shape = (w.impl.id, w.case.dtype, w.case.dim_items)
         timeout = self.fixed_timeout or case_timeout(w.case, shape not in worker.seen)
         worker.seen.add(shape)
-        t0 = time.perf_counter()
-        try:
-            worker.conn.send(("check", (w.impl.id, w.case.to_json(), w.expect, w.invariant,
-                                        run_id)))
-        except BrokenPipeError:
-            pass  # it died between cases: answer() says so
-        outcome, row = worker.answer(timeout)
-        seconds = time.perf_counter() - t0
+        outcome, row, seconds = worker.ask(
+            ("check", (w.impl.id, w.case.to_json(), w.expect, w.invariant, run_id)), timeout)
         if outcome == "timeout":
             how = ("set by --case-timeout" if self.fixed_timeout
                    else "derived from the case: runners/isolation.py case_timeout")
@@ -220,9 +214,7 @@ class IsolatedRunner:
         elif outcome == "died":
             row = _row_without_result(
                 w, run_id, "crash",
-                f"the worker died running this case ({_death(worker.proc.exitcode)})"
-                + (f"; its stderr: {tail}" if (tail := worker.stderr_tail()) else ""),
-                seconds)
+                f"the worker died running this case{worker.death()}", seconds)
         elif row["status"] == "error" and STICKY_ERROR.search(row["message"]):
             row["status"] = "crash"
             row["message"] = ("sticky device error (the context is unusable after it; the "
@@ -242,20 +234,15 @@ class IsolatedRunner:
 
         w, mode = item
         worker = self._worker_for(w)
-        t0 = time.perf_counter()
-        try:
-            worker.conn.send(("bench", (w.impl.id, w.case.to_json(), mode, run_id, settings)))
-        except BrokenPipeError:
-            pass  # it died between cases: answer() says so
-        outcome, row = worker.answer(timeout)
+        outcome, row, seconds = worker.ask(
+            ("bench", (w.impl.id, w.case.to_json(), mode, run_id, settings)), timeout)
         if outcome == "answer":
             return row
         row = _base_row(w.impl, _backend(w.impl.backend), w.case, mode, run_id)
         row["message"] = (f"no answer within {timeout:.3g} s; the worker was killed"
                           if outcome == "timeout" else
-                          f"the worker died measuring this case ({_death(worker.proc.exitcode)})"
-                          + (f"; its stderr: {tail}" if (tail := worker.stderr_tail()) else ""))
-        row["seconds"] = time.perf_counter() - t0
+                          f"the worker died measuring this case{worker.death()}")
+        row["seconds"] = seconds
         self._replace()
         return row
 
@@ -355,6 +342,21 @@ class _Worker:
             self.proc.join(5)
             return "died", None
         return "timeout", None
+
+    def ask(self, message: tuple, timeout: float) -> tuple[str, object, float]:
+        """Send `message`; (`answer`'s outcome, what came back, seconds waited)."""
+        t0 = time.perf_counter()
+        try:
+            self.conn.send(message)
+        except BrokenPipeError:
+            pass  # it died between cases: answer() says so
+        outcome, row = self.answer(timeout)
+        return outcome, row, time.perf_counter() - t0
+
+    def death(self) -> str:
+        """' (how it died); its stderr: the tail', for a message about a dead worker."""
+        tail = self.stderr_tail()
+        return f" ({_death(self.proc.exitcode)})" + (f"; its stderr: {tail}" if tail else "")
 
     def stderr_tail(self, lines: int = 6, chars: int = 600) -> str:
         try:
