@@ -227,7 +227,7 @@ class IsolatedRunner:
 
     def bench(self, item, run_id: str, settings: dict, timeout: float) -> dict:
         """`runners.bench.bench_one`'s row for `item` = (work, mode), run in the worker
-        (`settings`: its keyword arguments, the stopping rule's as `stop`). A hang or a crash
+        (`settings`: its keyword arguments, the stopping rule's factory as `new_stop`). A hang or a crash
         is an `error` row, and the worker is replaced (no probe: bench rows have no crash
         status, and the next measurement meets a broken device as its own error)."""
         from runners.bench import _base_row
@@ -438,19 +438,15 @@ def worker_main(conn, plugins: list[str], backends: list[str], stderr_path: str,
 
 def _bench(impls, impl_id: str, case_json: str, mode: str, run_id: str, settings: dict,
            hold=None) -> dict:
-    """A worker's `bench_one` row (`IsolatedRunner.bench`)."""
-    from functools import partial
-
+    """A worker's `bench_one` row (`IsolatedRunner.bench`; `settings`: its keyword arguments,
+    the stopping rule's factory `new_stop` among them)."""
     import gpu_impls
     from cases.model import Case
     from runners.bench import bench_one
-    from runners.stopping import StdRel
 
     impl = impls[impl_id]
-    settings = dict(settings)
-    stop = partial(StdRel, **settings.pop("stop"))
     return bench_one(impl, gpu_impls.backend(impl.backend), Case.from_json(case_json), mode,
-                     stop, run_id=run_id, hold=hold, **settings)
+                     run_id=run_id, hold=hold, **settings)
 
 
 def _detach_output_and_tether(stderr_path: str) -> None:

@@ -306,14 +306,12 @@ def _dealt(args, items, ceilings, run_id, say):
     from runners.devices import bench_rows
     from runners.isolation import BASE_S, case_timeout
 
-    stop = {"max_noise": args.max_noise, "min_time_s": args.min_time,
-            "min_samples": args.min_samples, "timeout_s": args.timeout}
     per_measure = args.timeout * (2 if args.copy_same_bytes else 1) + BASE_S
     waits = 1 if args.concurrent_timing else len(args.devices)
 
     def one(item, bench):
         w, _ = item
-        settings = {"stop": stop, "ceilings": ceilings[w.impl.backend],
+        settings = {"new_stop": _stop_rule(args), "ceilings": ceilings[w.impl.backend],
                     "verify": not args.no_verify, "copy_same": args.copy_same_bytes}
         return bench(item, run_id, settings,
                      case_timeout(w.case, first_of_shape=True) + waits * per_measure)
