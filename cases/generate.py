@@ -73,14 +73,20 @@ def convention(case: Case) -> str:
     return ",".join(f"{n}={case.params[n]}" for n in case.spec.conventions)
 
 
+def selected(case, dtypes=None, presets=None) -> bool:
+    """Whether `case` passes the --dtype and --preset filters (None: no filter; a preset
+    matches a case whose label contains it)."""
+    return ((not dtypes or case.dtype in dtypes)
+            and (not presets or any(p in case.label for p in presets)))
+
+
 def bench_plan(impls, dtypes=None, presets=None) -> list[Work]:
     """(impl, bench case) pairs, each case under a convention the impl's contract admits
     (`admitted_variant`), filtered like `plan`."""
     out = []
     for impl in impls:
         for c in bench_cases(impl.op):
-            if (dtypes and c.dtype not in dtypes) or (presets and
-                                                      not any(p in c.label for p in presets)):
+            if not selected(c, dtypes, presets):
                 continue
             variant = admitted_variant(impl, c)
             if variant is not None:
@@ -128,10 +134,5 @@ def plan(impls, dtypes=None, presets=None, invalid: bool = True, valid: bool = T
         items = [Work(impl, c, "valid") for c in valid_cases(impl, seed)] if gated else []
         if invalid:
             items += violating_cases(impl, seed)
-        for w in items:
-            if dtypes and w.case.dtype not in dtypes:
-                continue
-            if presets and not any(p in w.case.label for p in presets):
-                continue
-            out.append(w)
+        out += [w for w in items if selected(w.case, dtypes, presets)]
     return out

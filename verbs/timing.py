@@ -17,7 +17,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cases.generate import admitted_variant, bench_cases, bench_plan, bench_presets, convention
+from cases.generate import (admitted_variant, bench_cases, bench_plan, bench_presets, convention,
+                            selected)
 from cases.model import make_inputs
 from gpu_impls.contract import ContractError
 from oracle.spec import get_op
@@ -177,8 +178,7 @@ def why_no_cases(impl, cases, dtypes, presets, kind: str) -> str:
     fix says would match); "" if it admits some."""
     if not cases:
         return f"{impl.id}: its op {impl.op} has no {kind} cases"
-    picked = [c for c in cases if (not dtypes or c.dtype in dtypes)
-              and (not presets or any(p in c.label for p in presets))]
+    picked = [c for c in cases if selected(c, dtypes, presets)]
     if not picked:
         given = " ".join([*(f"--preset {p}" for p in presets or []),
                           *(f"--dtype {d}" for d in dtypes or [])])
@@ -472,8 +472,7 @@ def cmd_ab(args) -> int:
     # convention it admits (`admitted_variant`: the same shapes and inputs)
     groups = []
     for c in bench_cases(a.op):
-        if (dtypes and c.dtype not in dtypes) or (presets and
-                                                  not any(p in c.label for p in presets)):
+        if not selected(c, dtypes, presets):
             continue
         arms = [(letters[k], x, _backend(x.backend), admitted_variant(x, c))
                 for k, x in enumerate(impls)]
