@@ -24,6 +24,7 @@ from gpu_impls.cuda import gdn_intra
 from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
 from oracle.gdn_chunked import CHUNKS
 from oracle.spec import get_op
+from tests import ptx
 
 QWEN = {"batch": 1, "tokens": 4096, "heads_k": 16, "heads_v": 32, "dim_k": 128, "dim_v": 128}
 STAGES = {"kp_gdn_chunk_cumsum": "gdn_chunk_cumsum", "kp_gdn_kkt": "gdn_kkt",
@@ -135,28 +136,10 @@ def test_kkt_shared_memory_limit(chunk):
 @functools.lru_cache(maxsize=None)
 def _entries() -> dict[tuple[str, int], dict]:
     """{(kernel name, chunk): {"maxntid": int, "shared": static bytes, "params": [u64/u32/f32
-    ...]}} of the F16 instances, from nvcc's PTX (one small unit: ~2 s, then cached)."""
-    from gpu_impls.cuda._module import name_expression
-    from gpu_impls.cuda.nvcc_check import compile_unit
-
+    ...]}} of the F16 instances, from nvcc's PTX (tests/ptx.py: one small unit, then cached)."""
     names = [(name, c) for name in STAGES for c in CHUNKS]
-    unit = (f'#include "{gdn_intra.SOURCE}"\nvoid* kparity_instances[] = {{\n'
-            + "".join(f"    (void*)&{name_expression(n, 'f16', (c,))},\n" for n, c in names)
-            + "};\n")
-    compiled = compile_unit(unit, "sm_90", ptx=True)
-    assert compiled.ok, compiled.log
-    out = {}
-    for body in re.split(r"\.visible \.entry ", compiled.ptx)[1:]:
-        mangled = body.split("(", 1)[0]
-        name = next(n for n in STAGES if n in mangled)
-        chunk = int(re.search(r"Li(\d+)EE", mangled).group(1))
-        out[(name, chunk)] = {
-            "maxntid": int(re.search(r"\.maxntid (\d+)", body).group(1)),
-            "shared": sum(int(n) for n in re.findall(r"\.shared \.align \d+ \.b8 \w+\[(\d+)\]",
-                                                     body)),
-            "params": re.findall(r"\.param \.(\w+) \w+", body.split(")", 1)[0])}
-    assert set(out) == set(names)
-    return out
+    got = ptx.entries(gdn_intra.SOURCE, tuple((n, "f16", (c,)) for n, c in names))
+    return {(n, c): got[(n, "f16", (c,))] for n, c in names}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

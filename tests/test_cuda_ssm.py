@@ -20,8 +20,9 @@ import gpu_impls
 from cases.model import Case, make_inputs
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import ssm
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS, name_expression
+from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
 from oracle.spec import get_op
+from tests import ptx
 
 NEMOTRON = {"heads": 64, "dim_p": 64, "groups": 8, "dim_n": 128}
 IMPLS = {"kp_ssm_step": ("ssm_step", ssm.SSM_CONTRACT, ssm._ssm_step),
@@ -178,23 +179,12 @@ def test_contract_limits():
 @functools.lru_cache(maxsize=None)
 def _entries() -> dict[str, dict]:
     """{kernel name: {"maxntid": int, "params": [u64/u32/f32 ...]}} of one BF16 instance each,
-    from nvcc's PTX (one small unit; cached by content)."""
-    from gpu_impls.cuda.nvcc_check import compile_unit
-
+    from nvcc's PTX (tests/ptx.py: one small unit per source, cached by content)."""
     out = {}
-    for source, names, arg in ((ssm.SSM_SOURCE, ssm.SSM_KERNELS.values(), (4,)),
-                               (ssm.CONV_SOURCE, ("kp_conv1d_causal_step", "kp_conv1d_causal"),
-                                (4,))):
-        unit = (f'#include "{source}"\nvoid* kparity_instances[] = {{\n'
-                + "".join(f"    (void*)&{name_expression(n, 'bf16', arg)},\n" for n in names)
-                + "};\n")
-        compiled = compile_unit(unit, "sm_90", ptx=True)
-        assert compiled.ok, compiled.log
-        for body in re.split(r"\.visible \.entry ", compiled.ptx)[1:]:
-            mangled = body.split("(", 1)[0]
-            name = max((n for n in names if n in mangled), key=len)
-            out[name] = {"maxntid": int(re.search(r"\.maxntid (\d+)", body).group(1)),
-                         "params": re.findall(r"\.param \.(\w+) \w+", body.split(")", 1)[0])}
+    for source, names in ((ssm.SSM_SOURCE, tuple(ssm.SSM_KERNELS.values())),
+                          (ssm.CONV_SOURCE, ("kp_conv1d_causal_step", "kp_conv1d_causal"))):
+        got = ptx.entries(source, tuple((n, "bf16", (4,)) for n in names))
+        out.update({n: got[(n, "bf16", (4,))] for n in names})
     return out
 
 
