@@ -40,6 +40,7 @@ import json
 import multiprocessing
 import multiprocessing.pool
 import os
+import signal
 import threading
 from collections import Counter
 from pathlib import Path
@@ -350,6 +351,9 @@ def _load_plugins_for(op: str) -> None:
 
 
 def _init_worker(plugins: list[str]) -> None:
+    # Ctrl-C reaches the whole process group: the sweep handles it and terminates the pool, so a
+    # worker must not die of it mid-task (15 tracebacks, and a pool stopped on a held queue lock)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _PLUGINS[:] = plugins
 
 

@@ -75,10 +75,10 @@
 #     bf16 (`liger-more`: f16, and kp_rope and silu_mul against Liger's), in `chain` (needs liger-kernel:
 #     carry its wheel and
 #     `pip install --no-index --no-deps --target /tmp/site liger_kernel-*.whl`, PYTHONPATH=/tmp/site)
-#   [SWEEP=all] [GATE='pytest args'] bash scripts/gpu_bench.sh devices   issue 32: `check` plain
-#     against `--devices all` (same rows: scripts/same_rows.py; wall times), the gate's part GATE
-#     with -n 0 against one xdist worker per GPU (same outcomes: scripts/same_tests.py); needs the
-#     pytest-xdist and execnet wheels carried into /tmp/site
+#   [SWEEP=all] bash scripts/gpu_bench.sh devices   issue 32: `check` plain against `--devices all`
+#     (same rows: scripts/same_rows.py; wall times)
+#   [GATE='pytest args'] bash scripts/gpu_bench.sh devices-gate   issue 32: the gate's part GATE with
+#     -n 0 against one xdist worker per GPU (same outcomes: scripts/same_tests.py; wall times)
 #   bash scripts/gpu_bench.sh model     issue 28: the model gate's GPU tests, SmolLM2-135M Q4_1 under the
 #     CUDA and torch plans (CUDA graphs, the eager step beside) against the transformers bf16
 #     baselines (eager, compiled), the Llama-3-8B-shaped synthetic model's roofline, one model A/B
@@ -289,35 +289,42 @@ liger-more)
   run ab torch:liger_rope cuda:kp_rope --dtype bf16 $A
   run ab torch:liger_silu_mul cuda:silu_mul --dtype bf16 $A
   ;;
-devices)  # issue 32: a spread sweep against the plain one, the gate under xdist against one process
-  # SWEEP (env) picks the sweep: check's filter arguments (default: six kp impls; SWEEP=all: the
-  # full sweep); GATE (env) the gate's part: pytest's selection arguments. One GPU: the rows and
-  # the test outcomes must match; two GPUs: the wall times are the table (targets 1.8x sweep,
-  # 1.7x gate). Every timed run starts from its own empty cache (KPARITY_CACHE: the oracle
-  # results and the nvcc builds), so neither side inherits the other's work.
-  # Needs pytest-xdist: carry execnet and pytest_xdist wheels, install into /tmp/site.
-  SWEEP=${SWEEP:---impl cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:kp_qgemv_mma,cuda:kp_qgemv,cuda:silu_mul,cuda:kp_rope}
-  [ "$SWEEP" = all ] && SWEEP=""
-  GATE=${GATE:--k "kp_rms_norm or kp_qgemv"}
+devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices), the gate under
+  # xdist against one process (devices-gate). SWEEP (env): check's filter arguments (default six
+  # kp impls; SWEEP=all: the full sweep); GATE (env): pytest's selection arguments. One GPU: the
+  # rows and the test outcomes must match; two GPUs: the wall times are the table (targets 1.8x
+  # sweep, 1.7x gate). Every timed run starts from its own empty caches (KPARITY_CACHE: oracle
+  # results and nvcc builds; CuPy's, Triton's and Inductor's kernel caches), so neither side
+  # inherits the other's work. LIMIT (env, s): each run is stopped (SIGINT: its rows are kept)
+  # past it. pytest -n needs pytest-xdist (in the GPU image).
   GPUS=$(nvidia-smi -L | wc -l)
-  for how in ${HOWS:-plain devices}; do
-    flag=""; [ $how = devices ] && flag="--devices all"
-    rm -rf /tmp/kc-$how; t0=$SECONDS
-    echo "\$ kparity check $SWEEP $flag" >> "$LOG"
-    KPARITY_CACHE=/tmp/kc-$how python3 -m verbs.cli --store $OUT/store-$how check $SWEEP $flag >> "$LOG" 2>&1
-    echo "check $how rc=$? wall $((SECONDS - t0)) s ($GPUS GPUs)" >> "$LOG"
-  done
-  python3 scripts/same_rows.py $OUT/store-plain $OUT/store-devices >> "$LOG" 2>&1; echo "same_rows rc=$?" >> "$LOG"
-  for n in 0 $([ "$GPUS" = 1 ] && echo auto || echo "$GPUS"); do
-    rm -rf /tmp/kc-gate-$n; t0=$SECONDS
-    echo "\$ pytest -m gpu -n $n $GATE" >> "$LOG"
-    eval KPARITY_CACHE=/tmp/kc-gate-$n python3 -m pytest -m gpu -q -p no:cacheprovider -n $n \
-      --junit-xml $OUT/gate-n$n.xml "$GATE" >> "$LOG" 2>&1
-    echo "gate -n $n rc=$? wall $((SECONDS - t0)) s ($GPUS GPUs)" >> "$LOG"
-  done
-  python3 scripts/same_tests.py $OUT/gate-n0.xml $OUT/gate-n$([ "$GPUS" = 1 ] && echo auto || echo "$GPUS").xml >> "$LOG" 2>&1
-  echo "same_tests rc=$?" >> "$LOG"
-  grep -E "wall|same |DIFFERENT|passed|failed|by device_index|checks launched" "$LOG" | cut -c1-200 | tail -20
+  cold() { rm -rf /tmp/cold-$1; echo "KPARITY_CACHE=/tmp/cold-$1/kp CUPY_CACHE_DIR=/tmp/cold-$1/cupy TRITON_CACHE_DIR=/tmp/cold-$1/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cold-$1/inductor"; }
+  if [ $STAGE = devices ]; then
+    SWEEP=${SWEEP:---impl cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:kp_qgemv_mma,cuda:kp_qgemv,cuda:silu_mul,cuda:kp_rope}
+    [ "$SWEEP" = all ] && SWEEP=""
+    for how in ${HOWS:-plain devices}; do
+      flag=""; [ $how = devices ] && flag="--devices all"
+      t0=$SECONDS
+      echo "\$ kparity check $SWEEP $flag" >> "$LOG"
+      env $(cold $how) timeout -s INT ${LIMIT:-3600} python3 -m verbs.cli --store $OUT/store-$how check $SWEEP $flag >> "$LOG" 2>&1
+      echo "check $how rc=$? wall $((SECONDS - t0)) s ($GPUS GPUs)" >> "$LOG"
+    done
+    python3 scripts/same_rows.py $OUT/store-plain $OUT/store-devices >> "$LOG" 2>&1; echo "same_rows rc=$?" >> "$LOG"
+  else
+    [ -n "${GATE:-}" ] || GATE='-k "kp_rms_norm or kp_qgemv"'
+    NS=${NS:-0 $([ "$GPUS" = 1 ] && echo auto || echo "$GPUS")}
+    for n in $NS; do
+      t0=$SECONDS
+      echo "\$ pytest -m gpu -n $n $GATE" >> "$LOG"
+      eval env $(cold gate-$n) timeout -s INT ${LIMIT:-3600} python3 -m pytest -m gpu -q -p no:cacheprovider -n $n \
+        --junit-xml $OUT/gate-n$n.xml "$GATE" >> "$LOG" 2>&1
+      echo "gate -n $n rc=$? wall $((SECONDS - t0)) s ($GPUS GPUs)" >> "$LOG"
+    done
+    python3 scripts/same_tests.py $OUT/gate-n${NS%% *}.xml $OUT/gate-n${NS##* }.xml >> "$LOG" 2>&1
+    echo "same_tests rc=$?" >> "$LOG"
+  fi
+  grep -E "wall|same |DIFFERENT|passed|failed|by device_index|checks launched|interrupted" "$LOG" | cut -c1-200 | tail -20
+  tar czf "$OUT/stores-$STAGE.tgz" -C "$OUT" $(cd $OUT && ls -d store-* 2>/dev/null) 2>/dev/null; rm -rf $OUT/store-plain $OUT/store-devices
   exit 0
   ;;
 model)

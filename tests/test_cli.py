@@ -238,3 +238,16 @@ def test_repro_dump_writes_npy_and_a_script_that_reruns_the_case(tmp_path, capsy
     assert done.returncode == 1, done.stderr
     assert "torch:mutant_drop_eps fail (as at the dump)" in done.stdout
     assert "torch:rms_norm pass (as at the dump)" in done.stdout
+
+
+def test_a_sweep_without_a_terminal_prints_progress_lines(capsys):
+    """CI and nightly logs get no progress bar: a plain line every `every` seconds instead."""
+    from verbs.common import SweepProgress
+
+    with SweepProgress("check", "failed", " failed", every=0.0) as progress:
+        task = progress.add_task("cuda:kp_rms_norm bf16", total=10, failed=0)
+        progress.update(task, advance=3, failed=1)
+    assert "check: 3/10 done, 1 failed, " in capsys.readouterr().out
+    with SweepProgress("check", "failed", " failed", every=3600.0) as progress:
+        progress.update(progress.add_task("x", total=2, failed=0), advance=1, failed=0)
+    assert "done" not in capsys.readouterr().out

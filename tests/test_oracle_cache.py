@@ -252,3 +252,13 @@ def test_prefetch_computes_ahead_what_the_check_then_finds(cache, monkeypatch):
     assert [check_noting_cache(w, torch, "")[CACHE_KEY] for w in work] == ["hit", "hit"]
     with oracle_cache.Prefetch(work, gpu_impls.backend, workers=1) as ahead:
         assert ahead.workers == 0  # nothing missing: no pool
+
+
+def test_pool_workers_leave_ctrl_c_to_the_sweep():
+    """Ctrl-C reaches the whole process group; the prefetch pool's workers ignore it (the sweep
+    terminates them), so none dies mid-task holding the pool's queue lock."""
+    import signal
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1, initializer=oracle_cache._init_worker, initargs=([],)) as pool:
+        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN

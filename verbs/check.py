@@ -10,7 +10,6 @@ import math
 from collections import Counter, defaultdict
 
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cases.generate import Work, gate_cases, valid_cases, violating_cases
@@ -24,9 +23,9 @@ from runners import oracle_cache
 from runners.isolation import MODES as ISOLATION_MODES, runner_for
 from runners.item import run_one  # noqa: F401 (run_work calls it by this module's name)
 from runners.verdicts import failure_kind, is_failure, outcome
-from verbs.common import (FILTERS, UsageError, _backend, _filters, _impls, _seed, _split,
-                          check_presets, console, devices_flag, global_flags, pick_devices,
-                          repro_line, select_impls, unknown, work_for, work_list)
+from verbs.common import (FILTERS, SweepProgress, UsageError, _backend, _filters, _impls, _seed,
+                          _split, check_presets, console, devices_flag, global_flags,
+                          pick_devices, repro_line, select_impls, unknown, work_for, work_list)
 from verbs.outputs import add_flags as add_output_flags, write_check
 
 ORDER = 1  # after ops and cases in `kparity --help`
@@ -128,10 +127,8 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     try:
         with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
                 oracle_prefetch(args, work) as ahead, \
-                runner_for(args, work, say=console.print) as executor, Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
-                console=console, transient=True) as progress:
+                runner_for(args, work, say=console.print) as executor, \
+                SweepProgress(verb, "failed", " failed") as progress:
             task = progress.add_task(verb, total=len(work), failed=0)
             repeat = getattr(args, "repeat", None) or 1
 

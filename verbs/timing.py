@@ -14,7 +14,6 @@ from collections import Counter
 from functools import partial
 
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cases.generate import (admitted_variant, bench_cases, bench_plan, bench_presets, convention,
@@ -29,8 +28,8 @@ from runners.bench import bench_one, ceilings_row, timed_mode
 from runners.stopping import StdRel, shortfall
 from runners.timing import MODES
 from verbs import outputs
-from verbs.common import (UsageError, _backend, _filters, _impls, _split, check_presets, console,
-                          devices_flag, pick_devices, select_impls, unknown)
+from verbs.common import (SweepProgress, UsageError, _backend, _filters, _impls, _split,
+                          check_presets, console, devices_flag, pick_devices, select_impls, unknown)
 
 ORDER = 2  # after check and repro in `kparity --help`
 
@@ -133,12 +132,6 @@ def _start(args, verb: str, backends) -> tuple[Store, str, dict]:
         console.print(f"ceilings {r['backend']} ({escape(r['device'])}): copy "
                       f"{r['copy_gbps']:.0f} GB/s{spec}{gemm}")
     return store, run_id, ceilings
-
-
-def _progress():
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
-                    transient=True)
 
 
 def _fmt(value, spec: str, none: str = "-") -> str:
@@ -259,7 +252,8 @@ def cmd_bench(args) -> int:
     store, run_id, ceilings = _start(args, "bench", sorted({w.impl.backend for w, _ in items}))
     stop = _stop_rule(args)
     rows, inputs = [], {}
-    with RowWriter(store, "bench", run_id, every=20) as writer, _progress() as progress:
+    with RowWriter(store, "bench", run_id, every=20) as writer, \
+            SweepProgress("bench", "detail") as progress:
         task = progress.add_task("bench", total=len(items), detail="")
 
         def landed(w, row):
@@ -499,7 +493,8 @@ def cmd_ab(args) -> int:
     stop = _stop_rule(args)
     results, runs = [], []
     with RowWriter(store, "bench", run_id, every=20) as bench_writer, \
-            RowWriter(store, "ab", run_id, every=1) as ab_writer, _progress() as progress:
+            RowWriter(store, "ab", run_id, every=1) as ab_writer, \
+            SweepProgress("ab", "detail") as progress:
         total = sum(len(arms) for _, arms in groups) * args.runs
         task = progress.add_task("ab", total=total, detail="")
         for case, arms in groups:
