@@ -357,6 +357,31 @@ def _init_worker(plugins: list[str]) -> None:
     _PLUGINS[:] = plugins
 
 
+# The BLAS and OpenMP thread counts a pool process starts with: the pool's processes are the
+# parallelism (one per core), so a process starting one BLAS thread per core would put ~cores^2
+# threads on the host, slowing the sweep's own workers (a float64 GEMV oracle multithreads).
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def spawn_pool(size: int, plugins: list[str] | None = None) -> multiprocessing.pool.Pool:
+    """`size` spawned processes (spawn: never a forked CUDA context), each with one BLAS /
+    OpenMP thread per core it has to itself (THREAD_VARS; read by numpy at import, so set in
+    the environment the processes start with, then restored here)."""
+    threads = str(max(1, (os.cpu_count() or 1) // max(size, 1)))
+    saved = {var: os.environ.get(var) for var in THREAD_VARS}
+    os.environ.update({var: threads for var in THREAD_VARS})
+    try:
+        return multiprocessing.get_context("spawn").Pool(
+            size, initializer=_init_worker, initargs=(list(plugins or []),))
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
 def pool_size() -> int:
     """Processes for `Prefetch`: one per core this process may use, but one (the sweep's own);
     KPARITY_CACHE_WORKERS overrides."""
@@ -403,8 +428,7 @@ class Prefetch:
         size = min(workers if workers is not None else pool_size(), len(tasks))
         if len(tasks) < PREFETCH_MIN or size < 1:
             return
-        self.pool = multiprocessing.get_context("spawn").Pool(  # spawn: never a forked CUDA
-            size, initializer=_init_worker, initargs=(list(plugins or []),))
+        self.pool = spawn_pool(size, plugins)
         self.workers = size
         self.futures = {key: self.pool.apply_async(warm, args) for key, args in tasks.items()}
         self._backend_of = backend_of

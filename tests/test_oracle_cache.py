@@ -259,6 +259,18 @@ def test_pool_workers_leave_ctrl_c_to_the_sweep():
     terminates them), so none dies mid-task holding the pool's queue lock."""
     import signal
 
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1, initializer=oracle_cache._init_worker, initargs=([],)) as pool:
+    with oracle_cache.spawn_pool(1) as pool:
         assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+
+
+def test_pool_processes_start_with_their_share_of_blas_threads(monkeypatch):
+    """One pool process per core, each starting a BLAS thread per core, would oversubscribe the
+    host cores-fold; the processes get cores // size threads each, and this process keeps its
+    own setting."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "7")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with oracle_cache.spawn_pool(2) as pool:
+        seen = pool.map(os.getenv, ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
+    assert seen == ["16", "16"]
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "7" and "OMP_NUM_THREADS" not in os.environ
