@@ -42,6 +42,7 @@ import multiprocessing.pool
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -413,6 +414,9 @@ class Prefetch:
         self._counting = threading.Lock()  # wait() runs on every --devices thread
         self.workers = 0
         self.pool = None
+        # Seconds the sweep's threads spent blocked in `wait`, summed over them: near the wall
+        # time, the pool (the host's CPUs), not the devices, set the sweep's pace.
+        self.waited = 0.0
         cache = current_cache()
         if cache is None:
             return
@@ -446,6 +450,7 @@ class Prefetch:
             return None
         from runners.isolation import case_timeout
 
+        started = time.monotonic()
         try:  # a hung oracle (or a pool process that died) must not hang the sweep: the
             # check computes it, under its own timeout
             outcome = future.get(timeout=case_timeout(w.case, first_of_shape=True))
@@ -455,6 +460,7 @@ class Prefetch:
             outcome = "failed"
         with self._counting:
             self.outcomes[outcome] += 1
+            self.waited += time.monotonic() - started
         return outcome if outcome in ("miss", "stale", "corrupt") else None
 
     def close(self) -> None:
@@ -489,7 +495,9 @@ def summary(outcomes: Counter, prefetch: Prefetch | None = None) -> str:
     if prefetch is not None and prefetch.workers:
         ahead = sum(n for k, n in prefetch.outcomes.items() if k in ("miss", "stale", "corrupt"))
         parts[1] += (f" ({ahead} of them ahead in {prefetch.workers} "
-                     f"{'process' if prefetch.workers == 1 else 'processes'})")
+                     f"{'process' if prefetch.workers == 1 else 'processes'}"
+                     + (f"; the sweep waited {prefetch.waited:.0f} s for them"
+                        if prefetch.waited >= 0.5 else "") + ")")
     if outcomes["stale"]:
         parts.append(f"{outcomes['stale']} stale entries recomputed (their inputs changed)")
     if outcomes["corrupt"]:

@@ -274,3 +274,15 @@ def test_pool_processes_start_with_their_share_of_blas_threads(monkeypatch):
         seen = pool.map(os.getenv, ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
     assert seen == ["16", "16"]
     assert os.environ["OPENBLAS_NUM_THREADS"] == "7" and "OMP_NUM_THREADS" not in os.environ
+
+
+def test_the_summary_says_how_long_the_sweep_waited_for_the_pool():
+    """A sweep paced by its oracle pool (the host's CPUs), not its devices, says so."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    pool = SimpleNamespace(workers=31, outcomes=Counter(miss=40), waited=12.4)
+    line = oracle_cache.summary(Counter(hit=2, miss=40), pool)
+    assert "40 computed (40 of them ahead in 31 processes; the sweep waited 12 s for them)" in line
+    pool.waited = 0.1
+    assert "waited" not in oracle_cache.summary(Counter(hit=2, miss=40), pool)
