@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from runners.isolation import BadInput, DeviceUnusable, IsolatedRunner, isolation_mode
+from runners.threads import share
 
 # Items a device takes at a time: few, so that one slow batch does not hold much work back.
 BATCH = 4
@@ -139,7 +140,8 @@ def _dealt(args, backends, items: int, say, what: str, method: str = "run",
     dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
         halt, plugins=list(getattr(args, "plugin", None) or []), backends=sorted(backends),
         fresh_per_impl=fresh_per_impl, fixed_timeout=fixed_timeout, visible=device.visible,
-        hold=hold), batch_size(items, len(devices)), say=say, method=method)
+        hold=hold, threads=share(len(devices))),
+        batch_size(items, len(devices)), say=say, method=method)
     say(f"dealing {items} {what} to {len(devices)} devices "
         f"({', '.join(str(d.index) for d in devices)}), one isolated worker each, in batches "
         f"of {dealer.batch}" + (f"; {note}" if note else ""), soft_wrap=True)

@@ -36,6 +36,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+from runners.threads import spawning_with
+
 MODES = ("auto", "none", "case", "impl")
 
 # The per-case timeout's terms (`case_timeout`).
@@ -165,8 +167,10 @@ def case_runner(args, work):
 
 class IsolatedRunner:
     def __init__(self, plugins: list[str], backends: list[str], fresh_per_impl: bool,
-                 fixed_timeout: float | None, visible: str | None = None, hold=None):
+                 fixed_timeout: float | None, visible: str | None = None, hold=None,
+                 threads: int | None = None):
         self.hold = hold  # a multiprocessing lock the workers hold while they time (bench)
+        self.threads = threads  # the workers' BLAS / OpenMP threads (None: inherited)
         self.plugins, self.backends = plugins, backends
         self.fresh_per_impl, self.fixed_timeout = fresh_per_impl, fixed_timeout
         self.visible = visible  # the workers' CUDA_VISIBLE_DEVICES (None: inherited)
@@ -174,7 +178,7 @@ class IsolatedRunner:
         self.worker = self._new_worker()  # started now: it imports while we set up
 
     def _new_worker(self) -> "_Worker":
-        return _Worker(self.plugins, self.backends, self.visible, self.hold)
+        return _Worker(self.plugins, self.backends, self.visible, self.hold, self.threads)
 
     def close(self) -> None:
         if self.worker is not None:
@@ -300,7 +304,7 @@ class _Worker:
     """One spawned worker process, the pipe to it, and the file its stdout and stderr go to."""
 
     def __init__(self, plugins: list[str], backends: list[str], visible: str | None = None,
-                 hold=None):
+                 hold=None, threads: int | None = None):
         ctx = multiprocessing.get_context("spawn")
         fd, self.stderr_path = tempfile.mkstemp(prefix="kparity-worker-", suffix=".log")
         os.close(fd)
@@ -310,7 +314,8 @@ class _Worker:
         self.proc = ctx.Process(target=worker_main, name="kparity-worker",
                                 args=(child_conn, plugins, backends, self.stderr_path, visible,
                                       hold))
-        self.proc.start()
+        with spawning_with(threads):  # numpy and torch count their threads when they load
+            self.proc.start()
         child_conn.close()  # ours closed: the worker's death reads as EOF here
         self.ready = False
         self.impl = None  # the impl it has run (`--isolate impl`: its only one)

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from oracle.diskcache import CacheConfigError, DiskCache, cache_root, digest, open_cache
+from runners.threads import cores, share, spawning_with
 
 NAMESPACE = "oracle"
 FORMAT = 1  # of an entry's payload; a change makes every old key a miss
@@ -358,29 +359,12 @@ def _init_worker(plugins: list[str]) -> None:
     _PLUGINS[:] = plugins
 
 
-# The BLAS and OpenMP thread counts a pool process starts with: the pool's processes are the
-# parallelism (one per core), so a process starting one BLAS thread per core would put ~cores^2
-# threads on the host, slowing the sweep's own workers (a float64 GEMV oracle multithreads).
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-
-
 def spawn_pool(size: int, plugins: list[str] | None = None) -> multiprocessing.pool.Pool:
-    """`size` spawned processes (spawn: never a forked CUDA context), each with one BLAS /
-    OpenMP thread per core it has to itself (THREAD_VARS; read by numpy at import, so set in
-    the environment the processes start with, then restored here)."""
-    threads = str(max(1, (os.cpu_count() or 1) // max(size, 1)))
-    saved = {var: os.environ.get(var) for var in THREAD_VARS}
-    os.environ.update({var: threads for var in THREAD_VARS})
-    try:
+    """`size` spawned processes (spawn: never a forked CUDA context), each starting with its
+    share of the host's BLAS / OpenMP threads (`runners/threads.py`)."""
+    with spawning_with(share(size)):
         return multiprocessing.get_context("spawn").Pool(
             size, initializer=_init_worker, initargs=(list(plugins or []),))
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
 
 
 def pool_size() -> int:
@@ -392,11 +376,7 @@ def pool_size() -> int:
             raise CacheConfigError(f"KPARITY_CACHE_WORKERS={given!r}: the number of processes "
                                    "that compute oracle entries ahead of a sweep, 0 or more")
         return int(given)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return cores - 1
+    return cores() - 1
 
 
 class Prefetch:

@@ -11,8 +11,18 @@ import os
 
 import pytest
 
-from cases import strategies  # noqa: F401  (registers the hypothesis profiles)
-from hypothesis import settings
+from runners.threads import THREAD_VARS, share
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each xdist worker its share of the host's BLAS / OpenMP threads, set before numpy and
+    # torch load and count them (`runners/threads.py`: workers that each start one thread per
+    # core slow one another); a count set by hand is kept.
+    for var in THREAD_VARS:
+        os.environ.setdefault(var, str(share(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT",
+                                                                 "1")))))
+
+from cases import strategies  # noqa: E402, F401  (registers the hypothesis profiles)
+from hypothesis import settings  # noqa: E402
 
 settings.load_profile(os.environ.get("KPARITY_HYPOTHESIS_PROFILE", "ci"))
 
@@ -56,8 +66,18 @@ def pin_xdist_worker() -> None:
                           f"{len(visible)} (a worker per GPU), or without -n")
 
 
+def steal_work(config) -> None:
+    """Under `-n`, xdist's work-stealing scheduler unless `--dist` was given: the gate's test
+    times range from milliseconds to 20 s, and with `load`'s up-front chunks a worker could be
+    left with the long ones while the others idle (xdist reads the choice when the run starts)."""
+    given = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
+    if not given and getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "worksteal"
+
+
 def pytest_configure(config):
     pin_xdist_worker()  # first: the accelerator guard below starts CUDA
+    steal_work(config)
     markexpr = config.getoption("markexpr") or ""
     if "gpu" in markexpr and "not gpu" not in markexpr:
         found, why = accelerators()

@@ -245,3 +245,21 @@ def test_timing_tests_skip_where_xdist_workers_share_a_gpu(monkeypatch, workers,
     assert bool(conftest.SHARED_GPU) == shared
     if shared:
         assert "-n 2" in conftest.SHARED_GPU
+
+
+@pytest.mark.parametrize("args, dist, expected", [
+    (["-n", "2"], "load", "worksteal"),           # -n alone: xdist's default, replaced
+    (["-n", "2", "--dist", "load"], "load", "load"),   # asked for: kept
+    (["-n", "2", "--dist=loadfile"], "loadfile", "loadfile"),
+    ([], "no", "no"),                             # no xdist run: nothing to schedule
+])
+def test_the_gate_under_xdist_steals_work_unless_told_otherwise(args, dist, expected):
+    """Test times run from milliseconds to 20 s: idle workers take the others' pending tests."""
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    config = SimpleNamespace(invocation_params=SimpleNamespace(args=args),
+                             option=SimpleNamespace(dist=dist))
+    conftest.steal_work(config)
+    assert config.option.dist == expected

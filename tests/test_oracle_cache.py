@@ -267,7 +267,9 @@ def test_pool_processes_start_with_their_share_of_blas_threads(monkeypatch):
     """One pool process per core, each starting a BLAS thread per core, would oversubscribe the
     host cores-fold; the processes get cores // size threads each, and this process keeps its
     own setting."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    from runners import threads
+
+    monkeypatch.setattr(threads, "cores", lambda: 32)
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "7")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     with oracle_cache.spawn_pool(2) as pool:

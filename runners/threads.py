@@ -1,0 +1,54 @@
+"""The CPU threads of the processes a sweep spawns.
+
+numpy's BLAS and torch's OpenMP each start one thread per core, counted when they load, from the
+environment (THREAD_VARS). Several such processes on one host put several times as many threads
+as cores on it, and their spinning threads slow one another: on a 32-core host two `--devices`
+workers ran each row 1.6x slower than one worker alone, and 31 oracle-pool processes with 32
+BLAS threads each slowed a one-GPU sweep 1.4x. So a process spawned as one of N gets the
+environment `cores // N` threads (at least one) while it starts; this process keeps its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+# The environment is the process's, and --devices starts workers from one thread per device:
+# one spawn at a time, or one thread would restore what another's child is still reading.
+_SPAWNING = threading.Lock()
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def share(processes: int) -> int:
+    """Threads for each of `processes` processes that share this host's cores."""
+    return max(1, cores() // max(processes, 1))
+
+
+@contextmanager
+def spawning_with(threads: int | None):
+    """Processes spawned inside start with `threads` BLAS / OpenMP threads; None: inherited."""
+    if threads is None:
+        yield
+        return
+    with _SPAWNING:
+        saved = {var: os.environ.get(var) for var in THREAD_VARS}
+        os.environ.update({var: str(threads) for var in THREAD_VARS})
+        try:
+            yield
+        finally:
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value

@@ -1,0 +1,54 @@
+"""runners/threads.py: a spawned process starts with its share of the host's BLAS / OpenMP
+threads, and the spawning process keeps its own environment."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+
+from runners import threads
+
+
+def _child_env(conn) -> None:
+    conn.send({var: os.environ.get(var) for var in threads.THREAD_VARS})
+
+
+def _spawned_env(n) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    with threads.spawning_with(n):
+        proc = ctx.Process(target=_child_env, args=(theirs,))
+        proc.start()
+    env = ours.recv()
+    proc.join()
+    return env
+
+
+def test_a_child_starts_with_the_threads_given_and_the_parent_keeps_its_own(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert set(_spawned_env(3).values()) == {"3"}
+    assert os.environ["OMP_NUM_THREADS"] == "5" and "OPENBLAS_NUM_THREADS" not in os.environ
+    assert _spawned_env(None)["OMP_NUM_THREADS"] == "5"  # None: inherited
+
+
+def test_share_splits_the_cores_and_never_gives_none(monkeypatch):
+    monkeypatch.setattr(threads, "cores", lambda: 32)
+    assert [threads.share(n) for n in (1, 2, 31, 64)] == [32, 16, 1, 1]
+
+
+def test_spawns_from_several_threads_each_see_their_own_setting():
+    """--devices starts workers from one thread per device: each child must see the count it
+    was started with, never a value another thread restored meanwhile."""
+    seen = {}
+
+    def spawn(n):
+        seen[n] = _spawned_env(n)["OMP_NUM_THREADS"]
+
+    workers = [threading.Thread(target=spawn, args=(n,)) for n in (2, 3, 4, 6)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert seen == {2: "2", 3: "3", 4: "4", 6: "6"}
