@@ -57,7 +57,7 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Sequence
 
 import numpy as np

@@ -97,6 +97,8 @@ def query(store: Store, sql: str) -> tuple[list[str], list[tuple]]:
     con = connect(store)
     try:
         cur = con.execute(sql)
+        if cur is None:  # no statement in it (blank, or comments only)
+            return [], []
         return [d[0] for d in cur.description or []], cur.fetchall()
     finally:
         con.close()

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 9  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
+SCHEMA_VERSION = 10  # 2: correctness.flags; 3: the annotations table, toolchain in runs.versions;
 #                     4: bench.pred_median_ns (the chain mode's subtracted predecessor);
 #                     5: the model table (`kparity model`, issue 28);
 #                     6: model.prefill_tokens, decode_mode, eager_tok_s, batch_size,
 #                        batch_tok_s;
 #                     7: bench.copy_same_ns, pct_copy_same (`--copy-same-bytes`);
 #                     8: ab.convention_a, convention_b (each arm's rounding convention);
-#                     9: correctness.device_index, bench.device_index (`--devices`)
+#                     9: correctness.device_index, bench.device_index (`--devices`);
+#                     10: correctness.host, bench.host (`--ray`: the host a row ran on)
 
 RUNS = pa.schema([
     ("schema_version", pa.int32()),
@@ -40,7 +41,9 @@ CASE_ROW = [
     ("op", pa.string()),
     ("backend", pa.string()),
     ("device", pa.string()),
-    ("device_index", pa.int32()),      # `--devices`: the index of the device it ran on, else null
+    ("device_index", pa.int32()),      # `--devices`: the index of the device it ran on; `--ray`:
+    #                                    the GPU Ray gave its task on its host; else null
+    ("host", pa.string()),             # `--ray`: the host it ran on; else null (`runs.host`)
     ("dtype", pa.string()),
     ("dist", pa.string()),
     ("dims", pa.string()),             # JSON

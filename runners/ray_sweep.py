@@ -266,19 +266,33 @@ def _run_batch(spec: dict, items: list[tuple]) -> list[list[dict]]:
             for impl, case, expect, invariant, base in items]
     args = SimpleNamespace(isolate=spec["isolate"], plugin=spec["plugins"],
                            case_timeout=spec["case_timeout"])
+    where = _where()
     out = []
     with case_runner(args, work) as run_case:
         for w in work:
             runs = []
 
             def recorded(w, run_id, runs=runs):
-                row = run_case(w, run_id)
+                row = {**run_case(w, run_id), **where}
                 runs.append(dict(row))  # as it came: run_one's merging may change its own
                 return row
 
             run_one(w, "", recorded, spec["repeat"], spec["ledger"])
             out.append(runs)
     return out
+
+
+def _where() -> dict:
+    """In a Ray task: the columns saying where its rows ran: `host`, and `device_index`, the
+    GPU of that host Ray gave the task (None on a CPU task)."""
+    import socket
+
+    import ray
+
+    gpus = ray.get_gpu_ids()
+    index = str(gpus[0]) if gpus else ""
+    return {"host": socket.gethostname(),
+            "device_index": int(index) if index.isdigit() else None}
 
 
 def _died_row(w, error: Exception, retries: int, seconds: float) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -49,6 +50,9 @@ def test_ray_sweep_rows_equal_the_single_process_sweep(tmp_path, cluster):
     assert outcomes(ray) == outcomes(one)
     run_ids = {r["run_id"] for r in Store(tmp_path / "ray").read("runs").to_pylist()}
     assert {r["run_id"] for r in ray} == run_ids and len(run_ids) == 1  # the sweep's, not a task's
+    # each row says where it ran: the task's host (one here), no GPU (CPU tasks)
+    assert {(r["host"], r["device_index"]) for r in ray} == {(socket.gethostname(), None)}
+    assert {r["host"] for r in one} == {None}  # a one-host run: the run's `runs.host`
 
 
 def test_a_killed_ray_worker_loses_no_row(tmp_path, cluster, monkeypatch):
