@@ -198,6 +198,9 @@ def cmd_sql(args) -> int:
         import duckdb
     except ImportError:
         raise UsageError("kparity sql needs DuckDB: pip install 'kparity[history]'") from None
+    if not args.query.strip():
+        raise UsageError("kparity sql: the query is empty; e.g. kparity sql "
+                         "\"SELECT impl, count(*) FROM latest GROUP BY impl\"")
     try:
         columns, rows = query(Store(args.store), args.query)
     except duckdb.Error as e:
