@@ -124,6 +124,18 @@ def violating_cases(impl, seed: int = 0) -> list[Work]:
     return work
 
 
+def sampled(work: list[Work], most: int) -> list[Work]:
+    """At most `most` valid normal-distribution cases of one impl's work, spread evenly over its
+    dtypes (the lowest case ids of each: the same sample every run), plus every violating case:
+    what the GPU gate and an unnamed sweep run of an impl with `gate_cases_max`."""
+    valid = [w for w in work if w.expect == "valid" and w.case.dist == "normal"]
+    by_dtype: dict[str, list[Work]] = {}
+    for w in sorted(valid, key=lambda w: w.case.id):
+        by_dtype.setdefault(w.case.dtype, []).append(w)
+    keep = [w for ws in by_dtype.values() for w in ws[:most // len(by_dtype)]]
+    return keep + [w for w in work if w.expect == "rejected"]
+
+
 def plan(impls, dtypes=None, presets=None, invalid: bool = True, valid: bool = True,
          seed: int = 0) -> list[Work]:
     """Work for `impls`, filtered by dtype and preset label (substring of the case label), its

@@ -45,8 +45,9 @@ class Impl:
     # What the impl needs beyond its backend (e.g. torch.compile needs a GPU and Triton):
     # () -> (ok, why not). None: the backend being available is enough.
     requires: Callable[[], tuple[bool, str]] | None = None
-    # An impl that compiles once per case shape (torch.compile: seconds each) runs the GPU gate
-    # on at most this many valid normal-distribution cases, spread over dtypes. None: all.
+    # An impl that compiles once per case shape (torch.compile: seconds each) runs the GPU gate,
+    # and a sweep that does not name it with --impl, on at most this many valid
+    # normal-distribution cases spread over dtypes (`cases.generate.sampled`). None: all.
     gate_cases_max: int | None = None
     # Non-empty: why this impl is a speed baseline computing a neighbouring function, not the op
     # (e.g. a dense bf16 F.linear standing in for a quantized GEMV: what a user would run

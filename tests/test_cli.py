@@ -251,3 +251,30 @@ def test_a_sweep_without_a_terminal_prints_progress_lines(capsys):
     with SweepProgress("check", "failed", " failed", every=3600.0) as progress:
         progress.update(progress.add_task("x", total=2, failed=0), advance=1, failed=0)
     assert "done" not in capsys.readouterr().out
+
+
+def test_a_sweep_samples_a_compile_per_shape_baseline_unless_it_is_named(capsys):
+    """torch.compile baselines (`gate_cases_max`) would spend a GPU sweep compiling ~130 shapes
+    each: an unnamed sweep runs the gate's sample (the same every run), said in a line; named
+    with --impl, every case."""
+    from argparse import Namespace
+
+    import gpu_impls
+    from cases.generate import plan, sampled
+    from verbs.common import sample_slow_compilers
+
+    compiled, eager = (gpu_impls.impls()[i] for i in ("torch:rms_norm_compiled",
+                                                       "torch:rms_norm"))
+    work = plan([eager, compiled])
+    everything = [w for w in work if w.impl is compiled]
+    kept = sample_slow_compilers(Namespace(impl=None), work)
+    mine = [w for w in kept if w.impl is compiled]
+    assert mine == sampled(everything, compiled.gate_cases_max)
+    valid = [w for w in mine if w.expect == "valid"]
+    assert 0 < len(valid) <= compiled.gate_cases_max < len(everything)
+    assert {w.case.dtype for w in valid} == {w.case.dtype for w in everything}  # spread over dtypes
+    assert [w for w in kept if w.impl is eager] == [w for w in work if w.impl is eager]
+    assert (f"torch:rms_norm_compiled: {len(mine)} of its {len(everything)} cases"
+            in capsys.readouterr().out)
+    for named in ("torch:rms_norm_compiled", "rms_norm_compiled"):
+        assert sample_slow_compilers(Namespace(impl=[named]), work) == work

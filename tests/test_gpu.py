@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import gpu_impls
-from cases.generate import plan
+from cases.generate import plan, sampled
 from runners.correctness import check, nondeterministic_outputs
 from runners.verdicts import is_failure, repro_command
 
@@ -24,23 +24,13 @@ def _on_accelerator(impl) -> bool:
     return impl.available(be)[0] and be.accelerator
 
 
-def _sampled(work, most: int):
-    """At most `most` valid normal cases spread over dtypes, plus every violating case."""
-    valid = [w for w in work if w.expect == "valid" and w.case.dist == "normal"]
-    by_dtype = {}
-    for w in sorted(valid, key=lambda w: w.case.id):
-        by_dtype.setdefault(w.case.dtype, []).append(w)
-    keep = [w for ws in by_dtype.values() for w in ws[:most // len(by_dtype)]]
-    return keep + [w for w in work if w.expect == "rejected"]
-
-
 def _gpu_work():
     impls = [i for i in gpu_impls.impls().values()
              if _on_accelerator(i) and "mutant" not in i.name]
     work = []
     for impl in sorted(impls, key=lambda i: i.id):
         items = plan([impl])
-        work += items if impl.gate_cases_max is None else _sampled(items, impl.gate_cases_max)
+        work += items if impl.gate_cases_max is None else sampled(items, impl.gate_cases_max)
     return work
 
 

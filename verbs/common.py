@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cases.casefile import closest
-from cases.generate import Work, bench_cases, gate_cases, plan
+from cases.generate import Work, bench_cases, gate_cases, plan, sampled
 from cases.model import Case
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
@@ -171,8 +171,34 @@ def work_list(args, impls) -> list[Work]:
             raise UsageError(f"--seed {seed} re-seeds generated cases; a --cases file's cases "
                              "keep the seeds the file gives them")
         return case_file_work(args.cases, impls, _split(args.dtype))
-    return plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
+    work = plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
                 invalid=not getattr(args, "valid_only", False), seed=seed)
+    return sample_slow_compilers(args, work)
+
+
+def sample_slow_compilers(args, work: list[Work]) -> list[Work]:
+    """An impl that compiles once per case shape (`Impl.gate_cases_max`: torch.compile, seconds
+    a shape) runs on the gate's sample of its cases, unless --impl names it: a full GPU sweep
+    would otherwise spend most of its time compiling speed baselines (~470 shapes for the five
+    compiled torch norms and RoPE). Said in one line per impl."""
+    named = set(_split(getattr(args, "impl", None)))
+    by_impl: dict[str, list[Work]] = defaultdict(list)
+    for w in work:
+        by_impl[w.impl.id].append(w)
+    out = []
+    for impl_id, items in by_impl.items():
+        impl = items[0].impl
+        most = impl.gate_cases_max
+        if most is None or impl_id in named or impl.name in named:
+            out += items
+            continue
+        kept = sampled(items, most)
+        out += kept
+        if len(kept) < len(items):
+            console.print(escape(f"{impl_id}: {len(kept)} of its {len(items)} cases (it compiles "
+                                 f"once per shape; --impl {impl_id} runs them all)"),
+                          style="dim", soft_wrap=True)
+    return out
 
 
 def case_file_work(path: str, impls, dtypes: list[str]) -> list[Work]:
