@@ -92,13 +92,14 @@ def connect(store: Store):
     return con
 
 
-def query(store: Store, sql: str) -> tuple[list[str], list[tuple]]:
-    """(column names, rows) of one query."""
+def query(store: Store, sql: str) -> tuple[list[str], list[tuple]] | None:
+    """(column names, rows) of one query; None where the text holds no statement (blank, or
+    comments only)."""
     con = connect(store)
     try:
         cur = con.execute(sql)
-        if cur is None:  # no statement in it (blank, or comments only)
-            return [], []
+        if cur is None:
+            return None
         return [d[0] for d in cur.description or []], cur.fetchall()
     finally:
         con.close()

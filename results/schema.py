@@ -41,8 +41,9 @@ CASE_ROW = [
     ("op", pa.string()),
     ("backend", pa.string()),
     ("device", pa.string()),
-    ("device_index", pa.int32()),      # `--devices`: the index of the device it ran on; `--ray`:
-    #                                    the GPU Ray gave its task on its host; else null
+    ("device_index", pa.int32()),      # `--devices`: the index of the device it ran on (its
+    #                                    position in the list); `--ray`: the GPU Ray gave its
+    #                                    task, as Ray numbers its host's GPUs; else null
     ("host", pa.string()),             # `--ray`: the host it ran on; else null (`runs.host`)
     ("dtype", pa.string()),
     ("dist", pa.string()),

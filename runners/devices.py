@@ -135,12 +135,14 @@ def bench_rows(args, items, say):
 def _dealt(args, backends, items: int, say, what: str, method: str = "run",
            fresh_per_impl: bool = False, fixed_timeout=None, hold=None, note: str = ""):
     """The dealer of `items` over `args.devices`, one `_DeviceRunner` each (its `method` runs an
-    item), said in a line; stopped (every worker gone) on exit."""
+    item), said in a line; stopped (every worker gone) on exit. A checking worker starts with
+    its share of the host's BLAS / OpenMP threads (`runners/threads.py`); a timing one with
+    what a plain `bench` has, so that CPU timings stay comparable (they run one at a time)."""
     devices = args.devices
     dealer = Dealer(devices, lambda halt, device: _DeviceRunner(
         halt, plugins=list(getattr(args, "plugin", None) or []), backends=sorted(backends),
         fresh_per_impl=fresh_per_impl, fixed_timeout=fixed_timeout, visible=device.visible,
-        hold=hold, threads=share(len(devices))),
+        hold=hold, threads=share(len(devices)) if method == "run" else None),
         batch_size(items, len(devices)), say=say, method=method)
     say(f"dealing {items} {what} to {len(devices)} devices "
         f"({', '.join(str(d.index) for d in devices)}), one isolated worker each, in batches "

@@ -394,9 +394,11 @@ class Prefetch:
         self._counting = threading.Lock()  # wait() runs on every --devices thread
         self.workers = 0
         self.pool = None
-        # Seconds the sweep's threads spent blocked in `wait`, summed over them: near the wall
-        # time, the pool (the host's CPUs), not the devices, set the sweep's pace.
+        # Seconds the sweep's threads spent blocked in `wait`, summed over them (one thread
+        # per device under --devices): near the wall time (per thread), the pool (the host's
+        # CPUs), not the devices, set the sweep's pace.
         self.waited = 0.0
+        self.waiters: set[int] = set()  # the threads that waited
         cache = current_cache()
         if cache is None:
             return
@@ -441,6 +443,7 @@ class Prefetch:
         with self._counting:
             self.outcomes[outcome] += 1
             self.waited += time.monotonic() - started
+            self.waiters.add(threading.get_ident())
         return outcome if outcome in ("miss", "stale", "corrupt") else None
 
     def close(self) -> None:
@@ -477,6 +480,8 @@ def summary(outcomes: Counter, prefetch: Prefetch | None = None) -> str:
         parts[1] += (f" ({ahead} of them ahead in {prefetch.workers} "
                      f"{'process' if prefetch.workers == 1 else 'processes'}"
                      + (f"; the sweep waited {prefetch.waited:.0f} s for them"
+                        + (f", summed over {len(prefetch.waiters)} device threads"
+                           if len(prefetch.waiters) > 1 else "")
                         if prefetch.waited >= 0.5 else "") + ")")
     if outcomes["stale"]:
         parts.append(f"{outcomes['stale']} stale entries recomputed (their inputs changed)")

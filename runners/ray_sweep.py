@@ -284,7 +284,9 @@ def _run_batch(spec: dict, items: list[tuple]) -> list[list[dict]]:
 
 def _where() -> dict:
     """In a Ray task: the columns saying where its rows ran: `host`, and `device_index`, the
-    GPU of that host Ray gave the task (None on a CPU task)."""
+    GPU of that host Ray gave the task, as Ray numbers that host's GPUs (the entries of its
+    CUDA_VISIBLE_DEVICES where the node started with one; None on a CPU task or where the
+    entry is a UUID)."""
     import socket
 
     import ray

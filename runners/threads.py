@@ -5,7 +5,8 @@ environment (THREAD_VARS). Several such processes on one host put several times 
 as cores on it, and their spinning threads slow one another: on a 32-core host two `--devices`
 workers ran each row 1.6x slower than one worker alone, and 31 oracle-pool processes with 32
 BLAS threads each slowed a one-GPU sweep 1.4x. So a process spawned as one of N gets the
-environment `cores // N` threads (at least one) while it starts; this process keeps its own.
+environment `cores // N` threads (at least one; fewer where the user set fewer) while it starts;
+this process keeps its own.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def share(processes: int) -> int:
     return max(1, cores() // max(processes, 1))
 
 
+def _at_most(threads: int, given: str | None) -> int:
+    """`threads`, or fewer where the user's own setting (`given`) asks for fewer."""
+    given = (given or "").strip()
+    return min(threads, int(given)) if given.isdigit() and int(given) > 0 else threads
+
+
 @contextmanager
 def spawning_with(threads: int | None):
     """Processes spawned inside start with `threads` BLAS / OpenMP threads; None: inherited."""
@@ -43,7 +50,7 @@ def spawning_with(threads: int | None):
         return
     with _SPAWNING:
         saved = {var: os.environ.get(var) for var in THREAD_VARS}
-        os.environ.update({var: str(threads) for var in THREAD_VARS})
+        os.environ.update({var: str(_at_most(threads, saved[var])) for var in THREAD_VARS})
         try:
             yield
         finally:

@@ -296,10 +296,11 @@ devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices
   # rows and the test outcomes must match; two GPUs: the wall times are the table (targets 1.8x
   # sweep, 1.7x gate). Every timed run starts from its own empty caches (KPARITY_CACHE: oracle
   # results and nvcc builds; CuPy's, Triton's and Inductor's kernel caches), so neither side
-  # inherits the other's work. LIMIT (env, s): each run is stopped (SIGINT: its rows are kept)
-  # past it. pytest -n needs pytest-xdist (in the GPU image).
+  # inherits the other's work; `devices` with WARM=1: both on the caches a first run filled.
+  # LIMIT (env, s): each run is stopped past it (SIGINT: its rows are kept; killed 60 s later).
+  # pytest -n needs pytest-xdist (in the GPU image).
   GPUS=$(nvidia-smi -L | wc -l)
-  cold() { [ -n "${WARM:-}" ] && set -- warm || rm -rf /tmp/cold-$1
+  cold() { [ -n "${WARM:-}" ] && [ $STAGE = devices ] && set -- warm || rm -rf /tmp/cold-$1
     echo "KPARITY_CACHE=/tmp/cold-$1/kp CUPY_CACHE_DIR=/tmp/cold-$1/cupy TRITON_CACHE_DIR=/tmp/cold-$1/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cold-$1/inductor"; }
   if [ $STAGE = devices ]; then
     SWEEP=${SWEEP:---impl cuda:kp_rms_norm,cuda:kp_rms_norm_per_head,cuda:kp_qgemv_mma,cuda:kp_qgemv,cuda:silu_mul,cuda:kp_rope}
@@ -311,7 +312,7 @@ devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices
       flag=""; [ $how != plain ] && flag="--devices all"
       t0=$SECONDS
       echo "\$ kparity check $SWEEP $flag" >> "$LOG"
-      env $(cold $how) timeout -s INT ${LIMIT:-3600} python3 -m verbs.cli --store $OUT/store-$how check $SWEEP $flag >> "$LOG" 2>&1
+      env $(cold $how) timeout -k 60 -s INT ${LIMIT:-3600} python3 -m verbs.cli --store $OUT/store-$how check $SWEEP $flag >> "$LOG" 2>&1
       echo "check $how rc=$? wall $((SECONDS - t0)) s ($GPUS GPUs)" >> "$LOG"
     done
     python3 scripts/same_rows.py $OUT/store-plain $OUT/store-devices >> "$LOG" 2>&1; echo "same_rows rc=$?" >> "$LOG"
@@ -321,7 +322,7 @@ devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices
     for n in $NS; do
       t0=$SECONDS
       echo "\$ pytest -m gpu -n $n $GATE" >> "$LOG"
-      eval env $(cold gate-$n) timeout -s INT ${LIMIT:-3600} python3 -m pytest -m gpu -q -p no:cacheprovider -n $n \
+      eval env $(cold gate-$n) timeout -k 60 -s INT ${LIMIT:-3600} python3 -m pytest -m gpu -q -p no:cacheprovider -n $n \
         --junit-xml $OUT/gate-n$n.xml "$GATE" >> "$LOG" 2>&1
       echo "gate -n $n rc=$? wall $((SECONDS - t0)) s ($GPUS GPUs)" >> "$LOG"
     done

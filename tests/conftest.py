@@ -67,10 +67,18 @@ def pin_xdist_worker() -> None:
 
 
 def steal_work(config) -> None:
-    """Under `-n`, xdist's work-stealing scheduler unless `--dist` was given: the gate's test
+    """Under `-n`, xdist's work-stealing scheduler unless `--dist` was given (on the command
+    line, in PYTEST_ADDOPTS or the ini's addopts): the gate's test
     times range from milliseconds to 20 s, and with `load`'s up-front chunks a worker could be
     left with the long ones while the others idle (xdist reads the choice when the run starts)."""
-    given = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
+    import shlex
+
+    sources = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
+    try:
+        sources += list(config.getini("addopts"))
+    except (ValueError, AttributeError):  # no such ini option (a stand-in config)
+        pass
+    given = any(a in ("--dist", "-d") or a.startswith("--dist=") for a in sources)
     if not given and getattr(config.option, "dist", "no") == "load":
         config.option.dist = "worksteal"
 

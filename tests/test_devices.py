@@ -253,13 +253,51 @@ def test_timing_tests_skip_where_xdist_workers_share_a_gpu(monkeypatch, workers,
     (["-n", "2", "--dist=loadfile"], "loadfile", "loadfile"),
     ([], "no", "no"),                             # no xdist run: nothing to schedule
 ])
-def test_the_gate_under_xdist_steals_work_unless_told_otherwise(args, dist, expected):
+def test_the_gate_under_xdist_steals_work_unless_told_otherwise(monkeypatch, args, dist,
+                                                                expected):
     """Test times run from milliseconds to 20 s: idle workers take the others' pending tests."""
     from types import SimpleNamespace
 
     from tests import conftest
 
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     config = SimpleNamespace(invocation_params=SimpleNamespace(args=args),
-                             option=SimpleNamespace(dist=dist))
+                             option=SimpleNamespace(dist=dist), getini=lambda name: [])
     conftest.steal_work(config)
     assert config.option.dist == expected
+    # --dist given elsewhere than the command line is kept too
+    config.option.dist = dist
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-q --dist load")
+    conftest.steal_work(config)
+    assert config.option.dist == dist
+
+
+@pytest.mark.parametrize("method, threads", [("run", 8), ("bench", None)])
+def test_checking_workers_share_the_cores_and_timing_workers_keep_plain_benchs(
+        monkeypatch, method, threads):
+    """`check --devices` workers start with cores / devices BLAS threads each; `bench --devices`
+    ones with what a plain bench has (they time one at a time: CPU timings stay comparable)."""
+    from argparse import Namespace
+
+    from runners import threads as thread_shares
+
+    made = {}
+
+    class Recorder:
+        def __init__(self, devices, open_runner, batch, say, method):
+            self.batch = batch
+            open_runner(None, devices[0])
+
+        def rows(self, work, one):
+            return iter(())
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(thread_shares, "cores", lambda: 16)
+    monkeypatch.setattr(devices, "Dealer", Recorder)
+    monkeypatch.setattr(devices, "_DeviceRunner", lambda halt, **kw: made.update(kw))
+    args = Namespace(devices=[Device(0, "0"), Device(1, "1")], plugin=None)
+    with devices._dealt(args, {"torch"}, 8, lambda *a, **k: None, "items", method=method):
+        pass
+    assert made["threads"] == threads

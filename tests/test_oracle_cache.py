@@ -265,16 +265,18 @@ def test_pool_workers_leave_ctrl_c_to_the_sweep():
 
 def test_pool_processes_start_with_their_share_of_blas_threads(monkeypatch):
     """One pool process per core, each starting a BLAS thread per core, would oversubscribe the
-    host cores-fold; the processes get cores // size threads each, and this process keeps its
-    own setting."""
+    host cores-fold; the processes get cores // size threads each (fewer where the user set
+    fewer), and this process keeps its own setting."""
     from runners import threads
 
     monkeypatch.setattr(threads, "cores", lambda: 32)
+    for var in threads.THREAD_VARS:  # an xdist worker has its share set (tests/conftest.py)
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "7")
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "64")
     with oracle_cache.spawn_pool(2) as pool:
-        seen = pool.map(os.getenv, ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
-    assert seen == ["16", "16"]
+        seen = pool.map(os.getenv, ["OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"])
+    assert seen == ["7", "16", "16"]
     assert os.environ["OPENBLAS_NUM_THREADS"] == "7" and "OMP_NUM_THREADS" not in os.environ
 
 
@@ -283,8 +285,11 @@ def test_the_summary_says_how_long_the_sweep_waited_for_the_pool():
     from collections import Counter
     from types import SimpleNamespace
 
-    pool = SimpleNamespace(workers=31, outcomes=Counter(miss=40), waited=12.4)
+    pool = SimpleNamespace(workers=31, outcomes=Counter(miss=40), waited=12.4, waiters={1})
     line = oracle_cache.summary(Counter(hit=2, miss=40), pool)
     assert "40 computed (40 of them ahead in 31 processes; the sweep waited 12 s for them)" in line
+    pool.waiters = {1, 2}  # --devices: one thread per device waits
+    assert ("the sweep waited 12 s for them, summed over 2 device threads)"
+            in oracle_cache.summary(Counter(hit=2, miss=40), pool))
     pool.waited = 0.1
     assert "waited" not in oracle_cache.summary(Counter(hit=2, miss=40), pool)

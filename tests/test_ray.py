@@ -112,3 +112,13 @@ def test_ray_without_ray_installed_is_bad_input(monkeypatch, capsys):
         main(["check", "--impl", "torch:rms_norm", "--ray", "local"])
     assert e.value.code == 2
     assert "pip install 'kparity[ray]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ids, index", [([], None), ([1], 1), (["2"], 2),
+                                        (["GPU-5e1f0c8a"], None)])
+def test_a_ray_row_names_its_host_and_the_gpu_ray_gave_its_task(monkeypatch, ids, index):
+    """Ray gives a task's GPU as an int or a string (an index, or a UUID where the host lists
+    its GPUs by UUID: not an index, so no `device_index`)."""
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ids)
+    assert ray_sweep._where() == {"host": socket.gethostname(), "device_index": index}

@@ -89,9 +89,9 @@ def test_sql_verb_formats_and_errors(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == ["a,b", "1,x"]
     assert main(["--store", str(tmp_path), "sql", "SELECT * FROM no_such_view"]) == 2
     assert "no_such_view" in capsys.readouterr().out
-    assert main(["--store", str(tmp_path), "sql", "  "]) == 2  # an empty query: said, not a crash
-    assert "the query is empty" in capsys.readouterr().out
-    assert main(["--store", str(tmp_path), "sql", "-- a comment only"]) == 0
+    for empty in ("  ", "-- a comment only"):  # no statement: said, not a crash or a blank
+        assert main(["--store", str(tmp_path), "sql", empty]) == 2
+        assert "the query holds no statement" in capsys.readouterr().out
 
 
 def test_duckdb_and_plotly_are_not_on_the_gpu_import_path():

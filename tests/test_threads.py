@@ -7,7 +7,16 @@ import multiprocessing
 import os
 import threading
 
+import pytest
+
 from runners import threads
+
+
+@pytest.fixture(autouse=True)
+def no_thread_settings(monkeypatch):
+    """No count set by hand (an xdist worker has its share set: `tests/conftest.py`)."""
+    for var in threads.THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
 
 
 def _child_env(conn) -> None:
@@ -27,8 +36,8 @@ def _spawned_env(n) -> dict:
 
 def test_a_child_starts_with_the_threads_given_and_the_parent_keeps_its_own(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     assert set(_spawned_env(3).values()) == {"3"}
+    assert set(_spawned_env(8).values()) == {"8", "5"}  # fewer set by hand: kept
     assert os.environ["OMP_NUM_THREADS"] == "5" and "OPENBLAS_NUM_THREADS" not in os.environ
     assert _spawned_env(None)["OMP_NUM_THREADS"] == "5"  # None: inherited
 

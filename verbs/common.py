@@ -42,16 +42,19 @@ class SweepProgress(Progress):
 
     def update(self, task_id, **changes) -> None:
         super().update(task_id, **changes)
-        now = time.monotonic()
-        if self.console.is_terminal or now - self.last_line < self.every:
+        if self.console.is_terminal:
             return
-        self.last_line = now
-        task = self._tasks[task_id]
-        detail = f"{task.fields.get(self.field, '')}{self.suffix}".strip()
-        self.console.print(escape(f"{self.verb}: {task.completed:.0f}/{task.total:.0f} done, "
-                                  + (f"{detail}, " if detail else "")
-                                  + f"{now - self.started:.0f} s; now {task.description}"),
-                           soft_wrap=True)
+        with self._lock:  # --devices threads update it too: one line per period
+            now = time.monotonic()
+            if now - self.last_line < self.every:
+                return
+            self.last_line = now
+            task = self._tasks[task_id]
+            detail = f"{task.fields.get(self.field, '')}{self.suffix}".strip()
+            line = (f"{self.verb}: {task.completed:.0f}/{task.total:.0f} done, "
+                    + (f"{detail}, " if detail else "")
+                    + f"{now - self.started:.0f} s; now {task.description}")
+        self.console.print(escape(line), soft_wrap=True)
 
 
 class UsageError(Exception):

@@ -198,14 +198,18 @@ def cmd_sql(args) -> int:
         import duckdb
     except ImportError:
         raise UsageError("kparity sql needs DuckDB: pip install 'kparity[history]'") from None
+    empty = UsageError("kparity sql: the query holds no statement; e.g. kparity sql "
+                       "\"SELECT impl, count(*) FROM latest GROUP BY impl\"")
     if not args.query.strip():
-        raise UsageError("kparity sql: the query is empty; e.g. kparity sql "
-                         "\"SELECT impl, count(*) FROM latest GROUP BY impl\"")
+        raise empty
     try:
-        columns, rows = query(Store(args.store), args.query)
+        answer = query(Store(args.store), args.query)
     except duckdb.Error as e:
         raise UsageError(f"query failed: {e}".splitlines()[0] + " (views: runs, correctness, "
                          "bench, ab, ceilings, annotations, latest, history)") from None
+    if answer is None:  # comments only
+        raise empty
+    columns, rows = answer
     if args.format == "json":
         print(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
     elif args.format == "csv":
