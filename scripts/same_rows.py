@@ -3,15 +3,18 @@
 Issue 32's test of a spread sweep (`--devices`, `--ray`, `pytest -n`): it must give the rows
 the plain run gives. Compares the newest check run of each store as multisets of (impl, case
 id, expect, status); prints the counts, each difference (at most 20 of each side), the devices
-each run used (`device_index`), and exits 1 when they differ. Needs pyarrow only (no DuckDB: the
-GPU image lacks it).
+each run used (`device_index`) with their worker seconds (the rows' `seconds`, timed inside
+the workers: summed, and the median row; a spread run whose sum exceeds the plain run's did
+more work per row), and exits 1 when they differ. Needs pyarrow only (no DuckDB: the GPU image
+lacks it).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 
 from results.store import Store
 
@@ -29,6 +32,15 @@ def newest_check_rows(path: str) -> tuple[str, list[dict]]:
     return run_id, rows
 
 
+def worker_seconds(rows: list[dict]) -> str:
+    """`device: sum s (median ms)` per device_index, from the rows' `seconds`."""
+    by = defaultdict(list)
+    for r in rows:
+        by[r.get("device_index")].append(r.get("seconds") or 0.0)
+    return ", ".join(f"{d}: {sum(v):.1f} s (median {statistics.median(v) * 1e3:.2f} ms)"
+                     for d, v in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stores", nargs=2, metavar="STORE")
@@ -38,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id, rows = newest_check_rows(path)
         devices = Counter(r.get("device_index") for r in rows)
         print(f"{path}: run {run_id}, {len(rows)} rows, by device_index {dict(devices)}")
+        print("  worker seconds by device_index: " + worker_seconds(rows))
         counts.append(Counter(tuple(r[k] for k in KEY) for r in rows))
     only_a, only_b = counts[0] - counts[1], counts[1] - counts[0]
     for name, only in (("only in A", only_a), ("only in B", only_b)):

@@ -1,0 +1,48 @@
+"""scripts/same_rows.py and scripts/same_tests.py: issue 32's judges of a spread run (it must give
+the plain run's rows, the one-process gate's outcomes). Each must say "same" for equal runs
+whatever the order or the devices, and exit 1 on one differing row or test."""
+
+from __future__ import annotations
+
+from results.store import Store
+from scripts import same_rows, same_tests
+
+
+def _store(path, statuses: dict, devices=None) -> str:
+    store = Store(path)
+    run = "20261126T000000Z-0000000001"
+    store.write("runs", [{"run_id": run, "verb": "check"}], run, 0)
+    store.write("correctness", [
+        {"run_id": run, "impl": "cuda:x", "case_id": case, "expect": "valid", "status": status,
+         "seconds": 0.004, "device_index": None if devices is None else devices[i % len(devices)]}
+        for i, (case, status) in enumerate(statuses.items())], run, 0)
+    return str(path)
+
+
+def test_same_rows_ignores_order_and_devices_and_catches_one_status(tmp_path, capsys):
+    plain = _store(tmp_path / "a", {"c1": "pass", "c2": "pass", "c3": "fail"})
+    spread = _store(tmp_path / "b", {"c3": "fail", "c1": "pass", "c2": "pass"}, devices=[0, 1])
+    assert same_rows.main([plain, spread]) == 0
+    out = capsys.readouterr().out
+    assert "same rows" in out and "0: 0.0 s" in out and "1: 0.0 s" in out
+    other = _store(tmp_path / "c", {"c1": "pass", "c2": "timeout", "c3": "fail"}, devices=[0])
+    assert same_rows.main([plain, other]) == 1
+    assert "DIFFERENT: 1 rows only in A, 1 only in B" in capsys.readouterr().out
+
+
+def _junit(path, outcomes: dict) -> str:
+    cases = "".join(
+        f'<testcase classname="tests.test_gpu" name="{name}">'
+        + {"passed": "", "skipped": "<skipped/>", "failed": "<failure/>"}[kind] + "</testcase>"
+        for name, kind in outcomes.items())
+    path.write_text(f'<testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
+    return str(path)
+
+
+def test_same_tests_compares_each_test_and_catches_one_outcome(tmp_path, capsys):
+    one = _junit(tmp_path / "n0.xml", {"t1": "passed", "t2": "skipped"})
+    assert same_tests.main([one, _junit(tmp_path / "n2.xml", {"t2": "skipped", "t1": "passed"})]) == 0
+    assert "same outcome for every test" in capsys.readouterr().out
+    assert same_tests.main([one, _junit(tmp_path / "x.xml", {"t1": "failed", "t2": "skipped"})]) == 1
+    assert "tests.test_gpu::t1: passed in A, failed in B" in capsys.readouterr().out
+    assert same_tests.main([one, _junit(tmp_path / "y.xml", {"t1": "passed"})]) == 1  # one missing
