@@ -36,10 +36,15 @@ def share(processes: int) -> int:
     return max(1, cores() // max(processes, 1))
 
 
-def _at_most(threads: int, given: str | None) -> int:
-    """`threads`, or fewer where the user's own setting (`given`) asks for fewer."""
-    given = (given or "").strip()
-    return min(threads, int(given)) if given.isdigit() and int(given) > 0 else threads
+def limited(threads: int) -> dict[str, str]:
+    """THREAD_VARS set to `threads`, or to fewer where this environment already asks for
+    fewer (a count set by hand)."""
+    out = {}
+    for var in THREAD_VARS:
+        given = os.environ.get(var, "").strip()
+        out[var] = str(min(threads, int(given)) if given.isdigit() and int(given) > 0
+                       else threads)
+    return out
 
 
 @contextmanager
@@ -50,7 +55,7 @@ def spawning_with(threads: int | None):
         return
     with _SPAWNING:
         saved = {var: os.environ.get(var) for var in THREAD_VARS}
-        os.environ.update({var: str(_at_most(threads, saved[var])) for var in THREAD_VARS})
+        os.environ.update(limited(threads))
         try:
             yield
         finally:

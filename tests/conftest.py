@@ -11,15 +11,13 @@ import os
 
 import pytest
 
-from runners.threads import THREAD_VARS, share
+from runners.threads import limited, share
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each xdist worker its share of the host's BLAS / OpenMP threads, set before numpy and
     # torch load and count them (`runners/threads.py`: workers that each start one thread per
-    # core slow one another); a count set by hand is kept.
-    for var in THREAD_VARS:
-        os.environ.setdefault(var, str(share(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT",
-                                                                 "1")))))
+    # core slow one another); a smaller count set by hand is kept.
+    os.environ.update(limited(share(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 from cases import strategies  # noqa: E402, F401  (registers the hypothesis profiles)
 from hypothesis import settings  # noqa: E402
