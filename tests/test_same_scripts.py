@@ -42,7 +42,8 @@ def _junit(path, outcomes: dict) -> str:
 def test_same_tests_compares_each_test_and_catches_one_outcome(tmp_path, capsys):
     one = _junit(tmp_path / "n0.xml", {"t1": "passed", "t2": "skipped"})
     assert same_tests.main([one, _junit(tmp_path / "n2.xml", {"t2": "skipped", "t1": "passed"})]) == 0
-    assert "same outcome for every test" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "same outcome for every test" in out and "test time 0.0 s" in out
     assert same_tests.main([one, _junit(tmp_path / "x.xml", {"t1": "failed", "t2": "skipped"})]) == 1
     assert "tests.test_gpu::t1: passed in A, failed in B" in capsys.readouterr().out
     assert same_tests.main([one, _junit(tmp_path / "y.xml", {"t1": "passed"})]) == 1  # one missing
