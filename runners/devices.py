@@ -2,8 +2,11 @@
 
 One isolated worker per device (`runners/isolation.py`'s `IsolatedRunner`), pinned by
 CUDA_VISIBLE_DEVICES set in the worker before any framework starts CUDA; one thread per device
-pulls small batches of work from a shared queue, so a device that meets slow cases takes fewer
-batches and none sits idle while work is left. The threads hand rows back; the sweep's thread
+pulls small batches of work (`Batches`), so a device that meets slow cases takes fewer batches
+and none sits idle while work is left. A device keeps to one impl's batches while it has them
+(an impl's set-up, its module's build or load, a JIT's compile or autotuning, torch.compile per
+shape, is paid in each worker that runs it: dealt round-robin, every worker would pay for every
+impl), and takes from another device's impl only when no impl is left unstarted. The threads hand rows back; the sweep's thread
 writes them (one writer). Every row carries its device's index (`device_index`, the position
 in `--devices all`'s list, or the index given).
 
@@ -32,8 +35,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 from runners.isolation import BadInput, DeviceUnusable, IsolatedRunner, isolation_mode
 from runners.threads import share
@@ -143,7 +147,8 @@ def _dealt(args, backends, items: int, say, what: str, method: str = "run",
         halt, plugins=list(getattr(args, "plugin", None) or []), backends=sorted(backends),
         fresh_per_impl=fresh_per_impl, fixed_timeout=fixed_timeout, visible=device.visible,
         hold=hold, threads=share(len(devices)) if method == "run" else None),
-        batch_size(items, len(devices)), say=say, method=method)
+        batch_size(items, len(devices)), say=say, method=method,
+        group=lambda item: (item[0] if method == "bench" else item).impl.id)
     say(f"dealing {items} {what} to {len(devices)} devices "
         f"({', '.join(str(d.index) for d in devices)}), one isolated worker each, in batches "
         f"of {dealer.batch}" + (f"; {note}" if note else ""), soft_wrap=True)
@@ -199,19 +204,62 @@ class _DeviceRunner(IsolatedRunner):
             worker.proc.kill()
 
 
+class Batches:
+    """A work list's batches by group (an impl's items), dealt with affinity: `take(held)`
+    gives the next batch of the group the device holds; a device whose group is done starts
+    the first group (in the work's order) no device has started, and when none is left takes
+    the last batch of the group with the most batches left (work stealing), from then on from
+    that group's end while the group's first device goes on from its front. Thread-safe."""
+
+    def __init__(self, work: list, batch: int, group: Callable[[object], Hashable]):
+        self.lock = threading.Lock()
+        self.groups: dict[Hashable, deque] = {}
+        for item in work:
+            batches = self.groups.setdefault(group(item), deque())
+            if not batches or len(batches[-1]) == batch:
+                batches.append([])
+            batches[-1].append(item)
+        self.unstarted = deque(self.groups)
+
+    def take(self, held: tuple | None) -> tuple[tuple, list] | None:
+        """(held, batch): `held` = (group, from its end?), what the device holds next time;
+        None when no batch is left now (a device may still hand one back)."""
+        with self.lock:
+            if held is not None and self.groups[held[0]]:
+                key, from_end = held
+            elif self.unstarted:
+                key, from_end = self.unstarted.popleft(), False
+            else:
+                key = max(self.groups, key=lambda k: len(self.groups[k]))
+                if not self.groups[key]:
+                    return None
+                from_end = True
+            batches = self.groups[key]
+            return (key, from_end), (batches.pop() if from_end else batches.popleft())
+
+    def hand_back(self, held: tuple, batch: list) -> None:
+        """A batch a device could not run (its items did not start): first in its group."""
+        with self.lock:
+            self.groups[held[0]].appendleft(batch)
+
+
 class Dealer:
-    """Deals a work list in batches to one thread per device; `rows(work, one)` yields
-    (item, row) as the rows complete, each tagged with its device (`runner_for`'s executor).
+    """Deals a work list in batches (`Batches`) to one thread per device; `rows(work, one)`
+    yields (item, row) as the rows complete, each tagged with its device (`runner_for`'s
+    executor).
 
     `open_runner(halt, device)` makes a device's runner (`run(w, run_id) -> row`, `close()`,
     `interrupt()`), in the device's thread: on Linux a worker dies with the thread that started
-    it, so none outlives its thread."""
+    it, so none outlives its thread. `group(item)`: the items a device keeps together (an
+    impl's); one group when not given."""
 
     def __init__(self, devices: list[Device], open_runner, batch: int,
-                 say=lambda text, **_: print(text), method: str = "run"):
+                 say=lambda text, **_: print(text), method: str = "run",
+                 group: Callable[[object], Hashable] = lambda item: None):
         self.devices, self.open_runner, self.batch, self.say = devices, open_runner, batch, say
         self.method = method  # the runner's method handed to `one`: run (check), bench
-        self.batches: queue.Queue = queue.Queue()
+        self.group = group
+        self.batches: Batches | None = None
         self.results: queue.Queue = queue.Queue()  # ("row" | "unusable" | "error", device, x)
         self.halt = threading.Event()
         self.runners: dict[int, object] = {}
@@ -220,8 +268,7 @@ class Dealer:
     def rows(self, work, one):
         if not work:  # nothing to deal (a resumed run with nothing left): no worker starts
             return
-        for k in range(0, len(work), self.batch):
-            self.batches.put(list(work[k:k + self.batch]))
+        self.batches = Batches(list(work), self.batch, self.group)
         for device in self.devices:
             thread = threading.Thread(target=self._serve, args=(device, one), daemon=True,
                                       name=f"kparity-device-{device.index}")
@@ -268,18 +315,20 @@ class Dealer:
         try:
             runner = self.open_runner(self.halt, device)
             self.runners[device.index] = runner
+            held = None
             while not self.halt.is_set():
-                try:
-                    batch = self.batches.get(timeout=0.1)
-                except queue.Empty:
-                    continue  # another device may still hand a batch back
+                taken = self.batches.take(held)
+                if taken is None:
+                    self.halt.wait(0.1)  # another device may still hand a batch back
+                    continue
+                held, batch = taken
                 for k, w in enumerate(batch):
                     if self.halt.is_set():
                         return
                     try:
                         row = one(w, getattr(runner, self.method))
                     except DeviceUnusable as e:  # the probe before `w`: `w` did not run
-                        self.batches.put(batch[k:])
+                        self.batches.hand_back(held, batch[k:])
                         self.results.put(("unusable", device, e))
                         return
                     if self.halt.is_set():  # a row after the halt may be from its kill

@@ -16,7 +16,7 @@ import pytest
 
 from results.store import Store
 from runners import devices
-from runners.devices import Dealer, Device, parse_devices, xdist_gpu
+from runners.devices import Batches, Dealer, Device, parse_devices, xdist_gpu
 from runners.isolation import BadInput, DeviceUnusable
 from verbs.cli import main
 
@@ -145,6 +145,55 @@ def test_an_unusable_device_hands_its_cases_to_the_others():
     assert Counter(r["device_index"] for _, r in got)[1] == 1
     assert any("device 1 stopped" in s and "go to the other devices (0)" in s for s in said)
     assert all(r.closed for r in runners)
+
+
+def test_a_device_keeps_to_its_impl_and_steals_only_at_the_end():
+    """Affinity: each impl's set-up is paid on one worker while impls are left to start."""
+    work = [("a", i) for i in range(6)] + [("b", i) for i in range(4)] + [("c", 0)]
+    batches = Batches(work, batch=2, group=lambda item: item[0])
+    held = {0: None, 1: None}
+
+    def take(device):
+        taken = batches.take(held[device])
+        if taken is None:
+            return None
+        held[device], batch = taken
+        return batch
+    assert take(0) == [("a", 0), ("a", 1)]
+    assert take(1) == [("b", 0), ("b", 1)]       # the next impl nobody started
+    assert take(0) == [("a", 2), ("a", 3)]       # device 0 stays on a
+    assert take(1) == [("b", 2), ("b", 3)]
+    assert take(1) == [("c", 0)]                 # b is done: c is still unstarted
+    assert take(1) == [("a", 4), ("a", 5)]       # nothing unstarted: steal a's last batch
+    assert take(0) is None and take(1) is None   # all dealt
+    batches.hand_back(held[0], [("a", 2)])       # a batch a broken device did not run
+    assert take(1) == [("a", 2)]
+
+
+def test_stealing_takes_from_the_end_of_the_longest_impl():
+    work = [("a", i) for i in range(8)] + [("b", i) for i in range(2)]
+    batches = Batches(work, batch=1, group=lambda item: item[0])
+    held_a, first = batches.take(None)
+    held_b, _ = batches.take(None)
+    assert first == [("a", 0)] and held_b == ("b", False)
+    held_b, _ = batches.take(held_b)
+    held_b, stolen = batches.take(held_b)        # b done: the thief takes a's last item
+    assert stolen == [("a", 7)] and held_b == ("a", True)
+    assert batches.take(held_b)[1] == [("a", 6)]  # and goes on from a's end
+    assert batches.take(held_a)[1] == [("a", 1)]  # while a's first device goes on from its front
+
+
+def test_every_item_is_dealt_once_across_impls():
+    work = [(impl, i) for impl in "abcde" for i in range(7)]
+
+    def open_runner(halt, device):
+        return FakeRunner(Device(device.index + 2, "x"))  # never unusable
+    dealer = Dealer([Device(0, "0"), Device(1, "1"), Device(2, "2")], open_runner, batch=3,
+                    group=lambda item: item[0])
+    got = list(dealer.rows(work, lambda w, run: run(w, "run")))
+    dealer.stop()
+    seen = sorted(w for w, _ in got)
+    assert seen == sorted(work)
 
 
 def test_no_device_left_stops_the_sweep():
@@ -284,7 +333,7 @@ def test_checking_workers_share_the_cores_and_timing_workers_keep_plain_benchs(
     made = {}
 
     class Recorder:
-        def __init__(self, devices, open_runner, batch, say, method):
+        def __init__(self, devices, open_runner, batch, say, method, group):
             self.batch = batch
             open_runner(None, devices[0])
 
