@@ -2,7 +2,7 @@
 
 `pytest -m gpu` on a machine without an accelerator must fail loudly, not pass empty: the guard
 exits with status 3 and says which backends were looked for and why each is missing. Under
-`-n auto` each xdist worker takes one GPU (`pin_xdist_worker`).
+`-n auto` one xdist worker per GPU, each taking its own (`pin_xdist_worker`).
 """
 
 from __future__ import annotations
@@ -81,11 +81,26 @@ def steal_work(config) -> None:
         config.option.dist = "worksteal"
 
 
+def wants_gpu(config) -> bool:
+    markexpr = config.getoption("markexpr") or ""
+    return "gpu" in markexpr and "not gpu" not in markexpr
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` under `-m gpu`: one worker per visible GPU (each takes one: `pin_xdist_worker`),
+    not one per core, whose workers would share the GPUs and skip the timing tests; elsewhere
+    xdist's own count (None)."""
+    from runners.devices import visible_gpus
+
+    if not wants_gpu(config):
+        return None
+    return len(visible_gpus()) or None
+
+
 def pytest_configure(config):
     pin_xdist_worker()  # first: the accelerator guard below starts CUDA
     steal_work(config)
-    markexpr = config.getoption("markexpr") or ""
-    if "gpu" in markexpr and "not gpu" not in markexpr:
+    if wants_gpu(config):
         found, why = accelerators()
         if not found:
             pytest.exit("pytest -m gpu: no accelerator backend on this machine, refusing to pass "

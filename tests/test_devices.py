@@ -350,3 +350,20 @@ def test_checking_workers_share_the_cores_and_timing_workers_keep_plain_benchs(
     with devices._dealt(args, {"torch"}, 8, lambda *a, **k: None, "items", method=method):
         pass
     assert made["threads"] == threads
+
+
+@pytest.mark.parametrize("markexpr, gpus, expected", [
+    ("gpu", ["0", "1"], 2),            # the gate: a worker per GPU
+    ("gpu and not timing", ["3"], 1),
+    ("gpu", [], None),                 # no GPU seen: xdist's own count (the guard then speaks)
+    ("not gpu", ["0", "1"], None),     # the CPU tests: one worker per core
+    ("", ["0", "1"], None),
+])
+def test_n_auto_under_the_gate_is_one_worker_per_gpu(monkeypatch, markexpr, gpus, expected):
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    monkeypatch.setattr(devices, "visible_gpus", lambda: gpus)
+    config = SimpleNamespace(getoption=lambda name: markexpr)
+    assert conftest.pytest_xdist_auto_num_workers(config) == expected
