@@ -68,7 +68,8 @@ def steal_work(config) -> None:
     """Under `-n`, xdist's work-stealing scheduler unless `--dist` was given (on the command
     line, in PYTEST_ADDOPTS or the ini's addopts): the gate's test
     times range from milliseconds to 20 s, and with `load`'s up-front chunks a worker could be
-    left with the long ones while the others idle (xdist reads the choice when the run starts)."""
+    left with the long ones while the others idle (xdist reads the choice when the run starts);
+    the long ones also run first (`long_first`)."""
     import shlex
 
     sources = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
@@ -107,7 +108,24 @@ def pytest_configure(config):
                         "empty. Looked for: " + "; ".join(why), returncode=3)
 
 
+def long_first(items) -> None:
+    """Under pytest-xdist, the long tests (tests/long_tests.json, measured: scripts/long_tests.py)
+    first, longest first; the rest keep their order. Left where they fall (the Mamba tests end
+    the gate), the long ones sit at the end of a worker's queue, and a worker that runs out of
+    work steals them in one piece while the others idle; first, they are under way at once and
+    only short tests remain to balance at the end. Every worker sorts alike (xdist requires the
+    same order), and without -n the order is the files'."""
+    import json
+    from pathlib import Path
+
+    table = Path(__file__).with_name("long_tests.json")
+    seconds = json.loads(table.read_text()) if table.is_file() else {}
+    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))  # stable
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        long_first(items)
     # Tests needing a backend that is absent skip with the backend's own reason.
     from gpu_impls import backend
 

@@ -6,6 +6,7 @@ device found unusable hands its cases to the others; `--resume` across devices; 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -367,3 +368,32 @@ def test_n_auto_under_the_gate_is_one_worker_per_gpu(monkeypatch, markexpr, gpus
     monkeypatch.setattr(devices, "visible_gpus", lambda: gpus)
     config = SimpleNamespace(getoption=lambda name: markexpr)
     assert conftest.pytest_xdist_auto_num_workers(config) == expected
+
+
+def test_under_xdist_the_long_tests_run_first_longest_first(monkeypatch):
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    names = ["tests/test_a.py::t1", "tests/test_gpu_ssm.py::test_step_batch_64[hpn]",
+             "tests/test_a.py::t2", "tests/test_gpu_ssm.py::test_step_batch_64[hnp]"]
+    table = json.loads((Path(conftest.__file__).with_name("long_tests.json")).read_text())
+    items = [SimpleNamespace(nodeid=n) for n in names]
+    conftest.long_first(items)
+    longer = max(names[1], names[3], key=table.get)
+    assert [i.nodeid for i in items][:2] == [longer, ({names[1], names[3]} - {longer}).pop()]
+    assert [i.nodeid for i in items][2:] == ["tests/test_a.py::t1", "tests/test_a.py::t2"]
+
+
+def test_the_long_tests_table_names_tests_that_exist():
+    """A renamed test would silently lose its place: every entry's file defines its function."""
+    from tests import conftest
+
+    table = json.loads((Path(conftest.__file__).with_name("long_tests.json")).read_text())
+    assert table, "tests/long_tests.json is empty"
+    root = Path(conftest.__file__).resolve().parent.parent
+    for node, seconds in table.items():
+        path, *names = node.split("::")
+        function = names[-1].split("[")[0]
+        assert f"def {function}(" in (root / path).read_text(), node
+        assert seconds >= 5.0, node

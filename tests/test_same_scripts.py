@@ -4,6 +4,8 @@ whatever the order or the devices, and exit 1 on one differing row or test."""
 
 from __future__ import annotations
 
+import json
+
 from results.store import Store
 from scripts import same_rows, same_tests
 
@@ -47,3 +49,18 @@ def test_same_tests_compares_each_test_and_catches_one_outcome(tmp_path, capsys)
     assert same_tests.main([one, _junit(tmp_path / "x.xml", {"t1": "failed", "t2": "skipped"})]) == 1
     assert "tests.test_gpu::t1: passed in A, failed in B" in capsys.readouterr().out
     assert same_tests.main([one, _junit(tmp_path / "y.xml", {"t1": "passed"})]) == 1  # one missing
+
+
+def test_long_tests_keeps_each_tests_longest_time_above_the_floor(tmp_path):
+    from scripts import long_tests
+
+    def junit(path, times):
+        cases = "".join(f'<testcase classname="tests.test_gpu_ssm" name="{n}" time="{t}"/>'
+                        for n, t in times.items())
+        path.write_text(f'<testsuites><testsuite>{cases}</testsuite></testsuites>')
+        return str(path)
+    a = junit(tmp_path / "a.xml", {"test_step_batch_64[hpn]": 27.1, "test_x": 0.2})
+    b = junit(tmp_path / "b.xml", {"test_step_batch_64[hpn]": 28.9, "test_y": 4.9})
+    out = tmp_path / "long.json"
+    assert long_tests.main([a, b, "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == {"tests/test_gpu_ssm.py::test_step_batch_64[hpn]": 28.9}
