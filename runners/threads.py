@@ -1,7 +1,8 @@
 """The CPU threads of the processes a sweep spawns.
 
 numpy's BLAS and torch's OpenMP each start one thread per core, counted when they load, from the
-environment (THREAD_VARS). Several such processes on one host put several times as many threads
+environment (THREAD_VARS); torch.compile's Inductor starts as many compile workers (at most 32)
+at its first compile. Several such processes on one host put several times as many threads
 as cores on it, and their spinning threads slow one another: on a 32-core host two `--devices`
 workers ran each row 1.6x slower than one worker alone, and 31 oracle-pool processes with 32
 BLAS threads each slowed a one-GPU sweep 1.4x. So a process spawned as one of N gets the
@@ -16,7 +17,7 @@ import threading
 from contextlib import contextmanager
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 
 # The environment is the process's, and --devices starts workers from one thread per device:
 # one spawn at a time, or one thread would restore what another's child is still reading.

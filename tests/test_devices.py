@@ -397,3 +397,17 @@ def test_the_long_tests_table_names_tests_that_exist():
         function = names[-1].split("[")[0]
         assert f"def {function}(" in (root / path).read_text(), node
         assert seconds >= 5.0, node
+
+
+def test_the_time_line_splits_the_wall_time_and_sums_each_devices_rows(monkeypatch):
+    from verbs import common
+
+    monkeypatch.setattr(common, "COMMAND_STARTED", 100.0)
+    monkeypatch.setattr(common.time, "monotonic", lambda: 290.0)
+    rows = [{"seconds": 70.0, "device_index": 0}, {"seconds": 80.5, "device_index": 1},
+            {"seconds": 4.25, "device_index": 1}]
+    assert common.time_line(112.0, 283.0, rows) == (
+        "time: 190 s: 12 s until the first row, 171 s of rows (device 0: 70 s, device 1: 85 s "
+        "inside the workers), 7.0 s after the last")
+    assert common.time_line(None, None, []) == "time: 190 s, no row"
+    assert "(3.5 s inside the workers)" in common.time_line(101.0, 105.0, [{"seconds": 3.5}])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from collections import Counter, defaultdict
 
 from rich.markup import escape
@@ -25,7 +26,8 @@ from runners.item import run_one  # noqa: F401 (run_work calls it by this module
 from runners.verdicts import failure_kind, is_failure, outcome
 from verbs.common import (FILTERS, SweepProgress, UsageError, _backend, _filters, _impls, _seed,
                           _split, check_presets, console, devices_flag, global_flags,
-                          pick_devices, repro_line, select_impls, unknown, work_for, work_list)
+                          pick_devices, repro_line, select_impls, time_line, unknown, work_for,
+                          work_list)
 from verbs.outputs import add_flags as add_output_flags, write_check
 
 ORDER = 1  # after ops and cases in `kparity --help`
@@ -123,6 +125,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     maxfail = getattr(args, "maxfail", None)
     first_part = store.next_part("correctness", run_id)
     failed = done = 0
+    first_row = last_row = None  # when the first and the last row came (the time line)
     cached = Counter()  # the oracle cache's outcome per row (runners/oracle_cache.py)
     try:
         with RowWriter(store, "correctness", run_id, first_part=first_part) as writer, \
@@ -143,6 +146,8 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
                 return row
 
             for w, row in executor(work, one):  # rows as they complete; this loop writes them
+                last_row = time.monotonic()
+                first_row = first_row or last_row
                 outcome_of_cache = row.pop(oracle_cache.CACHE_KEY, None)
                 if outcome_of_cache is not None:
                     cached[outcome_of_cache] += 1
@@ -166,6 +171,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     summarize(rows, run_id, store, getattr(args, "seed", 0))
     if cached:
         console.print(escape(oracle_cache.summary(cached, ahead)), soft_wrap=True)
+    console.print(escape(time_line(first_row, last_row, rows[len(kept or []):])), soft_wrap=True)
     if done < len(work):  # --maxfail: the verdict above is of the rows that ran
         console.print(f"[yellow]stopped early[/]: {failed} failing "
                       f"{'row' if failed == 1 else 'rows'} reached --maxfail {maxfail}; "

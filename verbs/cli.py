@@ -33,6 +33,7 @@ import contextlib
 import importlib
 import pkgutil
 import sys
+import time
 
 from rich.markup import escape
 
@@ -41,6 +42,7 @@ from cases.casefile import CaseFileError
 from gpu_impls import known_issues
 from results.store import StoreError
 from runners.isolation import BadInput, DeviceUnusable
+from verbs import common
 from verbs.common import UsageError, console
 
 
@@ -103,6 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    common.COMMAND_STARTED = time.monotonic()
     args = parse_args(argv)
     try:
         with plugin_warnings_in_yellow():

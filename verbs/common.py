@@ -27,6 +27,30 @@ from oracle.spec import registry as op_registry
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 
+# When this command started (`verbs/cli.py`'s `main`): a sweep's time line counts from it.
+COMMAND_STARTED = time.monotonic()
+
+
+def time_line(first_row: float | None, last_row: float | None, rows: list[dict]) -> str:
+    """Where a sweep's wall time went: until its first row (imports, planning, the workers'
+    start), from the first row to the last, after it (the summary), and the seconds the rows
+    took inside their workers, per device under --devices (summed over more devices than the
+    row span: the workers did not keep pace; short of it: time between rows, outside them)."""
+    def secs(x: float) -> str:
+        return f"{x:.1f} s" if x < 10 else f"{x:.0f} s"
+    now = time.monotonic()
+    if first_row is None:
+        return f"time: {secs(now - COMMAND_STARTED)}, no row"
+    inside = defaultdict(float)
+    for r in rows:
+        inside[r.get("device_index")] += r.get("seconds") or 0.0
+    per = ", ".join(f"{'device ' + str(d) + ': ' if d is not None else ''}{secs(s)}"
+                    for d, s in sorted(inside.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+    return (f"time: {secs(now - COMMAND_STARTED)}: {secs(first_row - COMMAND_STARTED)} until the "
+            f"first row, {secs(last_row - first_row)} of rows ({per} inside the workers), "
+            f"{secs(now - last_row)} after the last")
+
+
 class SweepProgress(Progress):
     """A sweep's progress: rich's bar on a terminal; where the console is no terminal (CI, a
     nightly's log, a pipe) the bar draws nothing, so one plain line every `every` seconds
