@@ -64,3 +64,13 @@ def test_long_tests_keeps_each_tests_longest_time_above_the_floor(tmp_path):
     out = tmp_path / "long.json"
     assert long_tests.main([a, b, "--out", str(out)]) == 0
     assert json.loads(out.read_text()) == {"tests/test_gpu_ssm.py::test_step_batch_64[hpn]": 28.9}
+
+
+def test_the_worksteal_model_pays_for_long_tests_left_at_the_end():
+    from scripts.simulate_worksteal import finish_time
+
+    assert finish_time([3.0, 1.0, 2.0], 1) == 6.0                # one worker: the sum
+    assert finish_time([10.0, 1.0, 1.0, 1.0], 2) == 11.0         # no steal leaves a queue < 2
+    at_the_end = finish_time([1.0] * 8 + [10.0, 10.0], 2)
+    first = finish_time([10.0, 10.0] + [1.0] * 8, 2)
+    assert first < at_the_end and first >= 14.0                  # never below the ideal
