@@ -286,7 +286,8 @@ def _tie_rows(s: np.ndarray, b: np.ndarray, k: int) -> int:
         return 0
     order = np.argsort(-s, axis=1, kind="stable")[:, k - 1:k + 1]
     top, b_top = np.take_along_axis(s, order, 1), np.take_along_axis(b, order, 1)
-    with np.errstate(invalid="ignore"):
+    # an overflow to inf compares as it should: an infinite gap is no tie, an infinite bound is
+    with np.errstate(invalid="ignore", over="ignore"):
         return int(np.sum(~(top[:, 0] - top[:, 1] > b_top[:, 0] + b_top[:, 1])))
 
 
