@@ -19,6 +19,9 @@ from contextlib import contextmanager
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 
+# Inductor's own default is min(32, cores): a share never raises it past that.
+CAPS = {"TORCHINDUCTOR_COMPILE_THREADS": 32}
+
 # The environment is the process's, and --devices starts workers from one thread per device:
 # one spawn at a time, or one thread would restore what another's child is still reading.
 _SPAWNING = threading.Lock()
@@ -38,13 +41,13 @@ def share(processes: int) -> int:
 
 
 def limited(threads: int) -> dict[str, str]:
-    """THREAD_VARS set to `threads`, or to fewer where this environment already asks for
-    fewer (a count set by hand)."""
+    """THREAD_VARS set to `threads` (at most a variable's cap, CAPS), or to fewer where this
+    environment already asks for fewer (a count set by hand)."""
     out = {}
     for var in THREAD_VARS:
         given = os.environ.get(var, "").strip()
-        out[var] = str(min(threads, int(given)) if given.isdigit() and int(given) > 0
-                       else threads)
+        ours = min(threads, CAPS.get(var, threads))
+        out[var] = str(min(ours, int(given)) if given.isdigit() and int(given) > 0 else ours)
     return out
 
 

@@ -87,6 +87,7 @@ def wants_gpu(config) -> bool:
     return "gpu" in markexpr and "not gpu" not in markexpr
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist, pytest must not refuse it
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` under `-m gpu`: one worker per visible GPU (each takes one: `pin_xdist_worker`),
     not one per core, whose workers would share the GPUs and skip the timing tests; elsewhere

@@ -411,3 +411,16 @@ def test_the_time_line_splits_the_wall_time_and_sums_each_devices_rows(monkeypat
         "inside the workers), 7.0 s after the last")
     assert common.time_line(None, None, []) == "time: 190 s, no row"
     assert "(3.5 s inside the workers)" in common.time_line(101.0, 105.0, [{"seconds": 3.5}])
+
+
+def test_pytest_runs_without_xdist():
+    """The gate runs straight from a checkout with pytest alone: xdist's hook in conftest must
+    not make pytest refuse to start (an unknown hook is an error unless optional)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist",
+                           "-p", "no:cacheprovider", "tests/test_threads.py", "-k", "share_splits"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

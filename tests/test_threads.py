@@ -61,3 +61,11 @@ def test_spawns_from_several_threads_each_see_their_own_setting():
     for t in workers:
         t.join()
     assert seen == {2: "2", 3: "3", 4: "4", 6: "6"}
+
+
+def test_inductor_compile_workers_never_exceed_inductors_own_cap():
+    """Inductor starts min(32, cores) compile workers by itself: a whole 64-core share must
+    not raise that, a smaller share lowers it."""
+    assert threads.limited(64)["TORCHINDUCTOR_COMPILE_THREADS"] == "32"
+    assert threads.limited(64)["OMP_NUM_THREADS"] == "64"
+    assert threads.limited(16)["TORCHINDUCTOR_COMPILE_THREADS"] == "16"
