@@ -97,3 +97,22 @@ def test_a_sigmoid_past_mlx_exp_overflow_is_bounded_to_admit_zero():
     assert e >= v > 0
     assert sigmoid_bound("torch", -88.3)[1] < 0.01 * v
     assert sigmoid_bound("mlx", -87.9)[1] < 0.01 * sigmoid_bound("mlx", -87.9)[0]
+
+
+def test_half_ulp32_is_the_exponent_formula_and_leaves_its_input_alone():
+    """half_ulp32 works in place on a copy: its value is 2^(floor(log2 m) - 24) (frexp's exponent
+    minus 25), 2^-150 below 2^-126, capped at f32's largest binade, inf for nan; the caller's
+    array (contiguous or a strided view) is never written."""
+    rng = np.random.default_rng(7)
+    m = np.exp(rng.uniform(-95, 95, size=(64, 33))) * rng.choice([-1.0, 1.0], size=(64, 33))
+    m[0, :6] = [0.0, -0.0, 1e-40, 2.0 ** -126, np.finfo(np.float32).max, 1e300]
+    keep = m.copy()
+    _, exponent = np.frexp(np.abs(m))
+    want = np.where(np.abs(m) < 2.0 ** -126, 2.0 ** -150,
+                    np.ldexp(1.0, np.minimum(exponent - 25, 127 - 24)))
+    assert np.array_equal(half_ulp32(m), want)
+    assert np.array_equal(m, keep)
+    view = m[:, ::3]
+    assert np.array_equal(half_ulp32(view), want[:, ::3]) and np.array_equal(m, keep)
+    assert half_ulp32(np.array([np.nan]))[0] == np.inf
+    assert half_ulp32(3.0) == 2.0 ** -23 and half_ulp32(np.float32(1.0)) == 2.0 ** -24
