@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from oracle.diskcache import CacheConfigError, DiskCache, cache_root, digest, open_cache
-from runners.threads import cores, share, spawning_with
+from runners.threads import SharedSpawnContext, cores, share
 
 NAMESPACE = "oracle"
 FORMAT = 1  # of an entry's payload; a change makes every old key a miss
@@ -361,10 +361,11 @@ def _init_worker(plugins: list[str]) -> None:
 
 def spawn_pool(size: int, plugins: list[str] | None = None) -> multiprocessing.pool.Pool:
     """`size` spawned processes (spawn: never a forked CUDA context), each starting with its
-    share of the host's BLAS / OpenMP threads (`runners/threads.py`)."""
-    with spawning_with(share(size)):
-        return multiprocessing.get_context("spawn").Pool(
-            size, initializer=_init_worker, initargs=(list(plugins or []),))
+    share of the host's BLAS / OpenMP threads (`runners/threads.py`), a replacement for one
+    that died too."""
+    return multiprocessing.pool.Pool(size, initializer=_init_worker,
+                                     initargs=(list(plugins or []),),
+                                     context=SharedSpawnContext(share(size)))
 
 
 def pool_size() -> int:

@@ -12,6 +12,8 @@ this process keeps its own.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 import os
 import threading
 from contextlib import contextmanager
@@ -68,3 +70,30 @@ def spawning_with(threads: int | None):
                     os.environ.pop(var, None)
                 else:
                     os.environ[var] = value
+
+
+class _SharedProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process that starts with `threads` threads whenever it starts (module level:
+    the child unpickles it)."""
+
+    threads: int | None = None
+
+    def start(self) -> None:
+        with spawning_with(self.threads):
+            super().start()
+
+
+class SharedSpawnContext(multiprocessing.context.SpawnContext):
+    """multiprocessing's spawn context whose processes each start with `threads` threads: a
+    pool made with it (`Pool(..., context=SharedSpawnContext(n))`) gives them to a process that
+    replaces a dead one too, which starts from the pool's own thread long after the pool was
+    made, outside any `spawning_with`."""
+
+    def __init__(self, threads: int):
+        super().__init__()
+        self.threads = threads
+
+    def Process(self, *args, **kwargs) -> _SharedProcess:  # noqa: N802  (multiprocessing's name)
+        process = _SharedProcess(*args, **kwargs)
+        process.threads = self.threads
+        return process

@@ -69,3 +69,36 @@ def test_inductor_compile_workers_never_exceed_inductors_own_cap():
     assert threads.limited(64)["TORCHINDUCTOR_COMPILE_THREADS"] == "32"
     assert threads.limited(64)["OMP_NUM_THREADS"] == "64"
     assert threads.limited(16)["TORCHINDUCTOR_COMPILE_THREADS"] == "16"
+
+
+def test_a_process_of_the_shared_context_starts_with_the_share_whenever_it_starts():
+    """multiprocessing's pool starts a replacement for a dead process from its own thread, long
+    after the pool was made, through its context's `Process`: with SharedSpawnContext each start
+    gets the share, not the sweep's environment (which keeps its own)."""
+    ctx = threads.SharedSpawnContext(3)
+    got = {}
+
+    def start_later():
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_child_env, args=(theirs,))
+        proc.start()
+        got.update(ours.recv())
+        proc.join()
+    later = threading.Thread(target=start_later)  # as the pool's worker handler would
+    later.start()
+    later.join(120)
+    assert set(got.values()) == {"3"}
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+def test_the_oracle_pool_replaces_a_dead_process_within_its_share(monkeypatch):
+    from runners import oracle_cache
+
+    monkeypatch.setattr(threads, "cores", lambda: 8)
+    monkeypatch.setattr(oracle_cache, "share", threads.share)
+    pool = oracle_cache.spawn_pool(2)
+    try:
+        assert isinstance(pool._ctx, threads.SharedSpawnContext) and pool._ctx.threads == 4
+    finally:
+        pool.terminate()
+        pool.join()
