@@ -101,6 +101,15 @@ def parse_devices(text: str, accelerated: bool) -> list[Device]:
     return [Device(i, visible[i] if i < len(visible) else str(i)) for i in indices]
 
 
+def seconds_by_device(rows: list[dict]) -> list[tuple[int | None, list[float]]]:
+    """The rows' `seconds` (each timed inside its worker) by `device_index`, devices in order,
+    the rows of no device (a plain sweep's) last: how busy each device's worker was."""
+    by: dict[int | None, list[float]] = {}
+    for r in rows:
+        by.setdefault(r.get("device_index"), []).append(r.get("seconds") or 0.0)
+    return sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+
+
 def batch_size(items: int, devices: int) -> int:
     """BATCH, but small enough that every device gets a couple of batches."""
     return max(1, min(BATCH, items // (2 * devices)))

@@ -36,7 +36,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from runners.threads import spawning_with
+from runners.threads import SharedSpawnContext
 
 MODES = ("auto", "none", "case", "impl")
 
@@ -305,7 +305,7 @@ class _Worker:
 
     def __init__(self, plugins: list[str], backends: list[str], visible: str | None = None,
                  hold=None, threads: int | None = None):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = SharedSpawnContext(threads)  # numpy and torch count their threads when they load
         fd, self.stderr_path = tempfile.mkstemp(prefix="kparity-worker-", suffix=".log")
         os.close(fd)
         self.conn, child_conn = ctx.Pipe()
@@ -314,8 +314,7 @@ class _Worker:
         self.proc = ctx.Process(target=worker_main, name="kparity-worker",
                                 args=(child_conn, plugins, backends, self.stderr_path, visible,
                                       hold))
-        with spawning_with(threads):  # numpy and torch count their threads when they load
-            self.proc.start()
+        self.proc.start()
         child_conn.close()  # ours closed: the worker's death reads as EOF here
         self.ready = False
         self.impl = None  # the impl it has run (`--isolate impl`: its only one)

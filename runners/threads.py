@@ -73,8 +73,8 @@ def spawning_with(threads: int | None):
 
 
 class _SharedProcess(multiprocessing.context.SpawnProcess):
-    """A spawned process that starts with `threads` threads whenever it starts (module level:
-    the child unpickles it)."""
+    """A spawned process that starts with `threads` threads (None: inherited) whenever it
+    starts (module level: the child unpickles it)."""
 
     threads: int | None = None
 
@@ -84,12 +84,12 @@ class _SharedProcess(multiprocessing.context.SpawnProcess):
 
 
 class SharedSpawnContext(multiprocessing.context.SpawnContext):
-    """multiprocessing's spawn context whose processes each start with `threads` threads: a
-    pool made with it (`Pool(..., context=SharedSpawnContext(n))`) gives them to a process that
-    replaces a dead one too, which starts from the pool's own thread long after the pool was
-    made, outside any `spawning_with`."""
+    """multiprocessing's spawn context whose processes each start with `threads` threads (None:
+    inherited), the one way kparity spawns: an isolation worker (`runners/isolation.py`), and
+    the oracle pool (`Pool(..., context=SharedSpawnContext(n))`), whose replacement for a dead
+    process starts from the pool's own thread long after the pool was made."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int | None):
         super().__init__()
         self.threads = threads
 

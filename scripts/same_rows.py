@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 
 from results.store import Store
+from runners.devices import seconds_by_device
 
 KEY = ("impl", "case_id", "expect", "status")
 
@@ -34,11 +35,8 @@ def newest_check_rows(path: str) -> tuple[str, list[dict]]:
 
 def worker_seconds(rows: list[dict]) -> str:
     """`device: sum s (median ms)` per device_index, from the rows' `seconds`."""
-    by = defaultdict(list)
-    for r in rows:
-        by[r.get("device_index")].append(r.get("seconds") or 0.0)
     return ", ".join(f"{d}: {sum(v):.1f} s (median {statistics.median(v) * 1e3:.2f} ms)"
-                     for d, v in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+                     for d, v in seconds_by_device(rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,7 +67,7 @@ def pin_xdist_worker() -> None:
 def steal_work(config) -> None:
     """Under `-n`, xdist's work-stealing scheduler unless `--dist` was given (on the command
     line, in PYTEST_ADDOPTS or the ini's addopts): the gate's test
-    times range from milliseconds to 20 s, and with `load`'s up-front chunks a worker could be
+    times range from milliseconds to 30 s, and with `load`'s up-front chunks a worker could be
     left with the long ones while the others idle (xdist reads the choice when the run starts);
     the long ones also run first (`long_first`)."""
     import shlex

@@ -41,11 +41,10 @@ def time_line(first_row: float | None, last_row: float | None, rows: list[dict])
     now = time.monotonic()
     if first_row is None:
         return f"time: {secs(now - COMMAND_STARTED)}, no row"
-    inside = defaultdict(float)
-    for r in rows:
-        inside[r.get("device_index")] += r.get("seconds") or 0.0
-    per = ", ".join(f"{'device ' + str(d) + ': ' if d is not None else ''}{secs(s)}"
-                    for d, s in sorted(inside.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+    from runners.devices import seconds_by_device
+
+    per = ", ".join(f"{'device ' + str(d) + ': ' if d is not None else ''}{secs(sum(s))}"
+                    for d, s in seconds_by_device(rows))
     return (f"time: {secs(now - COMMAND_STARTED)}: {secs(first_row - COMMAND_STARTED)} until the "
             f"first row, {secs(last_row - first_row)} of rows ({per} inside the workers), "
             f"{secs(now - last_row)} after the last")
