@@ -74,3 +74,17 @@ def test_the_worksteal_model_pays_for_long_tests_left_at_the_end():
     at_the_end = finish_time([1.0] * 8 + [10.0, 10.0], 2)
     first = finish_time([10.0, 10.0] + [1.0] * 8, 2)
     assert first < at_the_end and first >= 14.0                  # never below the ideal
+
+
+def test_same_rows_lists_the_impls_whose_worker_seconds_grew():
+    from scripts.same_rows import grown
+
+    a = [{"impl": "torch:x", "seconds": 1.0}, {"impl": "cuda:y", "seconds": 2.0},
+         {"impl": "cuda:z", "seconds": 3.0}]
+    b = [{"impl": "torch:x", "seconds": 4.0, "device_index": 1},
+         {"impl": "cuda:y", "seconds": 2.5, "device_index": 0},
+         {"impl": "cuda:z", "seconds": 1.0, "device_index": 0}]
+    lines = grown(a, b, 2)
+    assert "torch:x" in lines[0] and "1.0 ->   4.0 s  on [1]" in lines[0]
+    assert "cuda:y" in lines[1] and len(lines) == 3
+    assert lines[2] == "  gross growth 3.5 s: torch 3.0 s, cuda 0.5 s"  # z shrank: not counted
