@@ -17,6 +17,7 @@ from itertools import product
 
 from cases.model import Case
 from cases.registry import bench_sources, sources
+from cases.tiers import check_tier, commit_subset
 
 
 @dataclass(frozen=True)
@@ -137,14 +138,21 @@ def sampled(work: list[Work], most: int) -> list[Work]:
 
 
 def plan(impls, dtypes=None, presets=None, invalid: bool = True, valid: bool = True,
-         seed: int = 0) -> list[Work]:
+         seed: int = 0, tier: str = "nightly") -> list[Work]:
     """Work for `impls`, filtered by dtype and preset label (substring of the case label), its
-    cases re-seeded by `seed` (module docstring)."""
+    cases re-seeded by `seed` (module docstring). `tier` "commit" keeps, of each impl's valid
+    cases that pass the filters, the smallest that cover what all of them show
+    (`cases/tiers.py`: `--preset qwen3-8b` in the commit tier is that preset's cover, not
+    nothing); "nightly" keeps every one (the default here: a caller that names no tier loses no
+    case)."""
+    check_tier(tier)
     out = []
     for impl in impls:
         gated = valid and not impl.report_only  # a speed baseline's results are not the op's
-        items = [Work(impl, c, "valid") for c in valid_cases(impl, seed)] if gated else []
+        mine = [c for c in valid_cases(impl, seed) if selected(c, dtypes, presets)] if gated else []
+        if tier == "commit":
+            mine = commit_subset(mine)
+        out += [Work(impl, c, "valid") for c in mine]
         if invalid:
-            items += violating_cases(impl, seed)
-        out += [w for w in items if selected(w.case, dtypes, presets)]
+            out += [w for w in violating_cases(impl, seed) if selected(w.case, dtypes, presets)]
     return out

@@ -17,10 +17,15 @@ writers of one key both succeed (the last rename wins; both wrote the same conte
 starts with a magic and a digest of the rest: a truncated or damaged entry reads as a miss
 (`get` returns None, `corrupt` counts it), never as an exception. Eviction tolerates files that
 another process removed or replaced meanwhile.
+
+Housekeeping (`kparity cache info|clear`): `usage(root)` says what each namespace holds, `clear`
+removes entries (all, or one namespace's) beside running processes: a live writer's temporary
+file is kept, and a writer whose folder a clear removed under it makes the folder again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tempfile
@@ -138,8 +143,14 @@ class DiskCache:
         path = self.path(key)
         data = MAGIC + hashlib.blake2b(payload, digest_size=DIGEST).digest() + payload
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+            for attempt in (0, 1):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+                    break
+                except FileNotFoundError:  # a `clear` removed the folder after our mkdir
+                    if attempt:
+                        raise
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
@@ -181,16 +192,116 @@ class DiskCache:
 
     def _files(self) -> list[tuple[Path, int, float]]:
         """(path, size, mtime) of every file under the root; a file gone meanwhile is skipped."""
-        out = []
-        for folder, _, names in os.walk(self.root):
-            for name in names:
-                path = Path(folder) / name
-                try:
-                    st = path.stat()
-                except OSError:
-                    continue
-                out.append((path, st.st_size, st.st_mtime))
+        return _walk(self.root)
+
+    def stats(self) -> dict[str, "Usage"]:
+        """What each namespace under the root holds (`usage`)."""
+        return usage(self.root)
+
+    def clear(self, namespace: str | None = None) -> tuple[int, int]:
+        """Remove the entries of `namespace` (None: of every namespace) under the root
+        (`clear`); (files removed, their bytes)."""
+        removed = clear(self.root, namespace)
+        self._size = None  # rescanned at the next put
+        return removed
+
+
+@dataclasses.dataclass
+class Usage:
+    """What one namespace holds: its entries and their bytes, the oldest and the newest entry's
+    mtime (its last use: the LRU clock), and temporary files (their bytes count in `bytes`),
+    `stale_temps` of them of writers that died (STALE_TEMP_S)."""
+    entries: int = 0
+    bytes: int = 0
+    oldest: float | None = None
+    newest: float | None = None
+    temps: int = 0
+    stale_temps: int = 0
+    stale_bytes: int = 0
+
+
+def usage(root: Path | str) -> dict[str, Usage]:
+    """{namespace: Usage} for every folder directly under `root` (files directly under it, which
+    the cache never writes, under ""); {} where `root` does not exist."""
+    root, now = Path(root), time.time()
+    out: dict[str, Usage] = {}
+    try:
+        out.update((p.name, Usage()) for p in root.iterdir() if p.is_dir())
+    except OSError:
         return out
+    for path, size, mtime in _walk(root):
+        parts = path.relative_to(root).parts
+        u = out.setdefault(parts[0] if len(parts) > 1 else "", Usage())
+        u.bytes += size
+        if path.name.startswith(TEMP_PREFIX):
+            u.temps += 1
+            if now - mtime > STALE_TEMP_S:
+                u.stale_temps += 1
+                u.stale_bytes += size
+            continue
+        u.entries += 1
+        u.oldest = mtime if u.oldest is None else min(u.oldest, mtime)
+        u.newest = mtime if u.newest is None else max(u.newest, mtime)
+    return out
+
+
+def clear(root: Path | str, namespace: str | None = None) -> tuple[int, int]:
+    """Remove every entry of `namespace` under `root` (None: of every namespace), the temporary
+    files of writers that died (STALE_TEMP_S) and the folders left empty; (files removed, their
+    bytes). Safe beside running processes: a live writer's temporary file stays (its rename
+    then adds that entry back), a file another process removed first is skipped, a folder is
+    removed only while empty, and `put` makes again a folder removed under it."""
+    root = Path(root)
+    if namespace is not None and (not namespace or Path(namespace).name != namespace
+                                  or namespace in (".", "..")):
+        raise ValueError(f"namespace {namespace!r}: a folder name directly under {root}")
+    base = root if namespace is None else root / namespace
+    removed = freed = 0
+    now = time.time()
+    for path, size, mtime in _walk(base):
+        if path.name.startswith(TEMP_PREFIX) and now - mtime <= STALE_TEMP_S:
+            continue  # a writer's, still writing
+        if _unlink(path):
+            removed += 1
+            freed += size
+    for folder, _, _ in os.walk(base, topdown=False):  # the deepest first
+        if Path(folder) != root:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty (a writer's file), or removed first
+                pass
+    return removed, freed
+
+
+def human_size(n: float) -> str:
+    """Bytes as `812 B`, `3.4 KiB`, `120.0 MiB`, `1.2 GiB`."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def size_of_cap(size: int, cap: int) -> str:
+    """`1.2 of 4.0 GiB`, `14.0 MiB of 4.0 GiB`: a size against the cap."""
+    have, most = human_size(size), human_size(cap)
+    if have.split()[1] == most.split()[1]:
+        have = have.split()[0]
+    return f"{have} of {most}"
+
+
+def _walk(root: Path) -> list[tuple[Path, int, float]]:
+    """(path, size, mtime) of every file under `root`; a file gone meanwhile is skipped."""
+    out = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            out.append((path, st.st_size, st.st_mtime))
+    return out
 
 
 def _unlink(path: Path) -> bool:

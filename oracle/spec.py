@@ -21,6 +21,7 @@ Conventions shared by every oracle:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -102,8 +103,10 @@ class TensorSpec:
         return self.shape_for(case.dims, case.params)
 
 
+@functools.lru_cache(maxsize=None)
 def _arity(fn) -> int:
-    """Positional parameters of a shape function: 1 (dims) or 2 (dims, params)."""
+    """Positional parameters of a shape function: 1 (dims) or 2 (dims, params). Cached: the
+    tier selection asks for every gate case's shapes, and `inspect.signature` is slow."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable: the classic one-argument form

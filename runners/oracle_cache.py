@@ -48,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from oracle.diskcache import CacheConfigError, DiskCache, cache_root, digest, open_cache
+from oracle.diskcache import (CacheConfigError, DiskCache, cache_root, digest, open_cache,
+                              size_of_cap)
 from runners.threads import SharedSpawnContext, cores, share
 
 NAMESPACE = "oracle"
@@ -468,14 +469,17 @@ def _present(cache: DiskCache, case, numerics, ftz: bool) -> bool:
 
 
 def summary(outcomes: Counter, prefetch: Prefetch | None = None) -> str:
-    """One line for a sweep's end: where the cache is and what it served."""
+    """One line for a sweep's end: where the cache is, what it served (hits: the percent of
+    the rows' lookups it served) and its size against its cap (a scan of the cache's files:
+    pool processes wrote to it too)."""
     checked = sum(outcomes.values())
     if not checked:
         return ""
     if outcomes.get("off"):
         return "oracle cache: off (KPARITY_CACHE=off)"
     computed = sum(outcomes[k] for k in ("miss", "stale", "corrupt", "uncacheable"))
-    parts = [f"{outcomes['hit']} hits", f"{computed} computed"]
+    parts = [f"{outcomes['hit']} hits ({100 * outcomes['hit'] // checked} %)",  # 100: all
+             f"{computed} computed"]
     if prefetch is not None and prefetch.workers:
         ahead = sum(n for k, n in prefetch.outcomes.items() if k in ("miss", "stale", "corrupt"))
         parts[1] += (f" ({ahead} of them ahead in {prefetch.workers} "
@@ -490,4 +494,9 @@ def summary(outcomes: Counter, prefetch: Prefetch | None = None) -> str:
         parts.append(f"{outcomes['corrupt']} unreadable entries recomputed")
     if outcomes["uncacheable"]:
         parts.append(f"{outcomes['uncacheable']} not storable")
-    return f"oracle cache {describe_cache()}: " + ", ".join(parts)
+    line = f"oracle cache {describe_cache()}: " + ", ".join(parts)
+    try:
+        cache = current_cache()
+    except CacheConfigError:  # reported where the sweep opened it
+        return line
+    return line if cache is None else f"{line}; {size_of_cap(cache.scan_size(), cache.cap)}"

@@ -75,6 +75,10 @@
 #     bf16 (`liger-more`: f16, and kp_rope and silu_mul against Liger's), in `chain` (needs liger-kernel:
 #     carry its wheel and
 #     `pip install --no-index --no-deps --target /tmp/site liger_kernel-*.whl`, PYTHONPATH=/tmp/site)
+#   [TIER=commit] [N=8] [PASSES="cold warm"] [LIMIT=280] bash scripts/gpu_bench.sh tiers   issue 48:
+#     `pytest -m gpu --tier TIER -n N` from empty caches (oracle, nvcc, CuPy, Triton, Inductor),
+#     then again on the caches it filled; wall time, pytest's 40 longest tests and the JUnit file
+#     of each pass (test seconds by file: python3 scripts/same_tests.py FILE)
 #   [SWEEP=all] [WARM=1] bash scripts/gpu_bench.sh devices   issue 32: `check` plain against
 #     `--devices all` (same rows: scripts/same_rows.py; wall times), each from empty caches, or
 #     both on the caches a first (untimed) run filled
@@ -289,6 +293,17 @@ liger-more)
   done
   run ab torch:liger_rope cuda:kp_rope --dtype bf16 $A
   run ab torch:liger_silu_mul cuda:silu_mul --dtype bf16 $A
+  ;;
+tiers)  # issue 48: the gate's tier, cold then warm (header above)
+  TIER=${TIER:-commit}; N=${N:-8}; rm -rf /tmp/tiers
+  for pass in ${PASSES:-cold warm}; do
+    start=$SECONDS
+    env KPARITY_CACHE=/tmp/tiers/kp CUPY_CACHE_DIR=/tmp/tiers/cupy TRITON_CACHE_DIR=/tmp/tiers/triton \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/tiers/inductor timeout -s INT -k 30 ${LIMIT:-280} \
+        python3 -m pytest -m gpu -q -p no:cacheprovider -n $N --tier $TIER --durations=40 \
+        --junitxml=$OUT/$TIER-$pass.xml ${GATE:-} > $OUT/$TIER-$pass.log 2>&1
+    echo "$TIER $pass -n $N: rc=$? wall $((SECONDS - start)) s; $(tail -1 $OUT/$TIER-$pass.log)" | tee -a "$LOG"
+  done
   ;;
 devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices), the gate under
   # xdist against one process (devices-gate). SWEEP (env): check's filter arguments (default six

@@ -22,7 +22,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from cases import strategies  # noqa: E402, F401  (registers the hypothesis profiles)
 from hypothesis import settings  # noqa: E402
 
-settings.load_profile(os.environ.get("KPARITY_HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile(os.environ.get("KPARITY_HYPOTHESIS_PROFILE", "ci"))  # nightly: see below
 
 
 def accelerators() -> tuple[list[str], list[str]]:
@@ -99,8 +99,56 @@ def pytest_xdist_auto_num_workers(config):
     return len(visible_gpus()) or None
 
 
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=("commit", "nightly"), default=None,
+                     help="commit (default): the tests marked nightly are deselected and the "
+                          "gate runs each impl's commit-tier cases (cases/tiers.py); nightly: "
+                          "everything, every gate case, hypothesis' nightly profile. `-m "
+                          "nightly` implies it")
+    parser.addoption("--kparity-since", metavar="REF", default=None,
+                     help="deselect the tests of impls whose code (impl, kernel, oracle, cases) "
+                          "did not change since git ref REF (runners/since.py)")
+
+
+def since_selection(config):
+    """`--kparity-since REF`'s `runners.since.Selection` (once per process), or None."""
+    ref = config.getoption("kparity_since", None)
+    if ref and not hasattr(config, "_kparity_since"):
+        from runners.since import SinceError, select_since
+
+        try:
+            config._kparity_since = select_since(ref, flag="--kparity-since")
+        except SinceError as e:
+            raise pytest.UsageError(str(e)) from None
+    return getattr(config, "_kparity_since", None)
+
+
+def pytest_report_header(config):
+    selection = since_selection(config)
+    return selection.lines() if selection is not None else None
+
+
+def since_deselect(config, items) -> None:
+    """Under --kparity-since, the tests parametrized with an impl (a `Work`'s, an `Impl`, an
+    impl id) that the selection leaves out are deselected; the others all run."""
+    selection = since_selection(config)
+    if selection is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {}).values()
+        ids = (getattr(getattr(v, "impl", v), "id", v) for v in params)
+        named = {i for i in ids if isinstance(i, str) and i in selection.impl_ops}
+        (drop if named and not named & selection.impl_ids else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_configure(config):
     pin_xdist_worker()  # first: the accelerator guard below starts CUDA
+    if tier(config) == "nightly" and "KPARITY_HYPOTHESIS_PROFILE" not in os.environ:
+        settings.load_profile("nightly")
     steal_work(config)
     if wants_gpu(config):
         found, why = accelerators()
@@ -124,7 +172,28 @@ def long_first(items) -> None:
     items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))  # stable
 
 
+def tier(config) -> str:
+    """The run's tier: --tier, else nightly where the -m expression names it, else commit."""
+    given = config.getoption("tier", None)
+    if given:
+        return given
+    return "nightly" if "nightly" in (config.getoption("markexpr", "") or "") else "commit"
+
+
+def tier_deselect(config, items) -> None:
+    """In the commit tier, the tests marked `nightly` are deselected (counted in pytest's
+    summary line as deselected)."""
+    if tier(config) == "nightly":
+        return
+    drop = [item for item in items if item.get_closest_marker("nightly")]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if not item.get_closest_marker("nightly")]
+
+
 def pytest_collection_modifyitems(config, items):
+    tier_deselect(config, items)
+    since_deselect(config, items)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         long_first(items)
     # Tests needing a backend that is absent skip with the backend's own reason.

@@ -14,6 +14,7 @@ import gpu_impls
 from cases.generate import plan, sampled
 from runners.correctness import check, nondeterministic_outputs
 from runners.verdicts import is_failure, repro_command
+from tests.conftest import tier as run_tier
 
 pytestmark = pytest.mark.gpu
 MUTANTS = Path(__file__).with_name("mutants.py")
@@ -24,12 +25,12 @@ def _on_accelerator(impl) -> bool:
     return impl.available(be)[0] and be.accelerator
 
 
-def _gpu_work():
+def _gpu_work(tier: str = "commit"):
     impls = [i for i in gpu_impls.impls().values()
              if _on_accelerator(i) and "mutant" not in i.name]
     work = []
     for impl in sorted(impls, key=lambda i: i.id):
-        items = plan([impl])
+        items = plan([impl], tier=tier)
         work += items if impl.gate_cases_max is None else sampled(items, impl.gate_cases_max)
     return work
 
@@ -47,7 +48,13 @@ def oracle_ahead(request):
         yield ahead
 
 
-@pytest.mark.parametrize("work", _gpu_work(), ids=lambda w: f"{w.impl.id}-{w.case.id}")
+def pytest_generate_tests(metafunc):
+    """test_gate over the run's tier (`--tier`, tests/conftest.py): commit by default."""
+    if metafunc.function.__name__ == "test_gate":
+        metafunc.parametrize("work", _gpu_work(run_tier(metafunc.config)),
+                             ids=lambda w: f"{w.impl.id}-{w.case.id}")
+
+
 def test_gate(work, oracle_ahead):
     oracle_ahead.wait(work)
     row = check(work, gpu_impls.backend(work.impl.backend))

@@ -86,6 +86,7 @@ def test_dequantize_f16_overflow_and_subnormals(fmt):
                    {**inputs, "tensor_scale": np.array([ts], dtype=np.float32)})
 
 
+@pytest.mark.nightly  # the models' shapes: the nightly tier (the gate and the every-code test stay)
 @pytest.mark.parametrize("dist", ["normal", "tiny", "one_outlier", "e2m1_ties", "scale_edges"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_dequantize_model_shapes(fmt, dist):
@@ -109,7 +110,9 @@ def test_gemv_2048_square(fmt, dtype):
 # (m, out, in): every M (instances MAXM 1 and 4); one chunk; out not a multiple of 4 (rows
 # past out); 2 warps; 4 warps with a partial last step (1025 chunks); the bench shapes
 GEMV_SHAPES = ((1, 5, 32), (2, 9, 64), (3, 17, 160), (4, 6, 256), (1, 33, 11520),
-               (2, 8, 32800), (1, 1856, 2688), (4, 2880, 2880))
+               (2, 8, 32800),
+               *(pytest.param(s, marks=pytest.mark.nightly, id="x".join(map(str, s)))
+                 for s in ((1, 1856, 2688), (4, 2880, 2880))))  # bench shapes: nightly
 
 
 @pytest.mark.parametrize("shape", GEMV_SHAPES, ids=lambda s: "x".join(map(str, s)))

@@ -37,7 +37,8 @@ def _rows(store: Path) -> list[dict]:
     return ds.dataset(store / "model", format="parquet").to_table().to_pylist()
 
 
-@pytest.mark.parametrize("prefill,batch", [(0, 1), (7, 1), (0, 3)])
+@pytest.mark.parametrize("prefill,batch", [(0, 1), pytest.param(7, 1, marks=pytest.mark.nightly),
+                                           pytest.param(0, 3, marks=pytest.mark.nightly)])
 def test_the_graph_step_is_the_eager_step_bit_for_bit(smol, prefill, batch):
     shape = (20,) if batch == 1 else (batch, 20)
     ids = np.random.default_rng(1).integers(0, smol.config.vocab, shape)
@@ -51,6 +52,7 @@ def test_the_graph_step_is_the_eager_step_bit_for_bit(smol, prefill, batch):
     assert np.array_equal(dec.logits(ids, prefill=prefill), graph)
 
 
+@pytest.mark.nightly  # the whole model gate twice (37-43 s on an H100): the nightly tier
 def test_the_cuda_plan_passes_and_a_cuda_gemv_mutant_fails(smol, tmp_path):
     store = tmp_path / "store"
     assert main(["--store", str(store), *SMOL, "--plan", "cuda"]) == 0

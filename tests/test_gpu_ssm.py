@@ -110,6 +110,7 @@ def test_step_distributions_at_nemotron_heads(name, params, dtype, layout):
                                              layout=layout, **params))
 
 
+@pytest.mark.nightly  # batch 64 / bench shapes: the nightly tier
 @pytest.mark.parametrize("layout", ["hpn", "hnp"])
 def test_step_batch_64(layout):
     _assert_passes("cuda:kp_ssm_step", _step(NEMOTRON, batch=64, layout=layout, gate=True))
@@ -215,6 +216,7 @@ def test_conv_special_values(op, dist):
         _assert_passes(f"cuda:kp_{op}", _conv(op, "bf16", 2, channels, tokens=tokens, dist=dist))
 
 
+@pytest.mark.nightly  # batch 64 / bench shapes: the nightly tier
 def test_conv_at_the_bench_shapes():
     """The step at batch 64 and the prefill over 2048 tokens at Nemotron-3-Nano's conv."""
     _assert_passes("cuda:kp_conv1d_causal_step", _conv("conv1d_causal_step", "bf16", 64, 6144))

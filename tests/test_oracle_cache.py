@@ -231,9 +231,9 @@ def test_check_prints_the_cache_line_and_refuses_a_bad_cap(tmp_path, monkeypatch
     argv = ["--store", str(tmp_path / "s"), "check", "--impl", "torch:rms_norm", "--preset",
             "qwen3-0.6b", "--dtype", "f32"]
     assert main(argv) == 0
-    assert f"oracle cache {tmp_path / 'c'}: 0 hits, " in capsys.readouterr().out
+    assert f"oracle cache {tmp_path / 'c'}: 0 hits (0 %), " in capsys.readouterr().out
     assert main(argv) == 0
-    assert " hits, 0 computed" in capsys.readouterr().out
+    assert " hits (100 %), 0 computed; " in capsys.readouterr().out
     monkeypatch.setenv("KPARITY_CACHE_MB", "lots")
     assert main(argv) == 2
     assert "KPARITY_CACHE_MB='lots'" in capsys.readouterr().out

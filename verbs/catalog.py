@@ -11,7 +11,8 @@ from rich.table import Table
 from cases.generate import gate_cases
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
-from verbs.common import _backend, _filters, _impls, _seed, _split, console, select_impls, work_list
+from verbs.common import (_backend, _filters, _impls, _seed, _split, console, select_impls,
+                          tier_flag, work_list)
 
 ORDER = 0  # `kparity --help` lists the verb groups by ORDER: what is here comes first
 
@@ -22,6 +23,11 @@ def add_parsers(sub) -> None:
                      help="support matrix, op x impl x dtype: runs here (how many of the op's "
                           "cases of that dtype the impl's contract admits), refused by "
                           "contract (and the invariant), or backend missing (and why)")
+    ops.add_argument("--coverage", action="store_true",
+                     help="per op, what each tier covers: impls, dtypes, distributions, "
+                          "parameter values, dispatch edges, cases and contract invariants "
+                          "(commit / nightly); exit 1 if an (impl, dtype, distribution) is "
+                          "nightly-only")
     cases = sub.add_parser("cases", help="what would run: (impl, case) pairs, per impl")
     _filters(cases)
     cases.add_argument("--invalid", action="store_true",
@@ -32,6 +38,7 @@ def add_parsers(sub) -> None:
     cases.add_argument("--limit", type=int, default=200, metavar="N",
                        help="print at most N cases with --list (200)")
     _seed(cases)
+    tier_flag(cases)
 
 
 def cmd_ops(args) -> int:
@@ -40,6 +47,8 @@ def cmd_ops(args) -> int:
     impls = _impls()
     if args.matrix:
         return support_matrix(impls)
+    if args.coverage:
+        return coverage_table(impls)
     table = Table(title="ops and impls (impls from plugins: see below)")
     for col in ("op", "family", "dims", "impls"):
         table.add_column(col)
@@ -123,6 +132,46 @@ def support_matrix(impls: dict) -> int:
         table.add_row(impl.op, impl.id, *cells, escape(why))
     console.print(table)
     console.print(backends_table())
+    return 0
+
+
+def coverage_table(impls: dict) -> int:
+    """`ops --coverage`: `cases.tiers.coverage` as a table, each cell commit / nightly, with a
+    totals row; exit 1 where some (impl, dtype, distribution) only nightly covers."""
+    from cases.tiers import coverage
+
+    per_op = coverage(impls.values())
+    table = Table(title="what each tier covers (commit / nightly) over every registered impl")
+    cols = ("impls", "dtypes", "dists", "params", "edges", "cases")
+    for col in ("op", *cols, "invariants", "nightly-only"):
+        table.add_column(col, justify="left" if col == "op" else "right", no_wrap=True)
+    totals = {t: {c: set() for c in cols[:-1]} | {"cases": 0} for t in ("commit", "nightly")}
+    gaps = invariants = 0
+    for op, row in sorted(per_op.items()):
+        cells = []
+        for col in cols:
+            a, b = row["commit"][col], row["nightly"][col]
+            cells.append(f"{a} / {b}" if col == "cases" else f"{len(a)} / {len(b)}")
+            for tier in ("commit", "nightly"):
+                if col == "cases":
+                    totals[tier]["cases"] += row[tier]["cases"]
+                else:
+                    totals[tier][col] |= {(op, x) for x in row[tier][col]}
+        gaps += len(row["nightly_only"])
+        invariants += row["invariants"]
+        table.add_row(op, *cells, str(row["invariants"]),
+                      str(len(row["nightly_only"])) if row["nightly_only"] else "0")
+    table.add_section()
+    table.add_row("total", *(f"{totals['commit'][c]} / {totals['nightly'][c]}" if c == "cases"
+                             else f"{len(totals['commit'][c])} / {len(totals['nightly'][c])}"
+                             for c in cols), str(invariants), str(gaps))
+    console.print(table)
+    console.print("dists, params: distinct per op over its impls; edges: (impl, edge shape, "
+                  "element width); every invariant's violating case runs in both tiers",
+                  style="dim")
+    if gaps:
+        console.print(f"[red]{gaps} (impl, dtype, distribution) only in nightly[/]")
+        return 1
     return 0
 
 

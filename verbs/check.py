@@ -25,7 +25,7 @@ from runners.isolation import MODES as ISOLATION_MODES, runner_for
 from runners.item import run_one  # noqa: F401 (run_work calls it by this module's name)
 from runners.verdicts import failure_kind, is_failure, outcome
 from verbs.common import (FILTERS, SweepProgress, UsageError, _backend, _filters, _impls, _seed,
-                          _split, check_presets, console, devices_flag, global_flags,
+                          _split, tier_flag, check_presets, console, devices_flag, global_flags,
                           pick_devices, repro_line, select_impls, time_line, unknown, work_for,
                           work_list)
 from verbs.outputs import add_flags as add_output_flags, write_check
@@ -47,6 +47,7 @@ def add_parsers(sub) -> None:
                           "against every selected impl of their op, instead of the generated "
                           "ones")
     _seed(chk)
+    tier_flag(chk)
     chk.add_argument("--resume", metavar="RUN_ID", default=None,
                      help="continue a killed, interrupted or stopped check run (its filters, "
                           "its run id): only the cases it has no row for; 'last': the store's "
@@ -56,6 +57,9 @@ def add_parsers(sub) -> None:
                           "runs the rest")
     chk.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
                      help="stop at the first failing row (--maxfail 1)")
+    chk.add_argument("--since", metavar="REF", default=None,
+                     help="only the impls whose code (impl, kernel, oracle, cases) changed since "
+                          "git ref REF, uncommitted changes included; a core change: all")
     devices_flag(chk)
     add_output_flags(chk, "(impl, case)")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
@@ -369,8 +373,14 @@ def cmd_check(args) -> int:
     if args.maxfail is not None and args.maxfail < 1:
         raise UsageError(f"--maxfail {args.maxfail}: at least 1 (-x is --maxfail 1)")
     if args.resume:
+        if args.since:
+            raise UsageError("--since with --resume: a resumed run keeps its own impls")
         return resume_check(args)
     impls = select_impls(args, need_available=True)
+    if args.since:  # one more filter: the impls the changes since REF can affect
+        from verbs.common import since_filter
+        if not (impls := since_filter(args, impls)):
+            return 0
     work = work_list(args, impls)
     if not work:
         console.print("[red]no cases match the filters[/]")
@@ -413,6 +423,7 @@ def resume_check(args) -> int:
     if args.resume not in checks:
         raise unknown("check run", args.resume, checks)
     stored = json.loads(checks[args.resume]["filters"] or "{}")
+    stored.setdefault("tier", "nightly")  # a run from before the tiers ran every gate case
     defaults = check_defaults()  # a flag left at its default: not given
     for key in FILTERS:
         given, was = getattr(args, key, None), stored.get(key)

@@ -14,6 +14,7 @@ Verbs (`kparity VERB --help` for each):
                  sql       a DuckDB query over the store
                  report    static HTML dashboard of the store
                  nightly   check + bench + compare + report
+  housekeeping   cache     the oracle / nvcc cache on disk: info, clear
 
 Global options (--store, --plugin) go before or after the verb: `kparity --store DIR check`
 and `kparity check --store DIR` are the same. Plugins register more ops and impls (a kernel

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cases.casefile import closest
 from cases.generate import Work, bench_cases, gate_cases, plan, sampled
 from cases.model import Case
+from cases.tiers import DEFAULT_TIER, TIERS
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 
@@ -158,6 +159,17 @@ def select_impls(args, need_available: bool) -> list:
     return sorted(runnable, key=lambda i: i.id)
 
 
+def since_filter(args, impls: list) -> list:
+    """`--since REF`: those of `impls` that the changes since git ref REF can affect
+    (`runners/since.py`), what was selected and why printed; a bad ref is bad input (exit 2)."""
+    from runners.since import select_since
+
+    selection = select_since(args.since)
+    for line in selection.lines(among=[i.id for i in impls]):
+        console.print(escape(line), soft_wrap=True)
+    return [i for i in impls if i.id in selection.impl_ids]
+
+
 def check_presets(args, source=gate_cases, extra=("edge", "violates")) -> list[str]:
     """The --preset values, each checked against the labels of the cases `source(op)` makes."""
     presets = _split(args.preset)
@@ -198,7 +210,8 @@ def work_list(args, impls) -> list[Work]:
                              "keep the seeds the file gives them")
         return case_file_work(args.cases, impls, _split(args.dtype))
     work = plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
-                invalid=not getattr(args, "valid_only", False), seed=seed)
+                invalid=not getattr(args, "valid_only", False), seed=seed,
+                tier=getattr(args, "tier", None) or "nightly")
     return sample_slow_compilers(args, work)
 
 
@@ -280,7 +293,8 @@ def repro_line(args, case_id: str, impl_id: str) -> str:
 
 
 # runs.filters: what --resume reruns the plan with (seed included: it decides every case id)
-FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "repeat", "seed")
+FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "repeat", "seed",
+           "tier")
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
@@ -310,6 +324,13 @@ def pick_devices(args, backends) -> None:
     from runners.devices import parse_devices  # a bad value raises BadInput: exit 2
 
     args.devices = parse_devices(args.devices, any(_backend(b).accelerator for b in set(backends)))
+
+
+def tier_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", choices=TIERS, default=DEFAULT_TIER,
+                   help="commit (default): each impl's smallest gate cases that still cover "
+                        "every dtype x distribution, parameter value and dispatch edge it admits; "
+                        "nightly: every gate case, real-model shapes included (cases/tiers.py)")
 
 
 def _seed(p: argparse.ArgumentParser) -> None:
