@@ -3,6 +3,7 @@ fetched from the network, the expected series on the impl pages, an empty store,
 
 from __future__ import annotations
 
+import json
 import re
 from cases.distributions import DISTRIBUTIONS
 from datetime import datetime, timedelta, timezone
@@ -264,6 +265,9 @@ def test_nightly_on_cpu_checks_skips_bench_and_reports(tmp_path, capsys):
     assert "insufficient history" in text and (out / "index.html").is_file()
     assert main(argv) == 0  # a second night: history enough to compare, nothing regressed
     assert "insufficient history" not in capsys.readouterr().out
+    runs = Store(tmp_path / "store").read("runs").to_pylist()
+    tiers = {json.loads(r["filters"])["tier"] for r in runs if r["verb"] == "check"}
+    assert tiers == {"nightly"}  # the nightly job checks every gate case
 
 
 def test_nightly_exits_1_when_the_check_fails(tmp_path, capsys):

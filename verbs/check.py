@@ -376,6 +376,9 @@ def cmd_check(args) -> int:
         if args.since:
             raise UsageError("--since with --resume: a resumed run keeps its own impls")
         return resume_check(args)
+    if args.since:  # a bad ref is refused before anything else is said
+        from runners.since import ROOT, changed_files
+        changed_files(args.since, ROOT, "--since")
     impls = select_impls(args, need_available=True)
     if args.since:  # one more filter: the impls the changes since REF can affect
         from verbs.common import since_filter
@@ -388,6 +391,10 @@ def cmd_check(args) -> int:
     pick_devices(args, {w.impl.backend for w in work})
     if not getattr(args, "cases", None):  # a case file says so itself (case_file_work)
         say_unchecked(args, impls, work)
+        if args.tier == "commit":
+            console.print(f"commit tier: {len(work)} (impl, case) pairs, each impl's smallest "
+                          "cases covering what its gate cases show; --tier nightly runs every "
+                          "one", style="dim", soft_wrap=True)
     rows = run_work(args, work, "check")
     write_check(args, rows)
     return 1 if failing(rows, report_only_impls(rows)) else 0

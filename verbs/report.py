@@ -26,6 +26,9 @@ def add_parsers(sub) -> None:
     nightly.add_argument("--out", required=True, help="report folder")
     nightly.add_argument("--baseline", type=int, default=10, help="runs of history (10)")
     nightly.add_argument("--no-bench", action="store_true", help="correctness only")
+    nightly.add_argument("--tier", choices=("commit", "nightly"), default="nightly",
+                         help="the check's tier (nightly: every gate case; commit: the gate's "
+                              "default)")
     nightly.add_argument("--devices", default=None, metavar="all|0,1,...",
                          help="check and bench over these GPUs of this host (as theirs)")
     nightly.add_argument("--concurrent-timing", action="store_true",
@@ -120,7 +123,7 @@ def cmd_nightly(args) -> int:
     console.rule("nightly: check")
     before = _run_ids(store)
     spread = ["--devices", args.devices] if args.devices else []
-    check_rc = main([*head, "check", *filters, *spread])
+    check_rc = main([*head, "check", *filters, "--tier", args.tier, *spread])
     if check_rc in (2, 3):  # bad input, or no backend here for the selection: nothing to go on
         return check_rc
     failed = check_rc != 0
