@@ -11,6 +11,10 @@ gate cases that together still show everything the nightly set can tell apart:
   group or a SIMD width, a state or step-size corner) once per element width (4-byte f32 and
   the 2-byte formats take different vector widths, so a boundary can move with the width);
 - every other case label of a kind that is not a model preset (`dist:`, `params:`, ...);
+- every cheap shape (`SMALL`: at most 2^16 elements and flops, well under a millisecond of
+  oracle anywhere) once per element width, whatever its label: small hand-picked shapes such
+  as MoE's `preset:tiny` (top_k 2 and 4: only 4 makes a scatter-add's order show) are there
+  for what their dims cross, and cost nothing to keep;
 - every violating case (they never launch: a contract refusal costs nothing).
 
 A feature that only a model-sized preset case carries is still covered, by the smallest such
@@ -32,6 +36,7 @@ import numpy as np
 
 TIERS = ("commit", "nightly")
 DEFAULT_TIER = "commit"
+SMALL = 1 << 16  # a case this cheap (elements + flops) is kept for its shape alone
 
 
 def check_tier(tier: str) -> str:
@@ -58,6 +63,8 @@ def case_features(case) -> set[tuple]:
     kind = case.label.split(":", 1)[0]
     out = {("dtype x dist", case.dtype, case.dist)}
     out |= {("param", case.dtype, name, repr(value)) for name, value in case.param_items}
+    if case_cost(case) <= SMALL:
+        out.add(("shape", case.dim_items, _width(case.dtype)))
     if kind.startswith("edge"):
         out.add(("edge", kind, case.dim_items, _width(case.dtype)))
     elif kind and kind != "preset":
@@ -110,7 +117,7 @@ def coverage(impls, seed: int = 0) -> dict[str, dict]:
             for f in tier_features(cases):
                 if f[0] == "param":
                     cell["params"].add(f[2:])
-                elif f[0] == "edge":
+                elif f[0] in ("edge", "shape"):
                     cell["edges"].add((impl.id,) + f[1:])
         row["invariants"] += len(impl.contract.invariants) if nightly else 0
         row["nightly_only"] |= ({(impl.id, c.dtype, c.dist) for c in nightly}

@@ -34,8 +34,10 @@ def examples():
 
 
 def _check(tmp_path, *args) -> tuple[int, dict]:
-    """`kparity check` with the examples; (exit code, rows by (impl, case id))."""
-    rc = main(["--store", str(tmp_path), "--plugin", EXAMPLES, "check", *args, *CPU])
+    """`kparity check` with the examples, every gate case (nightly tier); (exit code, rows by
+    (impl, case id))."""
+    rc = main(["--store", str(tmp_path), "--plugin", EXAMPLES, "check", "--tier", "nightly",
+               *args, *CPU])
     rows = Store(tmp_path).read("correctness").to_pylist()
     return rc, {(r["impl"], r["case_id"]): r for r in rows}
 

@@ -166,8 +166,8 @@ def coverage_table(impls: dict) -> int:
                              else f"{len(totals['commit'][c])} / {len(totals['nightly'][c])}"
                              for c in cols), str(invariants), str(gaps))
     console.print(table)
-    console.print("dists, params: distinct per op over its impls; edges: (impl, edge shape, "
-                  "element width); every invariant's violating case runs in both tiers",
+    console.print("dists, params: distinct per op over its impls; edges: (impl, edge or "
+                  "cheap shape, element width); every invariant's violating case runs in both tiers",
                   style="dim")
     if gaps:
         console.print(f"[red]{gaps} (impl, dtype, distribution) only in nightly[/]")
