@@ -19,8 +19,8 @@ gate cases that together still show everything the nightly set can tell apart:
 
 A feature that only a model-sized preset case carries is still covered, by the smallest such
 case. The choice is greedy in ascending cost (an op's input and output elements plus its flops,
-ties by case id), so it is the same in every process, and impls of one op mostly pick the same
-cases: their oracle entries are shared.
+ties by the case's fields but its seed), so it is the same in every process, and impls of one
+op mostly pick the same cases: their oracle entries are shared.
 
 The real-model shapes that `commit` leaves out (every `preset:` case whose features a smaller
 case already covers), long pipelines, seed sweeps and hypothesis' nightly profile are `nightly`'s
@@ -77,12 +77,19 @@ def commit_subset(cases: list) -> list:
     order."""
     covered: set[tuple] = set()
     keep: set[str] = set()
-    for case in sorted(cases, key=lambda c: (case_cost(c), c.id)):
+    for case in sorted(cases, key=_order):
         new = case_features(case) - covered
         if new:
             covered |= new
             keep.add(case.id)
     return [c for c in cases if c.id in keep]
+
+
+def _order(case) -> tuple:
+    """Cheapest first; ties by what defines the case except its seed, so `--seed N` keeps the
+    same cases (re-seeded), not another cover that its new ids would sort into."""
+    return (case_cost(case), case.op, case.dim_items, case.dtype, case.dist,
+            repr(case.param_items), case.dtype_items, case.label)
 
 
 def tier_features(cases: list) -> set[tuple]:
