@@ -15,7 +15,8 @@ ORDER = 5  # housekeeping: last in `kparity --help`
 
 # What the namespaces that kparity writes hold (a plugin's own shows without a description).
 HOLDS = {"oracle": "oracle outputs: exact, reference, bounds (runners/oracle_cache.py)",
-         "nvcc": "nvcc compile verdicts (gpu_impls/cuda/nvcc_check.py)"}
+         "nvcc": "nvcc compile verdicts (gpu_impls/cuda/nvcc_check.py)",
+         "models": "the model gate's GGUF files (models/gguf_file.py)"}
 
 
 def add_parsers(sub) -> None:

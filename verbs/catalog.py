@@ -191,7 +191,8 @@ def cmd_cases(args) -> int:
             console.print(escape(f"{w.case.id}  {w.impl.id:32s} {w.case.short()}"
                                  f"{'  ' + params if params else ''}  {w.case.label}{extra}"),
                           soft_wrap=True)
-    table = Table(title=f"{len(work)} (impl, case) pairs would run")
+    tier = "" if getattr(args, "cases", None) else f" ({args.tier} tier)"
+    table = Table(title=f"{len(work)} (impl, case) pairs would run{tier}")
     for col in ("impl", "valid cases", "violating cases"):
         table.add_column(col)
     for impl in impls:
