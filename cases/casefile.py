@@ -7,7 +7,9 @@
 defaults), `dtypes` (per-role dtypes, for ops that declare roles: `{"kv": "e4m3"}`) and `label`
 ("file:<name>") are optional. A stored row's `case_json` (what a failing
 case prints) is a valid entry as is: its `oracle_version` must be the op's current one, since
-the same case under another oracle version is another case. Every field is checked before
+the same case under another oracle version is another case. A case with an empty output (a dim
+at 0, e.g. rows = 0) is refused: its check compares nothing and cannot fail (issue 49; an empty
+input with every output non-empty stays valid). Every field is checked before
 anything runs, and so is the host memory the case needs (`host_bytes`: its arrays and the float64
 oracle's, against what is available here);
 a bad one is named with the file, the case's index and the field, and what would be valid. A
@@ -113,7 +115,15 @@ def _case(where: str, raw, ops) -> Case:
         case = Case.make(op, dims, raw["dtype"], dist, seed, params, label, dtypes)
     except ValueError as e:  # a role or a dtype the op does not know: Case.make names it
         raise bad("dtypes", str(e)) from None
-    outside = case.spec.domain_error(case)
+    empty = empty_output_error(case)
+    if empty:
+        raise bad(*empty)
+    try:
+        outside = case.spec.domain_error(case)
+    except ZeroDivisionError:  # a domain that divides by a dim the case sets to 0
+        zeros = [name for name, value in case.dim_items if value == 0]
+        raise bad("dims", f"{case.short()}: {' and '.join(zeros) or 'a dim'} at 0 divides by "
+                  "zero in the op's domain check: give each dim at least 1") from None
     if outside:
         raise bad("dims", f"{case.short()} params {case.params}: {outside}")
     need, have = host_bytes(case), available_host_bytes()
@@ -123,6 +133,55 @@ def _case(where: str, raw, ops) -> Case:
                   f"{have / 2**30:.1f} GiB is available here: smaller dims, or `kparity bench` "
                   "(which times large cases without the float64 oracle)")
     return case
+
+
+def _empty_outputs(spec, dims, params) -> list[tuple[str, tuple[int, ...]]]:
+    """The op's outputs (name, shape) that have no element at these dims and params."""
+    shapes = [(t.name, t.shape_for(dims, params)) for t in spec.outputs]
+    return [(name, shape) for name, shape in shapes if math.prod(shape) == 0]
+
+
+def empty_output_error(case: Case) -> tuple[str, str] | None:
+    """(field, why) if some output of `case` has no element, else None (issue 49: no case that
+    cannot fail). The rule: refuse when ANY output is empty, since a check over an empty output
+    compares nothing and passes whatever the kernel does. An empty INPUT with every output
+    non-empty stays valid: optional inputs are empty by design (attn_combine's `sinks` when
+    off, moe_grouped_gemm's weights of the format not chosen, ssd's `z` without a gate), and a
+    dim at 0 that empties no output (a reduction over in = 0, a group count that only divides
+    an input) is the user's to choose. If raising every dim at 0 to 1 leaves an output empty, a
+    param (a list of lengths) empties it and is named; else the dims to blame are those at 0
+    that alone, with every other dim at 0 raised to 1, still empty an output."""
+    spec, dims, params = case.spec, case.dims, case.params
+    try:
+        empty = _empty_outputs(spec, dims, params)
+    except ArithmeticError:  # a shape that divides by a dim at 0: the domain check names it
+        return None
+    if not empty:
+        return None
+    shapes = "; ".join(f"{name}: shape {shape}" for name, shape in empty)
+    which = ("every output is empty" if len(empty) == len(spec.outputs) else
+             f"the output {empty[0][0]} is empty" if len(empty) == 1 else
+             f"the outputs {', '.join(name for name, _ in empty)} are empty") + f" ({shapes})"
+    zeros = [name for name, value in case.dim_items if value == 0]
+
+    def empties(probe) -> bool:
+        try:
+            return bool(_empty_outputs(spec, {**dims, **probe}, params))
+        except ArithmeticError:
+            return False
+
+    blamed = []
+    if zeros and not empties(dict.fromkeys(zeros, 1)):  # else a param empties it too
+        blamed = [name for name in zeros
+                  if empties({z: 1 for z in zeros if z != name})] or zeros
+    if not blamed:
+        return "params", (f"{case.short()} params {case.params}: {which} and the check cannot "
+                          "fail: the params that set its shape (lengths) must give it elements")
+    names = " and ".join(blamed)
+    at = " and ".join(f"{name} = 0" for name in blamed)
+    field = f"dims.{blamed[0]}" if len(blamed) == 1 else "dims"
+    return field, (f"{names} must be at least 1: with {at} {which} and the check cannot fail "
+                   f"({case.short()})")
 
 
 # Host bytes per element beyond the stored value: an input is drawn and held in float64 for

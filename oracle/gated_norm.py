@@ -53,11 +53,17 @@ DIM = lambda d: (d["dim"],)  # noqa: E731
 
 
 def check_domain(case) -> None:
-    """The groups must split the row evenly."""
+    """The groups must split the row evenly; and eps = 0 with `tiny` y is refused as for the
+    other RMSNorms (`oracle.norms.eps_domain`): the normed x = y · silu(z) has |x| < |y| · |z|,
+    and the rule's margin (every |y| < 2^-120, so x² underflows f32 for any |z| < 2^45) covers
+    any gate."""
+    from oracle.norms import eps_domain
+
     e, g = case.dims["dim"], case.dims["groups"]
     if g < 1 or e % g:
         raise ValueError(f"{case.op}: dim={e} is not a multiple of groups={g} (the norm runs "
                          f"over groups of dim / groups channels): make dim a multiple of groups")
+    eps_domain("y")(case)
 
 
 def _eps(case) -> float:

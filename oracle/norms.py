@@ -41,6 +41,23 @@ inv = rsqrt(inf) = 0, so out = 0 (or residual, for rms_norm_residual), while a k
 the row first gets the exact answer: the contract admits both, and the bound (`Val.rsqrt`)
 spans them, [0, |y|]. The `f32_overflow` cases hold such rows; anything else still fails there.
 
+At the other end, eps = 0 (as the kernel reads it: f32(eps), and 0 under `ftz` when below
+2^-126) leaves nothing between mean(x²) and rsqrt: y = x · rsqrt(mean(x²)). In f32 a square
+x² ≤ 2^-150 (half the smallest subnormal 2^-149; the tie rounds to even, 0) rounds to 0, so a row
+with every |x| ≤ 2^-75 ≈ 2.6e-23 has mean(x²) = 0 exactly, inv = rsqrt(0) = inf, and the kernel's
+IEEE answer is out = ±inf (NaN where x·w = 0; rms_inv's inv = inf), whatever the f64 oracle's
+finite value: no finite bound holds, and every correct impl (torch `F.rms_norm`, MLX, any CPU
+code) "fails". Such a case is outside the op's domain (`eps_domain`, every op of this module,
+through `OpSpec.domain`: a case file's case is refused at load, exit 2, naming eps and the fix,
+eps > 0 as every model has, e.g. 1e-6; fuzzed cases keep out of it). Precisely: f32(eps) = 0,
+dist `tiny`, and the normed input (x; y of gated_mixer_norm, f32 whatever T is; a and b of
+add_rms_norm, s = a + b) stored in a dtype D whose smallest normal tiny(D) ≤ 2^-81: `tiny` draws
+N(0, 1) · 4 · tiny(D) (`cases/distributions.py`), |z| < 8 (past 8: probability 1e-15 per draw)
+and a sum of two at most doubles it, so every |x| < 64 · tiny(D) ≤ 2^-75. That is f32 and bf16
+(tiny = 2^-126: |x| < 2^-120, every square 0); f16 (tiny = 2^-14) keeps mean(x²) ~ 2^-24, a
+normal f32, inv ~ 2^12 finite, and still runs with eps = 0, as does every other distribution
+(zero rows included: 0 · rsqrt(0) = NaN in the oracle as in the kernel).
+
 NaN and inf inputs (the `nonfinite` distribution): IEEE propagation through the formula above
 is the contract. A row holding a NaN is NaN throughout. A row holding ±inf (no NaN) has
 sum x^2 = inf, so inv = rsqrt(inf) = 0: its finite elements give exactly ±0 and the infinite
@@ -54,7 +71,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from oracle.dtypes import eps as dtype_eps
+from oracle.dtypes import eps as dtype_eps, tiny
 from oracle.builders import kernel_view, silu  # noqa: F401 (re-exported: families import them)
 from oracle.dtypes import round_to
 from oracle.numerics import Numerics, lanes
@@ -97,7 +114,38 @@ def _eps(case) -> float:
 def rms_inv_rows(x: np.ndarray, eps: float) -> np.ndarray:
     """rsqrt(mean(x^2) + eps) along the last axis, keepdims, float64."""
     x = _f64(x)
-    return 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    with np.errstate(divide="ignore"):  # mean 0, eps 0 (zero rows): inf, IEEE's (docstring)
+        return 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+EPS_ZERO_MAX_TINY = 2.0 ** -81  # `eps_domain`: 64 · tiny(D) ≤ 2^-75, where every f32 square is 0
+
+
+def _kernel_eps(case) -> float:
+    """eps as the kernel adds it: f32(eps), flushed to 0 under `ftz` when subnormal."""
+    e = _eps(case)
+    return 0.0 if case.params.get("ftz") and abs(e) < TINY32 else e
+
+
+def eps_domain(*normed: str):
+    """The domain of an RMSNorm op whose norm reads the inputs `normed` (module docstring,
+    "Domain"): eps = 0 with `tiny` data whose every f32 square rounds to 0 is refused, since
+    mean(x²) + eps = 0 there and a correct kernel returns inf."""
+
+    def check(case) -> None:
+        if case.dist != "tiny" or _kernel_eps(case) != 0.0:
+            return
+        dtypes = sorted({t.dtype(case) for t in case.spec.inputs if t.name in normed})
+        if max(tiny(d) for d in dtypes) > EPS_ZERO_MAX_TINY:
+            return
+        given = case.params["eps"]
+        shown = f"eps = {given}" + (" (0 as the kernel reads it)" if given != 0 else "")
+        raise ValueError(
+            f"{case.op}: {shown} with dist tiny in {'/'.join(dtypes)}: every x² underflows f32 "
+            f"to 0, so mean(x²) + eps = 0 and a correct kernel's rsqrt gives inf (no finite "
+            f"bound holds); use eps > 0 (e.g. 1e-6, as every model does)")
+
+    return check
 
 
 def _kernel_inputs(arith, inputs: dict, case, names) -> list:
@@ -127,7 +175,7 @@ def norm_kernel(A, x, w, case):
 
 def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc: str,
             dims=("rows", "n"), params=None, param_values=None, chain_input="x",
-            conventions=()) -> OpSpec:
+            conventions=(), normed=("x",)) -> OpSpec:
     def elems(case) -> int:
         return int(np.prod([case.dims[d] for d in dims]))
 
@@ -138,7 +186,7 @@ def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc
         flops=lambda case: flops_per_elem * elems(case),
         params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0},
         param_values=param_values or {}, doc=doc, version=2, chain_input=chain_input,
-        conventions=conventions))
+        conventions=conventions, domain=eps_domain(*normed)))
 
 
 def get_bytes(name: str, case) -> int:
@@ -252,7 +300,7 @@ def add_rms_norm_kernel(A, inputs: dict, case) -> dict:
 _row_op("add_rms_norm", add_rms_norm, add_rms_norm_kernel,
         inputs=(TensorSpec("a", ROWS), TensorSpec("b", ROWS), TensorSpec("w", ROW_N, init="weight")),
         outputs=(TensorSpec("residual_out", ROWS), TensorSpec("normed_out", ROWS)),
-        flops_per_elem=5, doc=add_rms_norm.__doc__,
+        flops_per_elem=5, doc=add_rms_norm.__doc__, normed=("a", "b"),
         chain_input="b")  # a: the residual stream, b: the block output just written
 
 
@@ -280,7 +328,7 @@ _row_op("gated_mixer_norm", gated_mixer_norm, gated_mixer_norm_kernel,
         inputs=(TensorSpec("y", ROWS, role="f32"), TensorSpec("z", ROWS, init="gate"),
                 TensorSpec("w", ROW_N, init="weight")),
         outputs=(TensorSpec("out", ROWS),), flops_per_elem=9, doc=gated_mixer_norm.__doc__,
-        chain_input="y")  # the recurrence writes y
+        normed=("y",), chain_input="y")  # the recurrence writes y
 
 
 # --- rms_inv ---------------------------------------------------------------------------------
