@@ -66,10 +66,10 @@ def test_ulps_only_at_the_budgets_element_and_budgets_keep_their_side_of_1(tmp_p
     summarize(rows, "run1", Store(tmp_path))
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if "torch:rms_norm " in line)
-    assert [c.strip() for c in line.split("│")[-3:-1]] == ["0.999", "1"]  # budget, ulp
+    assert [c.strip() for c in line.split("│")[-3:-1]] == ["0.999 / 0.999 / 0.999", "1"]
     assert str(near_one["max_ulp"]) not in out
     line = next(line for line in out.splitlines() if "torch:rms_norm_llama" in line)
-    assert [c.strip() for c in line.split("│")[-3:-1]] == ["inf", "-"]
+    assert [c.strip() for c in line.split("│")[-3:-1]] == ["inf / inf / inf", "-"]
 
 
 def test_budget_text_never_rounds_onto_1():

@@ -278,15 +278,16 @@ def failing(rows: list[dict], report_only: dict[str, str]) -> int:
 
 
 def _outcome_table(title: str, rows: list[dict], report_only: dict[str, str]) -> Table:
-    """Per impl: its rows by outcome; for gated impls the largest budget and the ULP distance
-    at that row's worst element, for report-only impls why they are."""
+    """Per impl: its rows by outcome; for gated impls the budget's spread over its judged rows
+    (`_budget_spread`) and the ULP distance at the largest budget's element (`_ulp_at_worst`),
+    for report-only impls why they are."""
     table = Table(title=title)
     rare = [s for s in RARE_STATUSES if any(r["status"] == s for r in rows)]
     columns = ("pass", "fail", "error", *rare, "rejected ok")
     if report_only:  # only the outcomes they had (refusals, as a rule): no gate rows of zeros
         had = {"fail" if outcome(r) == "rejected" else outcome(r) for r in rows}
         columns = tuple(c for c in columns if c in had)
-    extra = ("why",) if report_only else ("max budget", "ulp @ worst")
+    extra = ("why",) if report_only else (BUDGET_COLUMN, "ulp @ worst")
     for col in ("impl", "device", *columns, *extra):
         table.add_column(col, justify="left" if col in ("impl", "device", "why") else "right",
                          no_wrap=col == "impl")
@@ -301,23 +302,55 @@ def _outcome_table(title: str, rows: list[dict], report_only: dict[str, str]) ->
             cells = (escape(report_only[impl].split(": ")[0]),)
         else:
             judged = [r for r in rs if r["budget"] is not None]
-            worst = max(judged, key=lambda r: r["budget"]) if judged else None
-            cells = (budget_text(worst and worst["budget"]), _ulp_at_worst(worst))
+            worst = max(judged, key=lambda r: _budget_key(r["budget"])) if judged else None
+            cells = (_budget_spread([r["budget"] for r in judged]), _ulp_at_worst(worst))
         table.add_row(f"[{style}]{impl}[/]", rs[0]["device"], *(str(c[col]) for col in columns),
                       *cells)
     return table
 
 
+BUDGET_COLUMN = "budget p50 / p99 / max"
+BUDGET_QUANTILES = (0.5, 0.99)
+
+
+def _budget_key(budget: float) -> float:
+    """A budget's place in an order: NaN (no row should carry one) counts as the worst."""
+    return math.inf if math.isnan(budget) else budget
+
+
+def _budget_spread(budgets: list[float]) -> str:
+    """The budgets of an impl's judged rows (every row compared with the oracle, passing or
+    failing) as "p50 / p99 / max", each by `budget_text` (never 1 unless it is 1); "-" where no
+    row was judged. Nearest-rank percentiles: each is some row's own budget, the smallest one
+    at or above that share of the rows (p50 of [0.1, 0.2, 0.9] is 0.2; p99 of fewer than 100
+    rows is their max), so a pass is never averaged with a failure into a value no row has."""
+    if not budgets:
+        return "-"
+    ranked = sorted(budgets, key=_budget_key)
+    picks = [ranked[max(math.ceil(q * len(ranked)), 1) - 1] for q in BUDGET_QUANTILES]
+    return " / ".join(budget_text(b) for b in (*picks, ranked[-1]))
+
+
 def _ulp_at_worst(row: dict | None) -> str:
     """The ULP distance at the element that set the row's budget (`metrics.compare`'s
-    `worst_ulp`), "-" where there is none: no finite budget (an unwritten output's NaN has no
-    ULP distance), an exact output, a row stored before the metric existed. Never the row's
-    `max_ulp`, which near-zero outputs make huge on passing cases."""
+    `worst_ulp`), counted only where that element's |exact| is above its bound: where the
+    bound reaches zero (an absolute floor: cancellation to near zero, sin/cos's absolute error,
+    a flush, an overflowed sum), every value down to 0 and past it is admissible and a ULP
+    count there measures how near zero the value is, not how wrong (billions, at budgets below
+    1). "-" there and where there is no distance: no finite budget (an unwritten output's NaN
+    has none), an output judged without element-wise metrics, a row stored before the metric
+    existed. A distance of 0 shows at any magnitude. Never the row's `max_ulp`, which near-zero
+    outputs make huge on passing cases."""
     if row is None or not math.isfinite(row["budget"]):
         return "-"
     metrics = json.loads(row["outputs_json"] or "{}").get(row["worst_output"], {})
     ulp = metrics.get("worst_ulp")
-    return "-" if ulp is None else str(ulp)
+    if ulp is None:
+        return "-"
+    exact, bound = metrics.get("worst_exact"), metrics.get("worst_bound")
+    if ulp and (exact is None or bound is None or not abs(exact) > bound):
+        return "-"
+    return str(ulp)
 
 
 def verdict_line(rows: list[dict], report_only: dict[str, str]) -> str:
