@@ -7,6 +7,7 @@ Verbs (`kparity VERB --help` for each):
                  cases     the (impl, case) pairs a check would run; --list prints each case
   correctness    check     sweep every selected impl over its op's cases against the oracle
                  repro     rerun one case by id (from the store or the generators)
+                 bite      plant generic mistakes in each op's correct impl: are they caught
   timing         bench     timing sweep over the bench cases
                  ab        A/B of impls: correctness, interleaved runs, a verdict
   history        compare   run vs run, or vs the last N runs: regressions
