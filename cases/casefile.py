@@ -115,9 +115,6 @@ def _case(where: str, raw, ops) -> Case:
         case = Case.make(op, dims, raw["dtype"], dist, seed, params, label, dtypes)
     except ValueError as e:  # a role or a dtype the op does not know: Case.make names it
         raise bad("dtypes", str(e)) from None
-    empty = empty_output_error(case)
-    if empty:
-        raise bad(*empty)
     try:
         outside = case.spec.domain_error(case)
     except ZeroDivisionError:  # a domain that divides by a dim the case sets to 0
@@ -126,6 +123,10 @@ def _case(where: str, raw, ops) -> Case:
                   "zero in the op's domain check: give each dim at least 1") from None
     if outside:
         raise bad("dims", f"{case.short()} params {case.params}: {outside}")
+    # after the domain: where the op's own domain refuses the case, its reason is the better one
+    empty = empty_output_error(case)
+    if empty:
+        raise bad(*empty)
     need, have = host_bytes(case), available_host_bytes()
     if have is not None and need > have:
         raise bad("dims", f"{case.short()} needs about {need / 2**30:.1f} GiB of host memory "

@@ -68,14 +68,6 @@ def test_a_zero_row_case_file_is_refused_with_exit_2_naming_rows(tmp_path, capsy
     ({"op": "gdn_recurrent", "dtype": "f32", "dims": {"batch": 1, "tokens": 0, "heads_k": 1,
                                                      "heads_v": 2, "dim_k": 16, "dim_v": 8}},
      "dims.tokens", "the output o is empty"),
-    # no dim at 0: a list of lengths that sums to 0 empties the output
-    ({"op": "sdpa_prefill_varlen", "dtype": "f32",
-      "dims": {"heads": 4, "kv_heads": 2, "head_dim": 64},
-      "params": {"q_lens": [0, 0], "k_lens": [8, 8]}}, "params", "every output is empty"),
-    # a dim at 0 that empties no output is not blamed for what the lengths emptied
-    ({"op": "sdpa_prefill_varlen", "dtype": "f32",
-      "dims": {"heads": 4, "kv_heads": 0, "head_dim": 64},
-      "params": {"q_lens": [0, 0], "k_lens": [8, 8]}}, "params", "every output is empty"),
 ])
 def test_an_empty_output_is_named_at_load(tmp_path, case, field, words):
     path = _file(tmp_path, [case])
@@ -114,3 +106,14 @@ def test_a_generated_case_with_an_empty_optional_input_loads(tmp_path):
     assert empty_output_error(case) is None
     loaded, = load_cases(_file(tmp_path, [json.loads(case.to_json())]))
     assert loaded.id == case.id
+
+
+def test_the_ops_own_domain_reason_comes_before_the_empty_output_one(tmp_path):
+    """Lengths that empty the output (q_lens of 0) are outside sdpa_prefill_varlen's domain:
+    its own reason (1 <= q_len <= k_len) is what the user reads, checked before emptiness."""
+    path = _file(tmp_path, [{"op": "sdpa_prefill_varlen", "dtype": "f32",
+                             "dims": {"heads": 4, "kv_heads": 2, "head_dim": 64},
+                             "params": {"q_lens": [0, 0], "k_lens": [8, 8]}}])
+    with pytest.raises(CaseFileError, match=r"1 <= q_len <= k_len"):
+        load_cases(path)
+
