@@ -13,7 +13,7 @@ from rich.table import Table
 
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
-from verbs.common import _split, console, unknown
+from verbs.common import _split, console, op_and_backend_filters, unknown
 
 ORDER = 1.5  # a correctness verb: after check and repro, before the timing verbs
 
@@ -32,14 +32,7 @@ def cmd_bite(args) -> int:
     from runners import bite
 
     started = time.monotonic()
-    ops = _split(args.op)
-    for op in ops:
-        if op not in op_registry():
-            raise unknown("op", op, op_registry())
-    backends = _split(args.backend)
-    for b in backends:
-        if b not in gpu_impls.BACKENDS:
-            raise unknown("backend", b, gpu_impls.BACKENDS)
+    ops, backends = op_and_backend_filters(args)
     dtypes = _split(args.dtype)
     for d in dtypes:
         if d not in FLOAT_DTYPES:

@@ -108,11 +108,11 @@ def _backend(name):
     return gpu_impls.backend(name)
 
 
-def select_impls(args, need_available: bool) -> list:
-    """Impls matching --op/--impl/--backend; with need_available, only those runnable here."""
+def op_and_backend_filters(args) -> tuple[list[str], list[str]]:
+    """The --op and --backend values, each checked (an unknown one is bad input naming the
+    valid ones)."""
     import gpu_impls
 
-    all_impls = _impls()
     ops = _split(args.op)
     for op in ops:
         if op not in op_registry():
@@ -121,6 +121,15 @@ def select_impls(args, need_available: bool) -> list:
     for b in backends:
         if b not in gpu_impls.BACKENDS:
             raise unknown("backend", b, gpu_impls.BACKENDS)
+    return ops, backends
+
+
+def select_impls(args, need_available: bool) -> list:
+    """Impls matching --op/--impl/--backend; with need_available, only those runnable here."""
+    import gpu_impls
+
+    all_impls = _impls()
+    ops, backends = op_and_backend_filters(args)
     wanted = _split(args.impl)
     by_name = defaultdict(list)
     for impl in all_impls.values():
