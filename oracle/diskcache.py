@@ -194,17 +194,6 @@ class DiskCache:
         """(path, size, mtime) of every file under the root; a file gone meanwhile is skipped."""
         return _walk(self.root)
 
-    def stats(self) -> dict[str, "Usage"]:
-        """What each namespace under the root holds (`usage`)."""
-        return usage(self.root)
-
-    def clear(self, namespace: str | None = None) -> tuple[int, int]:
-        """Remove the entries of `namespace` (None: of every namespace) under the root
-        (`clear`); (files removed, their bytes)."""
-        removed = clear(self.root, namespace)
-        self._size = None  # rescanned at the next put
-        return removed
-
 
 @dataclasses.dataclass
 class Usage:

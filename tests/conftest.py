@@ -100,7 +100,9 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--tier", choices=("commit", "nightly"), default=None,
+    from cases.tiers import TIERS
+
+    parser.addoption("--tier", choices=TIERS, default=None,
                      help="commit (default): the tests marked nightly are deselected and the "
                           "gate runs each impl's commit-tier cases (cases/tiers.py); nightly: "
                           "everything, every gate case, hypothesis' nightly profile. `-m "

@@ -409,13 +409,14 @@ def cmd_check(args) -> int:
         if args.since:
             raise UsageError("--since with --resume: a resumed run keeps its own impls")
         return resume_check(args)
-    if args.since:  # a bad ref is refused before anything else is said
+    changed = None
+    if args.since:  # read first: a bad ref is refused before anything else is said
         from runners.since import ROOT, changed_files
-        changed_files(args.since, ROOT, "--since")
+        changed = changed_files(args.since, ROOT, "--since")
     impls = select_impls(args, need_available=True)
     if args.since:  # one more filter: the impls the changes since REF can affect
         from verbs.common import since_filter
-        if not (impls := since_filter(args, impls)):
+        if not (impls := since_filter(args, impls, changed)):
             return 0
     work = work_list(args, impls)
     if not work:

@@ -168,12 +168,13 @@ def select_impls(args, need_available: bool) -> list:
     return sorted(runnable, key=lambda i: i.id)
 
 
-def since_filter(args, impls: list) -> list:
-    """`--since REF`: those of `impls` that the changes since git ref REF can affect
-    (`runners/since.py`), what was selected and why printed; a bad ref is bad input (exit 2)."""
+def since_filter(args, impls: list, changed: list[str] | None = None) -> list:
+    """`--since REF`: those of `impls` that the changes since git ref REF (`changed`: the files,
+    where already read) can affect (`runners/since.py`), what was selected and why printed; a
+    bad ref is bad input (exit 2)."""
     from runners.since import select_since
 
-    selection = select_since(args.since)
+    selection = select_since(args.since, changed=changed)
     for line in selection.lines(among=[i.id for i in impls]):
         console.print(escape(line), soft_wrap=True)
     return [i for i in impls if i.id in selection.impl_ids]
@@ -335,11 +336,12 @@ def pick_devices(args, backends) -> None:
     args.devices = parse_devices(args.devices, any(_backend(b).accelerator for b in set(backends)))
 
 
-def tier_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tier", choices=TIERS, default=DEFAULT_TIER,
-                   help="commit (default): each impl's smallest gate cases that still cover "
-                        "every dtype x distribution, parameter value and dispatch edge it admits; "
-                        "nightly: every gate case, real-model shapes included (cases/tiers.py)")
+def tier_flag(p: argparse.ArgumentParser, default: str = DEFAULT_TIER) -> None:
+    p.add_argument("--tier", choices=TIERS, default=default,
+                   help="commit: each impl's smallest gate cases that still cover every dtype "
+                        "x distribution, parameter value, dispatch edge and cheap shape it "
+                        "admits; nightly: every gate case, real-model shapes included "
+                        "(cases/tiers.py; default: %(default)s)")
 
 
 def _seed(p: argparse.ArgumentParser) -> None:

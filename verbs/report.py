@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verbs.common import UsageError, _backend, _filters, console, select_impls
+from verbs.common import UsageError, _backend, _filters, console, select_impls, tier_flag
 
 ORDER = 4  # last in `kparity --help`
 FILTERS = ("op", "impl", "backend", "dtype", "preset")
@@ -26,9 +26,7 @@ def add_parsers(sub) -> None:
     nightly.add_argument("--out", required=True, help="report folder")
     nightly.add_argument("--baseline", type=int, default=10, help="runs of history (10)")
     nightly.add_argument("--no-bench", action="store_true", help="correctness only")
-    nightly.add_argument("--tier", choices=("commit", "nightly"), default="nightly",
-                         help="the check's tier (nightly: every gate case; commit: the gate's "
-                              "default)")
+    tier_flag(nightly, default="nightly")  # the nightly job checks every gate case
     nightly.add_argument("--devices", default=None, metavar="all|0,1,...",
                          help="check and bench over these GPUs of this host (as theirs)")
     nightly.add_argument("--concurrent-timing", action="store_true",
