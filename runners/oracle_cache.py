@@ -59,6 +59,8 @@ OUTCOMES = ("stale", "corrupt", "miss", "uncacheable", "hit", "off")
 # A sweep computes ahead in a pool only when at least this many entries are missing: below it,
 # starting the pool's processes costs more than it saves.
 PREFETCH_MIN = 64
+# How often `Prefetch.wait` looks on disk for an entry another process may have written.
+POLL_S = 0.05
 
 # The key a sweep's runner adds to a row for the cache's outcome on it (`take_outcome`); not a
 # store column: `run_work` pops it.
@@ -334,6 +336,9 @@ def warm(case_json: str, numerics, ftz: bool) -> str:
 
     _load_plugins_for(json.loads(case_json)["op"])
     case = Case.from_json(case_json)
+    cache = current_cache()
+    if cache is not None and _present(cache, case, numerics, ftz):  # another process's pool
+        return "hit"
     return reference_and_bounds(case, make_inputs(case), numerics, ftz)[3]
 
 
@@ -369,16 +374,17 @@ def spawn_pool(size: int, plugins: list[str] | None = None) -> multiprocessing.p
                                      context=SharedSpawnContext(share(size)))
 
 
-def pool_size() -> int:
+def pool_size(peers: int = 1) -> int:
     """Processes for `Prefetch`: one per core this process may use, but one (the sweep's own);
-    KPARITY_CACHE_WORKERS overrides."""
+    with `peers` processes that each run a pool on this host (pytest-xdist's workers), their
+    share of the cores (`share`). KPARITY_CACHE_WORKERS overrides."""
     given = os.environ.get("KPARITY_CACHE_WORKERS", "").strip()
     if given:
         if not given.isdigit():
             raise CacheConfigError(f"KPARITY_CACHE_WORKERS={given!r}: the number of processes "
                                    "that compute oracle entries ahead of a sweep, 0 or more")
         return int(given)
-    return cores() - 1
+    return share(peers) if peers > 1 else cores() - 1
 
 
 class Prefetch:
@@ -389,8 +395,13 @@ class Prefetch:
     A context manager; on exit the pool stops (`close`)."""
 
     def __init__(self, work, backend_of, plugins: list[str] | None = None,
-                 workers: int | None = None):
-        """`backend_of(name)`: the backend object (only its `flushes_subnormals` is read)."""
+                 workers: int | None = None, start: int = 0):
+        """`backend_of(name)`: the backend object (only its `flushes_subnormals` is read).
+        `start`: the index in `work` where this process's own run begins; the pool computes
+        from there to the end, then the items before it. Several processes that split one
+        work list (pytest-xdist's workers, each starting on its own stretch of the same list)
+        so compute each other's entries last, not all the same ones first: `wait` also takes
+        an entry another process wrote."""
         self.futures: dict[tuple, multiprocessing.pool.AsyncResult] = {}
         self.outcomes: Counter = Counter()
         self._counting = threading.Lock()  # wait() runs on every --devices thread
@@ -405,7 +416,8 @@ class Prefetch:
         if cache is None:
             return
         tasks = {}
-        for w in work:
+        start = min(max(start, 0), len(work))
+        for w in [*work[start:], *work[:start]]:
             if w.expect != "valid" or w.impl.stages is not None:
                 continue
             ftz = bool(backend_of(w.impl.backend).flushes_subnormals)
@@ -420,6 +432,7 @@ class Prefetch:
         self.workers = size
         self.futures = {key: self.pool.apply_async(warm, args) for key, args in tasks.items()}
         self._backend_of = backend_of
+        self._cache = cache
 
     def wait(self, w) -> str | None:
         """Block until the pool is done with `w`'s entries; "miss", "stale" or "corrupt" where
@@ -437,7 +450,7 @@ class Prefetch:
         started = time.monotonic()
         try:  # a hung oracle (or a pool process that died) must not hang the sweep: the
             # check computes it, under its own timeout
-            outcome = future.get(timeout=case_timeout(w.case, first_of_shape=True))
+            outcome = self._first_done(future, w, ftz, case_timeout(w.case, first_of_shape=True))
         except multiprocessing.TimeoutError:
             outcome = "late"
         except Exception:  # noqa: BLE001  (the check computes it and reports the error)
@@ -447,6 +460,19 @@ class Prefetch:
             self.waited += time.monotonic() - started
             self.waiters.add(threading.get_ident())
         return outcome if outcome in ("miss", "stale", "corrupt") else None
+
+    def _first_done(self, future, w, ftz: bool, timeout: float) -> str:
+        """The pool's outcome for `w`, or "miss" as soon as both its entries are on disk
+        (written by another process's pool: this run computed them all the same)."""
+        numerics = w.impl.numerics.on(w.impl.backend)
+        deadline = time.monotonic() + timeout
+        while not future.ready():
+            if _present(self._cache, w.case, numerics, ftz):
+                return "miss"
+            if time.monotonic() >= deadline:
+                raise multiprocessing.TimeoutError
+            future.wait(POLL_S)
+        return future.get(0)
 
     def close(self) -> None:
         """Stop the pool: what it still computes is for cases the sweep did not reach."""

@@ -6,6 +6,7 @@ passing empty. A failure names the impl, the case id, the message and a one-line
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -35,17 +36,42 @@ def _gpu_work(tier: str = "commit"):
     return work
 
 
+class _OracleAhead:
+    """The gate's `Prefetch`, started at the first case this process runs: under pytest-xdist
+    every worker collects the whole gate and runs its own stretch of it, so each worker's pool
+    starts where its stretch begins and has its share of the cores (`pool_size`). Started at
+    the list's head, every worker's pool computed the same entries in the same order while
+    the workers whose stretches lie far down the list waited for theirs."""
+
+    def __init__(self, work: list):
+        self.work = work
+        self.prefetch = None
+
+    def wait(self, w):
+        from runners.oracle_cache import Prefetch, pool_size
+
+        if self.prefetch is None:
+            start = next((i for i, x in enumerate(self.work) if x is w), 0)
+            peers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+            self.prefetch = Prefetch(self.work, gpu_impls.backend, workers=pool_size(peers),
+                                     start=start)
+        return self.prefetch.wait(w)
+
+    def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
+
+
 @pytest.fixture(scope="session")
 def oracle_ahead(request):
     """The oracle entries of every selected `test_gate` case missing from the cache, computed
-    in a pool of processes (one per core but one) while the device runs the cases before them
+    in a pool of processes while the device runs the cases before them
     (`runners/oracle_cache.py`); each test waits for its own."""
-    from runners.oracle_cache import Prefetch
-
-    work = [item.callspec.params["work"] for item in request.session.items
-            if getattr(item, "originalname", "") == "test_gate" and hasattr(item, "callspec")]
-    with Prefetch(work, gpu_impls.backend) as ahead:
-        yield ahead
+    ahead = _OracleAhead([item.callspec.params["work"] for item in request.session.items
+                          if getattr(item, "originalname", "") == "test_gate"
+                          and hasattr(item, "callspec")])
+    yield ahead
+    ahead.close()
 
 
 def pytest_generate_tests(metafunc):

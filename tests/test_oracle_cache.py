@@ -254,6 +254,54 @@ def test_prefetch_computes_ahead_what_the_check_then_finds(cache, monkeypatch):
         assert ahead.workers == 0  # nothing missing: no pool
 
 
+def _two_dequant_cases():
+    impl = gpu_impls.impls()["torch:dequant_linear"]
+    return [w for w in plan([impl], presets=["int4-g64"], dtypes=["f16"])
+            if w.expect == "valid"][:2]
+
+
+def test_prefetch_starts_where_this_process_starts(cache, monkeypatch):
+    """`start`: the pool's first task is the work item there (an xdist worker's own stretch
+    first), the ones before it come last."""
+    monkeypatch.setattr(oracle_cache, "PREFETCH_MIN", 1)
+    work = _two_dequant_cases()
+    for start, first in ((0, work[0]), (1, work[1])):
+        with oracle_cache.Prefetch(work, gpu_impls.backend, workers=1, start=start) as ahead:
+            keys = list(ahead.futures)
+            assert keys[0] == oracle_cache._task_key(
+                first.case, first.impl.numerics.on("torch"), False)
+            assert len(keys) == 2
+
+
+class _NeverReady:
+    """A pool task that never finishes (the pool stuck on something else)."""
+
+    def ready(self):
+        return False
+
+    def wait(self, timeout):
+        import time
+
+        time.sleep(timeout)
+
+
+def test_wait_takes_an_entry_another_process_wrote(cache, monkeypatch):
+    """A worker whose own pool has not reached a case takes the entries as soon as another
+    process (another xdist worker's pool) wrote them; absent, it waits out the timeout."""
+    import runners.isolation
+
+    monkeypatch.setattr(oracle_cache, "PREFETCH_MIN", 1)
+    monkeypatch.setattr(runners.isolation, "case_timeout", lambda case, first_of_shape: 1.0)
+    work = _two_dequant_cases()
+    with oracle_cache.Prefetch(work, gpu_impls.backend, workers=1) as ahead:
+        ahead.close()  # nothing of the pool's own
+        for key in ahead.futures:
+            ahead.futures[key] = _NeverReady()
+        assert ahead.wait(work[1]) is None and ahead.outcomes["late"] == 1
+        check_noting_cache(work[0], gpu_impls.backend("torch"), "")  # "another process"
+        assert ahead.wait(work[0]) == "miss"
+
+
 def test_pool_workers_leave_ctrl_c_to_the_sweep():
     """Ctrl-C reaches the whole process group; the prefetch pool's workers ignore it (the sweep
     terminates them), so none dies mid-task holding the pool's queue lock."""
