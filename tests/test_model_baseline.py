@@ -37,6 +37,8 @@ def test_decode_steps_match_the_one_forward_logits_and_are_timed():
     assert arm.step_bytes(3) == weights + 2 * 2 * 2 * 16 * 4 * 4  # + K, V of positions 0..3
 
 
+# nightly: the real model file (32 s on a 2-core CPU); the tiny model's tests cover the path
+@pytest.mark.nightly
 def test_hf_f32_matches_the_reference_in_f32(tmp_path):
     """The real SmolLM2 Q4_1 file, loaded by transformers and run in f32, against kparity's
     reference plan at T = f32 on 6 random token ids (random ids: the tokenizer is not what is

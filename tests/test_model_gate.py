@@ -55,6 +55,8 @@ def test_a_plan_whose_backend_is_missing_exits_3(tmp_path, capsys):
     assert "cuda:kp_rms_norm is not available here" in capsys.readouterr().out
 
 
+# nightly: the real model (21 s on a 2-core CPU); the tiny model's tests cover the plan
+@pytest.mark.nightly
 def test_smollm2_torch_plan_passes_on_a_short_text(tmp_path):
     """The real model (the MLX plan runs ~3 s a token on this CPU: the tiny model covers it)."""
     pytest.importorskip("gguf")
