@@ -199,11 +199,13 @@ def quantize(x: np.ndarray, fmt: str, rule: str, dtype: str, rounding: str | Non
 
 
 def scale_values(scales: np.ndarray, fmt: str) -> np.ndarray:
-    """Scale bytes -> float64: e4m3 bits (nvfp4) or 2^(e - 127) (mxfp4)."""
+    """Scale bytes -> float64: e4m3 bits (nvfp4) or 2^(e - 127) (mxfp4), byte 255 NaN: E8M0's
+    one NaN encoding (OCP MX v1.0 §5.4.1, as `oracle/dtypes.py`'s ue8m0 and ml_dtypes'
+    float8_e8m0fnu decode it), not 2^128. `fp4_quantize` never writes it (e <= 127)."""
     scales = np.asarray(scales, dtype=np.uint8)
     if fmt == "nvfp4":
         return scales.view(E4M3).astype(np.float64)
-    return np.exp2(scales.astype(np.float64) - 127)
+    return np.where(scales == 255, np.nan, np.exp2(scales.astype(np.float64) - 127))
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, tensor_scale, fmt: str) -> np.ndarray:

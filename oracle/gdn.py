@@ -95,7 +95,7 @@ from oracle.numerics import (DEFAULT, FUNCTION_ULPS, SUB32, TINY32, U, Val, mode
                              store_bound)
 from oracle.spec import BatchDim, OpSpec, TensorSpec, register
 
-EPS = float(np.float32(gdn_math.L2NORM_EPS))  # the normalisations' eps as the kernel holds it
+EPS = gdn_math.L2NORM_EPS  # the normalisations' eps, f32(1e-6) as the kernel holds it
 RMS_EPS = EPS  # gdn_step_prep's RMS norm: mean(x²) + 1e-6 (ops.md §2.9)
 INITIAL_STATES = ("zero", "given", "large")
 PARAMS = {"scale": None, "l2norm": True, "initial_state": "zero", "decay": "mixed",

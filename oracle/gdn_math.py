@@ -15,8 +15,9 @@ Per (b, h), S [V, K] starting at the initial state, for t = 0..T-1:
     S   = S + u k_tᵀ                    rank-1 update
     o_t = S (scale · q_t)               [V]
 
-With `l2norm`, q and k are first x · rsqrt(Σx² + eps), eps 1e-6 (FLA's
-`use_qk_l2norm_in_kernel`, HF Qwen3-Next's `l2norm`). Everything here is float64 on the values
+With `l2norm`, q and k are first x · rsqrt(Σx² + eps), eps = f32(1e-6) (FLA's
+`use_qk_l2norm_in_kernel` passes 1e-6 to an f32 kernel argument; HF Qwen3-Next's torch `l2norm`
+adds the Python float 1e-6 to an f32 tensor, which rounds it to f32 too). Everything here is float64 on the values
 as given: the ops' oracles apply their contracts' rounding points around it.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-L2NORM_EPS = 1e-6
+L2NORM_EPS = float(np.float32(1e-6))  # 9.99999997e-07: as the kernels hold it (above)
 
 
 def l2norm(x: np.ndarray, eps: float = L2NORM_EPS) -> np.ndarray:

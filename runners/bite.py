@@ -12,11 +12,16 @@ nothing). The mistakes (`MISTAKES`), each applied to every output it fits:
     ulp2             the element of largest |value| moved 2 ULPs of T away from zero (towards
                      zero where that would overflow); f32 / f16 / bf16 outputs only
     zero_row         row 0 (the leading axis, the output seen as [rows, -1]) set to zero bits
+    zeros            every output all zero bits (a kernel that wrote nothing to a zeroed buffer)
     swap_rows        rows 0 and 1 swapped (outputs of at least two rows)
 
 A case where the mistake fits no output is not counted for it ("n/a"); a case where it fits but
 changes no bit (e.g. row 0 already zero) is counted, and passes: the audit reports what the
 gate would see. Op-specific mistakes are not planted in this first version (`SKIPPED`).
+
+A case that passes the `zeros` mistake although the mistake changed its outputs admits the
+all-zero output where the exact answer is not zero: `zero_admitting` lists such cases over the
+gate's cases straight from the oracle (no impl), and the audit names them per op.
 
 An (op, mistake) whose every counted case passes is *uncaught*, unless `ADMITTED[op][mistake]`
 says why the op's contract admits it; `kparity bite` exits 1 when some is uncaught.
@@ -110,6 +115,12 @@ def zero_row(host: np.ndarray, dtype: str) -> np.ndarray | None:
     return out
 
 
+def zeros(host: np.ndarray, dtype: str) -> np.ndarray | None:
+    if host.size == 0:
+        return None
+    return np.zeros_like(host)  # zero bits in every storage dtype: +0.0, code 0
+
+
 def swap_rows(host: np.ndarray, dtype: str) -> np.ndarray | None:
     if host.size == 0 or _rows(host) < 2:
         return None
@@ -123,6 +134,7 @@ MISTAKES: dict[str, Callable[[np.ndarray, str], np.ndarray | None]] = {
     "scale16": scale(16),
     "ulp2": ulp2,
     "zero_row": zero_row,
+    "zeros": zeros,
     "swap_rows": swap_rows,
 }
 
@@ -188,6 +200,7 @@ class Cell:
     errors: int = 0
     unchanged: int = 0
     messages: list = field(default_factory=list)
+    slipped: list = field(default_factory=list)  # ids of cases passed though the mistake changed bits
 
     @property
     def passed(self) -> int:
@@ -232,7 +245,10 @@ def audit_op(impl, dtypes=None, mistakes=None, tier: str = "commit") -> OpAudit:
             cell = result.cells[(dt, m)]
             cell.n += 1
             if row["status"] == "pass":
-                cell.unchanged += not seen.get("changed", True)
+                if seen.get("changed", True):
+                    cell.slipped.append(w.case.id)
+                else:
+                    cell.unchanged += 1
             elif row["status"] == "error":
                 cell.errors += 1
                 cell.messages.append(f"{w.case.id}: {row['message'][:200]}")
@@ -258,3 +274,64 @@ def uncaught(audits: list[OpAudit], admitted=None) -> list[tuple[str, str, int]]
 
 def errored(audits: list[OpAudit]) -> list[Cell]:
     return [c for a in audits for c in a.cells.values() if c.errors]
+
+
+# --- cases that admit the all-zero output (issue 49 item 3) --------------------------------------
+
+def admits_zeros(case, numerics=None) -> bool | None:
+    """Whether `case`'s admissible set (the oracle's bounds for `numerics`, default: an impl
+    that declares nothing, the widest set) holds the all-zero output; None where the exact
+    answer rounded to each output's dtype (the reference) is all zero: zeros are then the
+    right answer (e.g. silu(x) y of `tiny` x and y, whose products underflow f32)."""
+    from cases.model import make_inputs
+    from oracle.comparators import judge_outputs
+    from oracle.numerics import DEFAULT
+    from runners.oracle_cache import reference_and_bounds
+
+    spec = case.spec
+    inputs = make_inputs(case)
+    exact, ref, bounds, _ = reference_and_bounds(case, inputs, numerics or DEFAULT, ftz=False)
+    with np.errstate(invalid="ignore"):
+        if all(not np.any(np.asarray(ref[t.name]).astype(np.float64) != 0)
+               for t in spec.outputs):
+            return None
+    out = {t.name: np.zeros(t.shape_of(case), dtype=storage_dtype(t.dtype(case)))
+           for t in spec.outputs}
+    verdicts = judge_outputs(spec, case, inputs, out, exact, ref, bounds)
+    return all(v.ok for v in verdicts.values())
+
+
+def representatives(op: str) -> list:
+    """One gate case per (label, dist, dtype) of the op: the smallest (elements of its
+    dims' product), every preset and generator label each distribution meets."""
+    from cases.generate import gate_cases
+
+    best: dict = {}
+    for case in gate_cases(op):
+        key = (case.label, case.dist, case.dtype)
+        size = int(np.prod([max(int(v), 1) for v in case.dims.values()] or [1]))
+        if key not in best or size < best[key][0]:
+            best[key] = (size, case)
+    return [c for _, c in best.values()]
+
+
+# {(op, dist): why}: the gate cases that admit the all-zero output by design (each a reason from
+# the op's contract); `zero_admitting` finds exactly these (tests/test_zero_admitting.py).
+ZERO_ADMITTED: dict[tuple[str, str], str] = {
+    ("rms_norm", "f32_overflow"): (
+        "mean(x^2) overflows f32 (|x| ~ 1e20): a kernel that sums in f32 gets inf, "
+        "rsqrt(inf) = 0 and out = 0, its IEEE answer; one that scales first gets the exact "
+        "answer. The contract admits both (oracle/norms.py \"Domain\"), so these cases "
+        "cannot tell a kernel that writes zeros from one that overflows"),
+}
+
+
+def zero_admitting(ops) -> list:
+    """(op, label, dist, dtype, case id) of every representative case (`representatives`)
+    whose admissible set holds the all-zero output where the exact answer is not zero."""
+    out = []
+    for op in ops:
+        for case in representatives(op):
+            if admits_zeros(case):
+                out.append((op, case.label, case.dist, case.dtype, case.id))
+    return out

@@ -172,3 +172,22 @@ def test_torch_dtype_dequantize_every_code_and_scale_byte(fmt):
     row = check_op(Work(gpu_impls.impls()["torch:fp4_dequantize_dtypes"], case, "valid"),
                    gpu_impls.backend("torch"), inputs=inputs)
     assert row["status"] == "pass", row["message"]
+
+
+def test_e8m0_scale_bytes_decode_as_ocp_mx_says():
+    """E8M0 (OCP MX v1.0 §5.4.1): byte e is 2^(e - 127) for e = 0..254 and NaN for e = 255
+    (its one NaN encoding, no inf). The FP4 path's decoding, `oracle/dtypes.py`'s ue8m0 and
+    ml_dtypes' float8_e8m0fnu agree on all 256 bytes (before, the FP4 path gave 255 2^128)."""
+    import ml_dtypes
+
+    from oracle.dtypes import FLOAT_FORMATS
+
+    every = np.arange(256, dtype=np.uint8)
+    ours = fp4.scale_values(every, "mxfp4")
+    expected = np.where(every == 255, np.nan, 2.0 ** (every.astype(np.float64) - 127))
+    np.testing.assert_array_equal(ours, expected)
+    assert np.isnan(ours[255]) and ours[0] == 2.0 ** -127 and ours[254] == 2.0 ** 127
+    assert FLOAT_FORMATS["ue8m0"].dtype == ml_dtypes.float8_e8m0fnu and \
+        FLOAT_FORMATS["ue8m0"].nan == "0xff"
+    np.testing.assert_array_equal(
+        ours, every.view(ml_dtypes.float8_e8m0fnu).astype(np.float64))

@@ -174,3 +174,20 @@ def test_bound_holds_up_to_16384_tokens():
         row = measure(t, "bf16", {"decay": "near_one"})
         assert max(row["comp_o"], row["comp_S"], row["torch_o"], row["torch_S"]) <= 1.0, row
         assert row["comp_o"] > 0.01, row
+
+
+def test_l2norm_eps_is_f32_1e6_in_every_gdn_oracle():
+    """FLA's l2norm kernels and HF Qwen3-Next's torch `l2norm` hold eps = 1e-6 in f32
+    (9.99999997e-07); the recurrent oracle, the chunked pipeline's stages and the chunked op's
+    truth all use that value (before, the chunked truth used float64 1e-6). Observable: with
+    Σx² = 1e-6 the two epsilons give normalised values 1.3e-9 apart, relative."""
+    import numpy as np
+
+    from oracle import gdn, gdn_chunked, gdn_math
+
+    f32_eps = float(np.float32(1e-6))
+    assert gdn_math.L2NORM_EPS == gdn.EPS == gdn_chunked.EPS == f32_eps != 1e-6
+    x = np.full((1, 64), 1e-3 / 8.0)  # Σx² = 1e-6
+    got = gdn_math.l2norm(x)
+    assert np.array_equal(got, x / np.sqrt(1e-6 + f32_eps))
+    assert not np.array_equal(got, x / np.sqrt(1e-6 + 1e-6))

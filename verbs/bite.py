@@ -1,6 +1,6 @@
 """`kparity bite`: the bite audit (`runners/bite.py`). Each op's correct reference impl, wrapped in
 generic planted mistakes (outputs scaled by 1 + 4 eps or 1 + 16 eps, one element 2 ULPs off, a
-row zeroed, two rows swapped), is checked over the op's commit-tier cases; per op x dtype x
+row zeroed, every output zeroed, two rows swapped), is checked over the op's commit-tier cases; per op x dtype x
 mistake, the fraction of cases that fail. Exit 1 if some mistake the op does not admit
 (`runners.bite.ADMITTED`) passes every case of an op."""
 
@@ -72,6 +72,12 @@ def cmd_bite(args) -> int:
         if why:
             console.print(escape(f"admitted: {op} {m} passes all {n} cases: {why}"),
                           style="dim", soft_wrap=True)
+    for a in audits:  # cases a kernel that writes nothing would pass (issue 49 item 3)
+        slipped = [cid for (_, m), c in a.cells.items() if m == "zeros" for cid in c.slipped]
+        if slipped:
+            console.print(escape(f"admits the all-zero output: {a.op}, {len(slipped)} case(s) "
+                                 f"(e.g. {slipped[0]}; `kparity cases --op {a.op}`)"),
+                          style="yellow", soft_wrap=True)
     for c in errors:
         console.print(escape(f"error: {c.op} {c.dtype} {c.mistake}: {c.errors} case(s) raised; "
                              f"{c.messages[0] if c.messages else ''}"), style="red", soft_wrap=True)

@@ -82,13 +82,15 @@ __device__ __forceinline__ float kp_e4m3_f32(unsigned b) {
 }
 
 // E8M0 byte e -> 2^(e - 127) as f32: the biased exponent itself for e >= 1, 2^-127 (an f32
-// subnormal: use it in kp_*_rn arithmetic) for e = 0. e = 255 (E8M0's NaN; fp4_quantize never
-// writes it) gives inf, where the oracle's float64 has 2^128.
+// subnormal: use it in kp_*_rn arithmetic) for e = 0; e = 255 is E8M0's NaN (OCP MX v1.0, as
+// the oracle: fp4_quantize never writes it), and e << 23 = 0x7F800000 (inf) with the quiet bit
+// set is NaN.
 __device__ __forceinline__ float kp_e8m0_f32(unsigned e) {
-    return __uint_as_float(e ? e << 23 : 0x00400000u);
+    return __uint_as_float(e ? (e << 23) | (e == 255u ? 0x00400000u : 0u) : 0x00400000u);
 }
 
-// E8M0 byte e -> 2^(e - 127) as a double, exact for every byte (e = 255: 2^128, as the oracle).
+// E8M0 byte e -> 2^(e - 127) as a double, exact for every byte but 255 (NaN, as the oracle).
 __device__ __forceinline__ double kp_e8m0_f64(unsigned e) {
-    return __longlong_as_double((long long)((unsigned long long)(e + 896u) << 52));
+    return e == 255u ? __longlong_as_double(0x7FF8000000000000LL)
+                     : __longlong_as_double((long long)((unsigned long long)(e + 896u) << 52));
 }
