@@ -6,6 +6,9 @@
 #   bash scripts/newest.sh --write    # the same, then constraints.txt rewritten from it
 #   SKIP_TESTS=1 bash scripts/newest.sh   # only resolve and say what moved
 #
+# A pin in constraints.txt marked "# held: <why>" stays at its version on --write (the newest
+# release is still installed and tested here, and shows as moved).
+#
 # The README's setup installs from constraints.txt, so an upstream release cannot turn main red;
 # this script is how the project learns about one on purpose. Exit: the tests' status (0 green).
 set -euo pipefail
@@ -48,8 +51,21 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   python -m pytest -q -n auto || status=$?
 fi
 if [ "${1:-}" = "--write" ]; then
-  { sed -n '/^#/p' constraints.txt; cat "$VENV/freeze.txt"; } > constraints.txt.new
-  mv constraints.txt.new constraints.txt
-  echo "constraints.txt rewritten from the newest releases"
+  # the header comments, then the newest pins, but a pin marked "# held: why" stays as it is
+  python3 - "$VENV/freeze.txt" <<'EOF'
+import re
+import sys
+
+def key(line):
+    return re.sub(r"[-_.]+", "-", line.split("==", 1)[0].strip()).lower()
+
+old = open("constraints.txt").read().splitlines()
+held = {key(line): line for line in old if "# held:" in line and "==" in line}
+lines = [line for line in old if line.startswith("#")]
+lines += [held.get(key(line), line) for line in open(sys.argv[1]).read().splitlines()]
+open("constraints.txt", "w").write("\n".join(lines) + "\n")
+print("constraints.txt rewritten from the newest releases"
+      + (f" (held: {', '.join(sorted(held))})" if held else ""))
+EOF
 fi
 exit $status
