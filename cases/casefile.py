@@ -41,6 +41,18 @@ class CaseFileError(ValueError):
 CLOSEST_SHOWN = 12  # names a bad-name message lists; 400 impl names help no one
 
 
+
+def domain_field(case, message: str) -> str:
+    """The field an op's domain refusal blames: the param or dim its message names as
+    `name =` / `name=` (a param first: eps = 0, limit = -1), else "dims"."""
+    import re
+
+    for group, names in (("params", case.params), ("dims", dict(case.dim_items))):
+        for name in names:
+            if re.search(rf"\b{re.escape(name)} ?=", message):
+                return f"{group}.{name}"
+    return "dims"
+
 def closest(given: str, valid) -> str:
     """The valid names, comma-separated, closest to `given` first, at most CLOSEST_SHOWN of
     them and a count of the rest (every bad-name message)."""
@@ -122,7 +134,7 @@ def _case(where: str, raw, ops) -> Case:
         raise bad("dims", f"{case.short()}: {' and '.join(zeros) or 'a dim'} at 0 divides by "
                   "zero in the op's domain check: give each dim at least 1") from None
     if outside:
-        raise bad("dims", f"{case.short()} params {case.params}: {outside}")
+        raise bad(domain_field(case, outside), f"{case.short()} params {case.params}: {outside}")
     # after the domain: where the op's own domain refuses the case, its reason is the better one
     empty = empty_output_error(case)
     if empty:

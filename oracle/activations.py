@@ -86,9 +86,22 @@ elementwise_op("silu_mul", "activations", ("gate", "up"), silu_mul, silu_mul_ker
                flops_per_elem=5, doc=__doc__, chain_input="gate", params={"rounding": "once"},
                param_values={"rounding": ("once", "act")}, conventions=("rounding",))
 
+def clamp_domain(case) -> None:
+    """limit > 0 and finite, alpha finite, each as f32 (what the kernel reads): a limit <= 0
+    inverts clip's bounds (numpy and torch then return the upper bound everywhere, HF's
+    GPT-OSS code never meets it), inf or NaN leaves the clamp undefined or void."""
+    limit, alpha = (float(np.float32(case.params[k])) for k in ("limit", "alpha"))
+    if not (np.isfinite(limit) and limit > 0):
+        raise ValueError(f"{case.op}: limit = {case.params['limit']} must be a finite number "
+                         f"> 0 in f32 (the clamp's bound; GPT-OSS uses 7.0)")
+    if not np.isfinite(alpha):
+        raise ValueError(f"{case.op}: alpha = {case.params['alpha']} must be finite in f32 "
+                         f"(the sigmoid's slope; GPT-OSS uses 1.702)")
+
+
 # gate and up straddle the clamps: the case's distribution times limit / 2 (`cases/activations`)
 elementwise_op("clipped_swiglu", "activations", ("gate", "up"), clipped_swiglu,
                clipped_swiglu_kernel, flops_per_elem=9, doc=__doc__, chain_input="gate",
                params={"limit": 7.0, "alpha": 1.702, "gate_clamp": "max"},
                param_values={"gate_clamp": ("max", "both")},
-               inits={"gate": "clipped", "up": "clipped"})
+               inits={"gate": "clipped", "up": "clipped"}, domain=clamp_domain)

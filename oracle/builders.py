@@ -41,12 +41,13 @@ def silu(z: np.ndarray) -> np.ndarray:
 def elementwise_op(name: str, family: str, inputs: tuple[str, ...], oracle, kernel,
                    flops_per_elem: int, doc: str, params: dict | None = None,
                    version: int = 1, chain_input: str = "", param_values: dict | None = None,
-                   inits: dict | None = None, conventions: tuple[str, ...] = ()) -> OpSpec:
+                   inits: dict | None = None, conventions: tuple[str, ...] = (),
+                   domain=None) -> OpSpec:
     """Register `name`: inputs `inputs` and output `out`, all [rows, n] in T; `oracle(inputs,
     case)` returns {"out": float64 pre-store values}, `kernel(A, inputs, case)` the admissible
     kernel's computation (`oracle/numerics.py`), from which the tolerance is derived;
     `chain_input`: the input the op before it writes (`OpSpec.chain_input`); `inits`: an
-    input's init where it is not "data" (`TensorSpec.init`)."""
+    input's init where it is not "data" (`TensorSpec.init`); `domain`: `OpSpec.domain`."""
     inits = inits or {}
     return register(OpSpec(
         name=name, family=family, dims=("rows", "n"),
@@ -56,4 +57,4 @@ def elementwise_op(name: str, family: str, inputs: tuple[str, ...], oracle, kern
         bytes=lambda case: case.spec.io_bytes(case),
         flops=lambda case: flops_per_elem * case.dims["rows"] * case.dims["n"],
         params={"ftz": 0, **(params or {})}, param_values=param_values or {}, doc=doc,
-        version=version, chain_input=chain_input, conventions=conventions))
+        version=version, chain_input=chain_input, conventions=conventions, domain=domain))

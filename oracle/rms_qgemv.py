@@ -21,6 +21,8 @@ impl's declared order, the divide, + eps, rsqrt at 2 ULP), n_d = x_d * nw_d * in
 association (two roundings, carried into every term), then the GEMV on n_d as
 `oracle.gemv.gemv_kernel_on` (the worse of dequantize-then-dot and the algebraic split), and the
 store. An all-zero x gives out = 0 and a bound of exactly 0 (every term is an exact zero).
+Domain: as rms_norm's (`oracle.norms.eps_domain`): eps = 0 with `tiny` x in f32 / bf16, where
+every x² underflows and a correct kernel's rsqrt(0) is inf, is refused.
 Against the seed: its test_kernel tolerance is 2e-1 absolute at outputs of order 10 for every
 dtype (2e-2 relative), its legacy test a max relative error of 5e-3 / 2e-2 / 5e-2 for f32 / f16 /
 bf16; the loosest acceptable bound relative to the output is the tighter of the two
@@ -32,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from oracle.gemv import GROUPS, W_WORDS, gemv_kernel_on, weights_kernel
-from oracle.norms import inv_kernel, kernel_view, rms_inv_rows
+from oracle.norms import eps_domain, inv_kernel, kernel_view, rms_inv_rows
 from oracle.quant import dequantize
 from oracle.spec import OpSpec, TensorSpec, get_op, register
 
@@ -87,4 +89,4 @@ register(OpSpec(
     # the GEMV's multiply-add per weight, plus the norm's square-add and two multiplies per x
     flops=lambda case: 2 * case.dims["out"] * case.dims["in"] + 4 * case.dims["in"],
     params={"eps": 1e-6, "ftz": 0}, doc=rms_norm_qgemv.__doc__, inf_may_be_nan=True,
-    chain_input="x"))
+    chain_input="x", domain=eps_domain("x")))

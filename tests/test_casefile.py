@@ -150,4 +150,4 @@ def test_a_case_outside_its_ops_domain_is_refused_at_load(tmp_path):
     path = _file(tmp_path, [case])
     with pytest.raises(CaseFileError) as err:
         load_cases(path)
-    assert "field 'dims'" in str(err.value) and "appends 7: more than max_len=16" in str(err.value)
+    assert "field 'dims.max_len'" in str(err.value) and "appends 7: more than max_len=16" in str(err.value)

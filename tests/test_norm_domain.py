@@ -24,7 +24,8 @@ FAMILY = {"rms_norm": {"rows": 3, "n": 64}, "rms_norm_residual": {"rows": 3, "n"
           "add_rms_norm": {"rows": 3, "n": 64}, "rms_inv": {"rows": 3, "n": 64},
           "gated_mixer_norm": {"rows": 3, "n": 64},
           "rms_norm_per_head": {"batch": 1, "tokens": 2, "heads": 2, "head_dim": 64},
-          "gated_group_rmsnorm": {"rows": 3, "dim": 64, "groups": 2}}  # oracle/gated_norm.py
+          "gated_group_rmsnorm": {"rows": 3, "dim": 64, "groups": 2},  # oracle/gated_norm.py
+          "rms_norm_qgemv": {"out": 16, "in": 256, "bits": 4, "group_size": 64}}  # rms_qgemv.py
 
 
 def _check(tmp_path, cases, *extra):
@@ -106,5 +107,22 @@ def test_no_generated_gate_case_is_refused(op):
     assert cases and get_op(op).domain is not None
     refused = [(c.short(), c.params) for c in cases if get_op(op).domain_error(c)]
     assert refused == [], refused[:5]
-    # the loop covers the rule's neighbourhood: tiny data in f32 (with eps > 0) is generated
-    assert any(c.dist == "tiny" and c.dtype == "f32" for c in cases)
+    # the loop covers the rule's neighbourhood: tiny data (with eps > 0) is generated, in f32
+    # (rms_norm_qgemv's gate draws tiny only in f16)
+    assert any(c.dist == "tiny" and c.dtype == ("f16" if op == "rms_norm_qgemv" else "f32")
+               for c in cases)
+
+
+def test_clipped_swiglu_refuses_a_clamp_bound_that_is_not_a_positive_finite_f32():
+    """limit <= 0 inverts the clip (numpy and torch then give the upper bound everywhere), inf
+    or NaN voids it; alpha must be finite. The defaults and any positive limit are in."""
+    def why(**params):
+        return get_op("clipped_swiglu").domain_error(
+            Case.make("clipped_swiglu", {"rows": 2, "n": 64}, "f32", params=params))
+
+    for bad in (0.0, -1.0, float("inf"), float("nan"), 1e39):  # 1e39: inf in f32
+        assert "limit = " in why(limit=bad) and "> 0 in f32" in why(limit=bad), bad
+    assert "alpha = " in why(alpha=float("inf"))
+    assert why() == "" and why(limit=0.5, alpha=-1.0) == ""
+    assert all(get_op("clipped_swiglu").domain_error(c) == ""
+               for c in gate_cases("clipped_swiglu"))
