@@ -304,10 +304,28 @@ def _flops(case) -> int:
     return 4 * d["batch"] * d["heads"] * kv_read(case) * d["head_dim"]
 
 
+def counts_domain(case) -> None:
+    """`window`, `sink_end` and `splits` count keys or splits: 0 (none, or the kernel's own
+    choice) or more. A negative count has no meaning (torch's sliding-window mask and the
+    oracle's `visible` read -3 differently, so a correct torch impl failed)."""
+    for name in ("window", "sink_end", "splits"):
+        value = case.params.get(name, 0)
+        if value < 0:
+            raise ValueError(f"{case.op}: {name} = {value} must be 0 or more (0: "
+                             + ("no window)" if name == "window" else "none)" if name == "sink_end"
+                                else "the kernel's own split count)"))
+
+
+def decode_domain(case) -> None:
+    counts_domain(case)
+    if "num_pages" in case.dims:
+        paged_pool_fits(case)
+
+
 COMMON = dict(family="attention", outputs=(TensorSpec("out", Q),), oracle=sdpa_decode,
               tolerance=None, kernel=sdpa_kernel, bytes=_bytes, flops=_flops, params=PARAMS,
               param_values=PARAM_VALUES, doc=__doc__, chain_input="q", inf_may_be_nan=True,
-              plant=lambda inputs, case: plant_scores(inputs, case))
+              plant=lambda inputs, case: plant_scores(inputs, case), domain=decode_domain)
 
 register(OpSpec(
     name="sdpa_decode", dims=("batch", "heads", "kv_heads", "head_dim", "max_len"),
@@ -330,7 +348,7 @@ def paged_pool_fits(case) -> None:
 
 
 register(OpSpec(
-    name="sdpa_decode_paged", domain=paged_pool_fits,
+    name="sdpa_decode_paged",
     dims=("batch", "heads", "kv_heads", "head_dim", "page_size", "max_pages", "num_pages"),
     inputs=(TensorSpec("lengths", LENGTHS, role="i32", init="seq_lens", adversarial=False),
             TensorSpec("page_table", TABLE, role="i32", init="page_table", adversarial=False),
@@ -523,6 +541,7 @@ def _varlen(case) -> list[tuple[int, int, int, int]]:
             or any(q < 1 for q in q_lens):
         raise ValueError(f"sdpa_prefill_varlen: q_lens {list(q_lens)}, k_lens {list(k_lens)}: "
                          "one of each per sequence, 1 <= q_len <= k_len")
+    counts_domain(case)
     qo, ko = np.cumsum([0, *q_lens]), np.cumsum([0, *k_lens])
     return [(int(qo[b]), q, int(ko[b]), k) for b, (q, k) in enumerate(zip(q_lens, k_lens))]
 
