@@ -15,9 +15,21 @@ nothing). The mistakes (`MISTAKES`), each applied to every output it fits:
     zeros            every output all zero bits (a kernel that wrote nothing to a zeroed buffer)
     swap_rows        rows 0 and 1 swapped (outputs of at least two rows)
 
+and four that need to know the op (`RUN_MISTAKES`: each edits what the impl reads, or the
+state it writes, through the op's spec):
+
+    eps_x10          the impl run with the case's `eps` param times 10 (ops with an eps)
+    code_pm1         bit 0 of the first word or byte of each packed-code input flipped: its first
+                     quant code off by one (inputs with init "codes", and FP4's `codes`)
+    drop_last_term   the chain input's last element along its last axis zeroed: a loop one
+                     short, so a reduction over that axis (a GEMV's dot, a norm's sum of squares,
+                     attention's q.k) loses its last term (elementwise ops: their last column)
+    stale_state      each state output (its name holds "state") left as the state input of the
+                     same shape (`state_in`, `h0`, `conv_state_in`): the update not written
+
 A case where the mistake fits no output is not counted for it ("n/a"); a case where it fits but
 changes no bit (e.g. row 0 already zero) is counted, and passes: the audit reports what the
-gate would see. Op-specific mistakes are not planted in this first version (`SKIPPED`).
+gate would see.
 
 A case that passes the `zeros` mistake although the mistake changed its outputs admits the
 all-zero output where the exact answer is not zero: `zero_admitting` lists such cases over the
@@ -39,13 +51,6 @@ from oracle.dtypes import FLOAT_DTYPES, _from_ordered, eps, ordered_bits, round_
 
 PREFERRED_BACKENDS = ("torch", "mlx")  # the CPU backends here, in order of preference
 
-# The issue's op-specific mistakes, not planted in this first version.
-SKIPPED = {
-    "drop_last_term": "the last reduction term dropped: needs each op's reduction axis",
-    "eps_x10": "eps x 10: needs the op's eps param and a re-run, not an output edit",
-    "quant_code_pm1": "a quant code +- 1: needs the op's packed code layout",
-    "state_not_updated": "a state not updated: needs to know which output is the new state",
-}
 
 # {op: {mistake: why the op's contract admits it}}: an uncaught mistake listed here does not
 # fail the audit. Each entry needs a reason from the op's tolerance (found by `kparity bite
@@ -139,6 +144,63 @@ MISTAKES: dict[str, Callable[[np.ndarray, str], np.ndarray | None]] = {
 }
 
 
+# --- mistakes that need the op: edits of the case or the inputs before the run, or of the state
+# after it. Each takes (case, host inputs {name: array}) and returns (case, edited inputs) or None
+# (does not fit); `stale_state` returns the outputs to replace after the run instead.
+
+STATE_INPUTS = ("state_in", "h0", "conv_state_in")
+
+
+def eps_x10(case, host: dict):
+    if "eps" not in case.spec.params:
+        return None
+    return case.replace(eps=float(case.params["eps"]) * 10), {}
+
+
+def code_pm1(case, host: dict):
+    names = [t.name for t in case.spec.inputs
+             if (t.init == "codes" or t.name == "codes") and host[t.name].size]
+    if not names:
+        return None
+    edited = {}
+    for name in names:
+        a = np.array(host[name], copy=True)
+        a.reshape(-1)[:1] ^= 1  # the first code's lowest bit: that code +- 1
+        edited[name] = a
+    return case, edited
+
+
+def drop_last_term(case, host: dict):
+    name = case.spec.chain_input
+    a = host.get(name)
+    spec = next((t for t in case.spec.inputs if t.name == name), None)
+    if a is None or a.ndim == 0 or a.shape[-1] < 2 or spec.dtype(case) not in FLOAT_DTYPES:
+        return None
+    a = np.array(a, copy=True)
+    a[..., -1] = 0
+    return case, {name: a}
+
+
+def stale_state(case, host: dict):
+    out = {}
+    for t in case.spec.outputs:
+        if "state" not in t.name:
+            continue
+        for name in STATE_INPUTS:
+            if name in host and tuple(host[name].shape) == tuple(t.shape_of(case)):
+                out[t.name] = host[name]
+                break
+    return out or None
+
+
+RUN_MISTAKES: dict[str, Callable] = {
+    "eps_x10": eps_x10,
+    "code_pm1": code_pm1,
+    "drop_last_term": drop_last_term,
+    "stale_state": stale_state,
+}
+
+
 # --- the reference impl and its planted copies ---------------------------------------------------
 
 def reference_impl(op: str, backends=PREFERRED_BACKENDS):
@@ -159,10 +221,55 @@ def reference_impl(op: str, backends=PREFERRED_BACKENDS):
     return None
 
 
+def _host_inputs(backend, inputs: dict, case) -> dict:
+    return {t.name: backend.to_host(inputs[t.name], t.dtype(case)).reshape(t.shape_of(case))
+            for t in case.spec.inputs if t.name in inputs}
+
+
+def planted_run(impl, backend, mistake: str, fn, seen: dict):
+    """`impl` with the op-specific mistake `fn` (`RUN_MISTAKES`) planted: the case or inputs
+    edited before the run, or (stale_state) the state outputs replaced after it. `seen` as
+    `planted`'s."""
+    def run(launch, inputs, outputs, case):
+        host = _host_inputs(backend, inputs, case)
+        seen["applied"], seen["changed"] = False, False
+        if fn is stale_state:
+            returned = impl.run(launch, inputs, outputs, case)
+            backend.synchronize()
+            stale = stale_state(case, host)
+            if not stale:
+                return returned
+            new = dict(returned or {})
+            for name, old in stale.items():
+                arr = new.get(name, outputs[name])
+                now = backend.to_host(arr, next(t for t in case.spec.outputs
+                                                if t.name == name).dtype(case))
+                seen["applied"] = True
+                seen["changed"] |= np.ascontiguousarray(now).tobytes() != \
+                    np.ascontiguousarray(old).tobytes()
+                new[name] = backend.to_device(np.ascontiguousarray(old))
+            return new
+        edit = fn(case, host)
+        if edit is None:
+            return impl.run(launch, inputs, outputs, case)
+        run_case, edited = edit
+        seen["applied"] = True
+        seen["changed"] = run_case.params != case.params or any(
+            np.ascontiguousarray(a).tobytes() != np.ascontiguousarray(host[k]).tobytes()
+            for k, a in edited.items())
+        given = {**inputs, **{k: backend.to_device(np.ascontiguousarray(a))
+                              for k, a in edited.items()}}
+        return impl.run(launch, given, outputs, run_case)
+    return dataclasses.replace(impl, name=f"{impl.name}~{mistake}", run=run)
+
+
 def planted(impl, backend, mistake: str, fn, seen: dict):
     """`impl` with `fn` applied to each of its outputs after it ran, as a new (unregistered)
     Impl whose run returns fresh device arrays. `seen` gets, per call, whether the mistake fit
     some output ("applied") and whether it changed any bit ("changed")."""
+    if mistake in RUN_MISTAKES:
+        return planted_run(impl, backend, mistake, fn, seen)
+
     def run(launch, inputs, outputs, case):
         returned = impl.run(launch, inputs, outputs, case)
         backend.synchronize()
@@ -222,7 +329,7 @@ def audit_op(impl, dtypes=None, mistakes=None, tier: str = "commit") -> OpAudit:
     from cases.generate import Work, plan
     from runners.correctness import check
 
-    mistakes = MISTAKES if mistakes is None else mistakes
+    mistakes = {**MISTAKES, **RUN_MISTAKES} if mistakes is None else mistakes
     backend = gpu_impls.backend(impl.backend)
     work = plan([impl], dtypes=dtypes, tier=tier, invalid=False)
     result = OpAudit(impl.op, impl.id, {}, {}, {})

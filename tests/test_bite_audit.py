@@ -68,6 +68,7 @@ def test_exit_code_follows_the_table(rms_norm_f32, capsys):
 def test_toothless_mistake_is_reported_and_fails_the_audit(rms_norm_f32, monkeypatch, capsys):
     caught_only = {"zero_row": bite.zero_row}
     monkeypatch.setattr(bite, "MISTAKES", caught_only)
+    monkeypatch.setattr(bite, "RUN_MISTAKES", {})
     assert main(ARGS) == 0  # the control: a mistake the gate catches, alone, exits 0
     capsys.readouterr()
     monkeypatch.setattr(bite, "MISTAKES", {**caught_only, "noop": lambda host, dtype: host})
@@ -81,8 +82,38 @@ def test_toothless_mistake_is_reported_and_fails_the_audit(rms_norm_f32, monkeyp
 
 def test_admitted_mistake_does_not_fail_the_audit(monkeypatch, capsys):
     monkeypatch.setattr(bite, "MISTAKES", {"noop": lambda host, dtype: host})
+    monkeypatch.setattr(bite, "RUN_MISTAKES", {})
     monkeypatch.setattr(bite, "ADMITTED", {"rms_norm": {"noop": "changes nothing (a test)"}})
     assert main(ARGS) == 0
     out = capsys.readouterr().out
     assert "uncaught:" not in out and "admitted: rms_norm noop passes all" in out
     assert "0 of 1 (op, mistake) caught, 1 admitted, 0 uncaught" in out
+
+
+def test_op_specific_mistakes_edit_what_they_say():
+    from cases.model import Case, make_inputs
+
+    norm = Case.make("rms_norm", {"rows": 3, "n": 64}, "f32", params={"eps": 1e-5})
+    assert bite.eps_x10(norm, {})[0].params["eps"] == 1e-4
+    gemv = Case.make("dequant_gemv", {"out": 16, "in": 256, "bits": 4, "group_size": 64}, "f32")
+    host = make_inputs(gemv)
+    assert bite.eps_x10(gemv, host) is None  # no eps
+    _, edited = bite.code_pm1(gemv, host)
+    w, w0 = edited["w"].reshape(-1), host["w"].reshape(-1)
+    assert (w[0] ^ w0[0]) == 1 and (w[1:] == w0[1:]).all()  # code 0 of row 0, +- 1
+    _, edited = bite.drop_last_term(gemv, host)
+    assert edited["x"][-1] == 0 and (edited["x"][:-1] == host["x"][:-1]).all()
+    assert bite.stale_state(gemv, host) is None and bite.code_pm1(norm, make_inputs(norm)) is None
+    step = Case.make("ssm_step", {"batch": 2, "heads": 2, "dim_p": 16, "dim_n": 16,
+                                  "groups": 1}, "f32")
+    inputs = make_inputs(step)
+    assert bite.stale_state(step, inputs)["state_out"] is inputs["state_in"]
+
+
+def test_a_state_left_unwritten_is_caught_on_ssm_step():
+    impl = bite.reference_impl("ssm_step")
+    if impl is None:
+        pytest.skip("no correct ssm_step impl runnable here")
+    a = bite.audit_op(impl, ["f32"], mistakes={"stale_state": bite.stale_state})
+    c = a.cells[("f32", "stale_state")]
+    assert c.n == a.cases["f32"] > 0 and c.failed == c.n

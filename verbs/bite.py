@@ -1,6 +1,7 @@
 """`kparity bite`: the bite audit (`runners/bite.py`). Each op's correct reference impl, wrapped in
 generic planted mistakes (outputs scaled by 1 + 4 eps or 1 + 16 eps, one element 2 ULPs off, a
-row zeroed, every output zeroed, two rows swapped), is checked over the op's commit-tier cases; per op x dtype x
+row zeroed, every output zeroed, two rows swapped; eps x 10, a quant code off by one, the last
+reduction term dropped, a state not updated), is checked over the op's commit-tier cases; per op x dtype x
 mistake, the fraction of cases that fail. Exit 1 if some mistake the op does not admit
 (`runners.bite.ADMITTED`) passes every case of an op."""
 
@@ -57,11 +58,10 @@ def cmd_bite(args) -> int:
         console.print("[red]nothing could run:[/] no selected op has a correct impl on an "
                       "available backend here")
         return 3
-    console.print(table(audits, list(bite.MISTAKES)))
+    console.print(table(audits, [*bite.MISTAKES, *bite.RUN_MISTAKES]))
     console.print("cell: cases failing / cases counted (+u: the mistake changed no bit in u of "
-                  "them); n/a: fits no output; cases the unmutated impl fails are left out. Not "
-                  "planted in this version (op-specific): "
-                  + ", ".join(bite.SKIPPED), style="dim", soft_wrap=True)
+                  "them); n/a: fits no output; cases the unmutated impl fails are left out "
+                  "(runners/bite.py says what each mistake does)", style="dim", soft_wrap=True)
     passing = bite.uncaught(audits, admitted={})  # every (op, mistake) no case caught
     misses = bite.uncaught(audits)
     errors = bite.errored(audits)
