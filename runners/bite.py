@@ -23,7 +23,9 @@ state it writes, through the op's spec):
                      quant code off by one (inputs with init "codes", and FP4's `codes`)
     drop_last_term   the chain input's last element along its last axis zeroed: a loop one
                      short, so a reduction over that axis (a GEMV's dot, a norm's sum of squares,
-                     attention's q.k) loses its last term (elementwise ops: their last column)
+                     attention's q.k) loses its last term (elementwise ops: their last column;
+                     n/a where that element is already zero, e.g. gdn_solve_tril's strictly
+                     lower-triangular A)
     stale_state      each state output (its name holds "state") left as the state input of the
                      same shape (`state_in`, `h0`, `conv_state_in`): the update not written
 
@@ -60,6 +62,10 @@ ADMITTED: dict[str, dict[str, str]] = {
         "ulp2": "gc is f32 and its bound is the any-order prefix sum's (i/2) u sum|g_m| "
                 "(CUMSUM_DOC, oracle/gdn_chunked.py) >= (i/2) u |gc_i|: 2 ULP <= 4 u |gc_i| is "
                 "inside it from the 8th token of a chunk on"},
+    "gdn_solve_tril": {
+        "drop_last_term": "the op reads only A's strictly lower triangle (SOLVE_DOC, "
+                          "oracle/gdn_chunked.py), whose last column is empty: zeroing the "
+                          "chain input's last column changes nothing it reads"},
     "gdn_kkt": {
         "scale4": "A is f32; its bound holds the K-term dot in any order ((K/2) u sum|k_i k_j|, "
                   "K >= 16) and k_i beta_i held in T (u_T) (KKT_DOC, oracle/gdn_chunked.py): "
@@ -253,10 +259,12 @@ def planted_run(impl, backend, mistake: str, fn, seen: dict):
         if edit is None:
             return impl.run(launch, inputs, outputs, case)
         run_case, edited = edit
-        seen["applied"] = True
-        seen["changed"] = run_case.params != case.params or any(
+        # an edit that changes no bit of what the impl reads (drop_last_term on a strictly
+        # lower-triangular A, whose last column is zero) is the correct program: n/a
+        seen["applied"] = run_case.params != case.params or any(
             np.ascontiguousarray(a).tobytes() != np.ascontiguousarray(host[k]).tobytes()
             for k, a in edited.items())
+        seen["changed"] = seen["applied"]
         given = {**inputs, **{k: backend.to_device(np.ascontiguousarray(a))
                               for k, a in edited.items()}}
         return impl.run(launch, given, outputs, run_case)
@@ -307,7 +315,7 @@ class Cell:
     errors: int = 0
     unchanged: int = 0
     messages: list = field(default_factory=list)
-    slipped: list = field(default_factory=list)  # ids of cases passed though the mistake changed bits
+    slipped: list = field(default_factory=list)  # cases passed though the mistake changed bits
 
     @property
     def passed(self) -> int:
@@ -353,7 +361,7 @@ def audit_op(impl, dtypes=None, mistakes=None, tier: str = "commit") -> OpAudit:
             cell.n += 1
             if row["status"] == "pass":
                 if seen.get("changed", True):
-                    cell.slipped.append(w.case.id)
+                    cell.slipped.append(w.case)
                 else:
                     cell.unchanged += 1
             elif row["status"] == "error":

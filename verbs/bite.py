@@ -72,12 +72,17 @@ def cmd_bite(args) -> int:
         if why:
             console.print(escape(f"admitted: {op} {m} passes all {n} cases: {why}"),
                           style="dim", soft_wrap=True)
-    for a in audits:  # cases a kernel that writes nothing would pass (issue 49 item 3)
-        slipped = [cid for (_, m), c in a.cells.items() if m == "zeros" for cid in c.slipped]
+    for a in audits:  # cases a kernel that writes nothing would pass (issue 49 item 3), where
+        # the right answer in T is not zero (`bite.admits_zeros`)
+        slipped = [case for (_, m), c in a.cells.items() if m == "zeros" for case in c.slipped
+                   if bite.admits_zeros(case)]
         if slipped:
+            why = next((r for (op, dist), r in bite.ZERO_ADMITTED.items()
+                        if op == a.op and all(c.dist == dist for c in slipped)), None)
             console.print(escape(f"admits the all-zero output: {a.op}, {len(slipped)} case(s) "
-                                 f"(e.g. {slipped[0]}; `kparity cases --op {a.op}`)"),
-                          style="yellow", soft_wrap=True)
+                                 f"({', '.join(sorted({c.dist for c in slipped}))}; e.g. case "
+                                 f"{slipped[0].id})" + (f": {why}" if why else "")),
+                          style="dim" if why else "yellow", soft_wrap=True)
     for c in errors:
         console.print(escape(f"error: {c.op} {c.dtype} {c.mistake}: {c.errors} case(s) raised; "
                              f"{c.messages[0] if c.messages else ''}"), style="red", soft_wrap=True)
