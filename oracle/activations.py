@@ -90,7 +90,8 @@ def clamp_domain(case) -> None:
     """limit > 0 and finite, alpha finite, each as f32 (what the kernel reads): a limit <= 0
     inverts clip's bounds (numpy and torch then return the upper bound everywhere, HF's
     GPT-OSS code never meets it), inf or NaN leaves the clamp undefined or void."""
-    limit, alpha = (float(np.float32(case.params[k])) for k in ("limit", "alpha"))
+    with np.errstate(over="ignore"):  # a value past f32's range reads as inf: refused below
+        limit, alpha = (float(np.float32(case.params[k])) for k in ("limit", "alpha"))
     if not (np.isfinite(limit) and limit > 0):
         raise ValueError(f"{case.op}: limit = {case.params['limit']} must be a finite number "
                          f"> 0 in f32 (the clamp's bound; GPT-OSS uses 7.0)")
