@@ -308,12 +308,12 @@ def counts_domain(case) -> None:
     """`window`, `sink_end` and `splits` count keys or splits: 0 (none, or the kernel's own
     choice) or more. A negative count has no meaning (torch's sliding-window mask and the
     oracle's `visible` read -3 differently, so a correct torch impl failed)."""
-    for name in ("window", "sink_end", "splits"):
+    zero_means = {"window": "no window", "sink_end": "no sink tokens",
+                  "splits": "the kernel's own split count"}
+    for name, meaning in zero_means.items():
         value = case.params.get(name, 0)
         if value < 0:
-            raise ValueError(f"{case.op}: {name} = {value} must be 0 or more (0: "
-                             + ("no window)" if name == "window" else "none)" if name == "sink_end"
-                                else "the kernel's own split count)"))
+            raise ValueError(f"{case.op}: {name} = {value} must be 0 or more (0: {meaning})")
 
 
 def decode_domain(case) -> None:

@@ -232,39 +232,21 @@ def _host_inputs(backend, inputs: dict, case) -> dict:
             for t in case.spec.inputs if t.name in inputs}
 
 
-def planted_run(impl, backend, mistake: str, fn, seen: dict):
-    """`impl` with the op-specific mistake `fn` (`RUN_MISTAKES`) planted: the case or inputs
-    edited before the run, or (stale_state) the state outputs replaced after it. `seen` as
-    `planted`'s."""
+def planted_inputs(impl, backend, mistake: str, fn, seen: dict):
+    """`impl` run on what the input mistake `fn` (`eps_x10`, `code_pm1`, `drop_last_term`)
+    edited: the case's params or some inputs. `seen` as `planted`'s."""
     def run(launch, inputs, outputs, case):
         host = _host_inputs(backend, inputs, case)
-        seen["applied"], seen["changed"] = False, False
-        if fn is stale_state:
-            returned = impl.run(launch, inputs, outputs, case)
-            backend.synchronize()
-            stale = stale_state(case, host)
-            if not stale:
-                return returned
-            new = dict(returned or {})
-            for name, old in stale.items():
-                arr = new.get(name, outputs[name])
-                now = backend.to_host(arr, next(t for t in case.spec.outputs
-                                                if t.name == name).dtype(case))
-                seen["applied"] = True
-                seen["changed"] |= np.ascontiguousarray(now).tobytes() != \
-                    np.ascontiguousarray(old).tobytes()
-                new[name] = backend.to_device(np.ascontiguousarray(old))
-            return new
         edit = fn(case, host)
         if edit is None:
+            seen["applied"] = seen["changed"] = False
             return impl.run(launch, inputs, outputs, case)
         run_case, edited = edit
         # an edit that changes no bit of what the impl reads (drop_last_term on a strictly
         # lower-triangular A, whose last column is zero) is the correct program: n/a
-        seen["applied"] = run_case.params != case.params or any(
+        seen["applied"] = seen["changed"] = run_case.params != case.params or any(
             np.ascontiguousarray(a).tobytes() != np.ascontiguousarray(host[k]).tobytes()
             for k, a in edited.items())
-        seen["changed"] = seen["applied"]
         given = {**inputs, **{k: backend.to_device(np.ascontiguousarray(a))
                               for k, a in edited.items()}}
         return impl.run(launch, given, outputs, run_case)
@@ -273,12 +255,19 @@ def planted_run(impl, backend, mistake: str, fn, seen: dict):
 
 def planted(impl, backend, mistake: str, fn, seen: dict):
     """`impl` with `fn` applied to each of its outputs after it ran, as a new (unregistered)
-    Impl whose run returns fresh device arrays. `seen` gets, per call, whether the mistake fit
-    some output ("applied") and whether it changed any bit ("changed")."""
-    if mistake in RUN_MISTAKES:
-        return planted_run(impl, backend, mistake, fn, seen)
+    Impl whose run returns fresh device arrays (an input mistake: `planted_inputs`;
+    `stale_state` replaces the state outputs by the state inputs). `seen` gets, per call,
+    whether the mistake fit some output ("applied") and whether it changed any bit
+    ("changed")."""
+    if fn in (eps_x10, code_pm1, drop_last_term):
+        return planted_inputs(impl, backend, mistake, fn, seen)
 
     def run(launch, inputs, outputs, case):
+        if fn is stale_state:
+            stale = stale_state(case, _host_inputs(backend, inputs, case)) or {}
+            edit = lambda host, dtype, name: stale.get(name)  # noqa: E731
+        else:
+            edit = lambda host, dtype, name: fn(host, dtype)  # noqa: E731
         returned = impl.run(launch, inputs, outputs, case)
         backend.synchronize()
         new, seen["applied"], seen["changed"] = {}, False, False
@@ -288,7 +277,7 @@ def planted(impl, backend, mistake: str, fn, seen: dict):
                 arr = outputs[t.name]
             dtype = t.dtype(case)
             host = backend.to_host(arr, dtype).reshape(t.shape_of(case))
-            bad = fn(host, dtype)
+            bad = edit(host, dtype, t.name)
             if bad is None:
                 new[t.name] = arr
                 continue
@@ -417,17 +406,18 @@ def admits_zeros(case, numerics=None) -> bool | None:
 
 
 def representatives(op: str) -> list:
-    """One gate case per (label, dist, dtype) of the op: the smallest (elements of its
-    dims' product), every preset and generator label each distribution meets."""
+    """One gate case per (label, dist, dtype) of the op: the cheapest (`case_cost`), every
+    preset and generator label each distribution meets."""
     from cases.generate import gate_cases
+
+    from cases.tiers import case_cost
 
     best: dict = {}
     for case in gate_cases(op):
         key = (case.label, case.dist, case.dtype)
-        size = int(np.prod([max(int(v), 1) for v in case.dims.values()] or [1]))
-        if key not in best or size < best[key][0]:
-            best[key] = (size, case)
-    return [c for _, c in best.values()]
+        if key not in best or case_cost(case) < case_cost(best[key]):
+            best[key] = case
+    return list(best.values())
 
 
 # {(op, dist): why}: the gate cases that admit the all-zero output by design (each a reason from
