@@ -41,7 +41,6 @@ class CaseFileError(ValueError):
 CLOSEST_SHOWN = 12  # names a bad-name message lists; 400 impl names help no one
 
 
-
 def domain_field(case, message: str) -> str:
     """The field an op's domain refusal blames: the param or dim its message names as
     `name =` / `name=` (a param first: eps = 0, limit = -1), else "dims"."""
@@ -52,6 +51,7 @@ def domain_field(case, message: str) -> str:
             if re.search(rf"\b{re.escape(name)} ?=", message):
                 return f"{group}.{name}"
     return "dims"
+
 
 def closest(given: str, valid) -> str:
     """The valid names, comma-separated, closest to `given` first, at most CLOSEST_SHOWN of
