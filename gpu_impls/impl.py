@@ -66,8 +66,10 @@ class Impl:
     host_sync: str = ""
     # What the impl declares about its f32 arithmetic (`oracle/numerics.py`): the order of its
     # sums (default: any order, the bound that holds for every kernel) and its functions' ULPs.
-    # A declared order tightens the bound; it must be true of the impl on every device.
-    numerics: Numerics = DEFAULT_NUMERICS
+    # A declared order tightens the bound; it must be true of the impl on every device. A
+    # kernel whose order follows its launch geometry declares a function of the case
+    # (`numerics_for`).
+    numerics: Numerics | Callable[[object], Numerics] = DEFAULT_NUMERICS
     # Several launches, each with its own contract (see the module docstring); sets `contract`.
     launches: Mapping[str, Contract] | None = field(default=None, compare=False)
     # Set: a staged impl of a pipeline op (`gpu_impls/staged.py`): stage name -> the impl id
@@ -93,6 +95,17 @@ class Impl:
         if isinstance(self.batch_invariant, bool):
             return self.batch_invariant
         return device.startswith(self.batch_invariant)
+
+    def numerics_for(self, case) -> Numerics:
+        """What the impl declares for `case`, with its backend's function ULPs where it names
+        none: the numerics the case's bounds are computed for."""
+        numerics = self.numerics(case) if callable(self.numerics) else self.numerics
+        return numerics.on(self.backend)
+
+    @property
+    def declares_order(self) -> bool:
+        """Whether the impl declares the order of its sums (else every order is admitted)."""
+        return callable(self.numerics) or self.numerics.reduction.kind != "any"
 
     @property
     def id(self) -> str:

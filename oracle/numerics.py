@@ -45,6 +45,10 @@ sum it produces; which partial sums exist depends on the order the impl declares
                 bites where `any` cannot).
     lanes(L)    L lanes, lane j summing t_j, t_{j+L}, ... sequentially, then a balanced tree of
                 depth ceil(log2 L) over the lane totals (a SIMD group, a threadgroup).
+    plan        a kernel's exact order (`plan`): the term index split into digits (item,
+                warp, lane, accumulator, ...), reduced digit by digit, each step sequential,
+                a tree of adjacent pairs, or a butterfly (a warp's xor shuffles). A kernel
+                whose geometry follows the shape declares it per case (`Impl.numerics`).
 
 The errors of the additions feed the later partial sums; a first pass bounds the total with
 u = 2^-24 per addition and the factor 1 / (1 - count u), a second charges each addition half an
@@ -122,19 +126,37 @@ BACKEND_OVERFLOWS = {"mlx": {"exp": 88.0}}
 
 @dataclass(frozen=True)
 class Reduction:
-    """The order an impl sums n terms in: "any" (undeclared), "sequential" or "lanes" (L)."""
+    """The order an impl sums n terms in: "any" (undeclared), "sequential", "lanes" (L) or
+    "plan" (a kernel's exact order: `plan`)."""
 
     kind: str = "any"
     lanes: int = 1
+    # "plan" only: the term index as mixed-radix digits, outermost first ((name, size), ...),
+    # and the steps that reduce them, in the kernel's order ((names, how), ...).
+    layout: tuple[tuple[str, int], ...] = ()
+    steps: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        if self.kind not in ("any", "sequential", "lanes"):
-            raise ValueError(f"unknown reduction {self.kind!r}: any, sequential or lanes")
+        if self.kind not in ("any", "sequential", "lanes", "plan"):
+            raise ValueError(f"unknown reduction {self.kind!r}: any, sequential, lanes or plan")
         if self.kind == "lanes" and self.lanes < 2:
             raise ValueError("a lanes reduction needs at least 2 lanes")
+        if self.kind == "plan":
+            _check_plan(self.layout, self.steps)
 
     def __str__(self) -> str:
-        return f"lanes({self.lanes})" if self.kind == "lanes" else self.kind
+        if self.kind == "lanes":
+            return f"lanes({self.lanes})"
+        if self.kind == "plan":
+            digits = " ".join(f"{name}{size}" for name, size in self.layout)
+            return f"plan({digits}: " + ", ".join(f"{HOW_SHORT[how]}({names})"
+                                                  for names, how in self.steps) + ")"
+        return self.kind
+
+    @property
+    def terms(self) -> int:
+        """The most terms a plan covers (its digits' product)."""
+        return int(np.prod([size for _, size in self.layout]))
 
 
 ANY_ORDER = Reduction("any")
@@ -143,6 +165,50 @@ SEQUENTIAL = Reduction("sequential")
 
 def lanes(n: int) -> Reduction:
     return Reduction("lanes", n)
+
+
+# How a plan's step sums the terms along its digits (flattened, outermost first):
+#   sequential  one chain in index order (a thread's accumulator; a loop over warps' partials)
+#   pairwise    a balanced tree of adjacent pairs: (t0 + t1) + (t2 + t3), ...
+#   butterfly   a tree pairing i with i + m/2, then i + m/4, ...: a warp's __shfl_xor_sync
+#               loop from the highest offset down (m a power of two)
+HOW_SHORT = {"sequential": "seq", "pairwise": "pair", "butterfly": "xor"}
+
+
+def _check_plan(layout, steps) -> None:
+    names = [name for name, _ in layout]
+    if not layout or len(set(names)) != len(names):
+        raise ValueError(f"a plan's layout names each digit once: {layout}")
+    for name, size in layout:
+        if not (isinstance(size, int) and size >= 1):
+            raise ValueError(f"plan digit {name!r} has size {size!r}: an int >= 1")
+    seen = []
+    for step_names, how in steps:
+        if how not in HOW_SHORT:
+            raise ValueError(f"plan step {step_names!r}: how {how!r} is not one of "
+                             f"{sorted(HOW_SHORT)}")
+        digits = step_names.split()
+        unknown = [d for d in digits if d not in names]
+        if unknown or not digits:
+            raise ValueError(f"plan step {step_names!r} names digits {unknown or '(none)'} "
+                             f"outside the layout {names}")
+        size = int(np.prod([dict(layout)[d] for d in digits]))
+        if how == "butterfly" and size & (size - 1):
+            raise ValueError(f"plan step {step_names!r}: a butterfly over {size} terms needs a "
+                             "power of two")
+        seen += digits
+    if sorted(seen) != sorted(names):
+        raise ValueError(f"a plan's steps reduce every digit exactly once: layout {names}, "
+                         f"steps reduce {seen}")
+
+
+def plan(layout: Mapping[str, int], *steps: tuple[str, str]) -> Reduction:
+    """A kernel's exact summation order. `layout`: term i's index written as digits, outermost
+    first (i = ((d_0 * s_1 + d_1) * s_2 + d_2) ..., e.g. {"item": 4, "thread": 256, "acc": 4});
+    terms past n are absent (never added). `steps`: (digits, how) in the order the kernel
+    reduces them, e.g. ("item", "sequential"), ("acc", "pairwise"), ("thread", "butterfly")."""
+    return Reduction("plan", layout=tuple((str(k), int(v)) for k, v in layout.items()),
+                     steps=tuple((str(names), str(how)) for names, how in steps))
 
 
 @dataclass(frozen=True)
@@ -484,6 +550,57 @@ def _lane_partials(v: np.ndarray, n_lanes: int) -> np.ndarray:
     return np.concatenate(real, axis=-1)
 
 
+def _reduce_last(x: np.ndarray, count: np.ndarray, how: str):
+    """One plan step over the last axis of x (`count`: the terms each slot holds, x's trailing
+    shape): (the totals, their counts, the partial sums its real additions form). An addition
+    with an absent operand (no terms: the kernel adds an exact 0) forms nothing."""
+    if how == "sequential":
+        run, held = np.cumsum(x, axis=-1), np.cumsum(count, axis=-1)
+        real = (count[..., 1:] > 0) & (held[..., :-1] > 0)
+        return run[..., -1], held[..., -1], run[..., 1:][..., real]
+    formed = [np.zeros(x.shape[:x.ndim - count.ndim] + (0,))]
+    while x.shape[-1] > 1:
+        if how == "pairwise":
+            if x.shape[-1] % 2:  # the odd one out rises a level alone
+                x = np.concatenate([x, np.zeros(x.shape[:-1] + (1,))], axis=-1)
+                count = np.concatenate([count, np.zeros(count.shape[:-1] + (1,), int)], axis=-1)
+            a, b, ca, cb = x[..., 0::2], x[..., 1::2], count[..., 0::2], count[..., 1::2]
+        else:  # butterfly: i with i + m/2
+            h = x.shape[-1] // 2
+            a, b, ca, cb = x[..., :h], x[..., h:], count[..., :h], count[..., h:]
+        x, count = a + b, ca + cb
+        formed.append(x[..., (ca > 0) & (cb > 0)])
+    return x[..., 0], count[..., 0], np.concatenate(formed, axis=-1)
+
+
+def _plan_partials(v: np.ndarray, reduction: Reduction) -> np.ndarray:
+    """The partial sums a plan's real additions form, along the last axis (`plan`)."""
+    n, lead = v.shape[-1], v.shape[:-1]
+    if n > reduction.terms:
+        raise ValueError(f"the declared order {reduction} covers {reduction.terms} terms, this "
+                         f"sum has {n}: the impl's numerics do not describe this case")
+    names = [name for name, _ in reduction.layout]
+    x = np.zeros(lead + (reduction.terms,))
+    x[..., :n] = v
+    count = np.zeros(reduction.terms, dtype=np.int64)
+    count[:n] = 1
+    x = x.reshape(lead + tuple(size for _, size in reduction.layout))
+    count = count.reshape(x.shape[len(lead):])
+    k, formed = len(lead), []
+    for step, how in reduction.steps:
+        rest = [d for d in names if d not in step.split()]
+        perm = [names.index(d) for d in rest + [d for d in names if d in step.split()]]
+        count = count.transpose(perm)
+        x = x.transpose(list(range(k)) + [k + p for p in perm])
+        kept = count.shape[:len(rest)]
+        count = count.reshape(kept + (-1,))
+        x = x.reshape(lead + kept + (count.shape[-1],))
+        x, count, partials = _reduce_last(x, count, how)
+        formed.append(partials)
+        names = rest
+    return np.concatenate(formed, axis=-1)
+
+
 def addition_magnitudes(v: np.ndarray, reduction: Reduction) -> np.ndarray:
     """The exact magnitude of every partial sum the additions of `reduction` form (last axis):
     n-1 of them for every order (the caterpillar's bound for "any")."""
@@ -491,6 +608,8 @@ def addition_magnitudes(v: np.ndarray, reduction: Reduction) -> np.ndarray:
         return _caterpillar(np.abs(v))
     if reduction.kind == "sequential":
         return np.abs(np.cumsum(v, axis=-1)[..., 1:])
+    if reduction.kind == "plan":
+        return np.abs(_plan_partials(v, reduction))
     return np.abs(_lane_partials(v, reduction.lanes))
 
 

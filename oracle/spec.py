@@ -21,6 +21,8 @@ Conventions shared by every oracle:
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import inspect
 from dataclasses import dataclass, field
@@ -301,6 +303,25 @@ class OpSpec:
             if t.aliases:
                 bounds[t.name] = np.where(self.written(t.name, case, inputs), bounds[t.name], 0.0)
         return bounds
+
+    def sums_in_declared_order(self, case, inputs: dict) -> bool:
+        """Whether the bound on `case` reads the impl's declared order of a sum (an impl of this
+        op that declares none is held to every order: `ops --matrix` shows it `undeclared`)."""
+        from oracle.numerics import DEFAULT, Numerics
+
+        read = []
+
+        class Watched(Numerics):
+            def __getattribute__(self, name):
+                if name == "reduction":
+                    read.append(name)
+                return super().__getattribute__(name)
+
+        watched = Watched(**{f.name: getattr(DEFAULT, f.name)
+                             for f in dataclasses.fields(Numerics)})
+        exact = self.reference(inputs, case)[0]
+        self.bounds(inputs, exact, case, watched)
+        return bool(read)
 
     def io_bytes(self, case) -> int:
         """Each input read once, each output written once."""

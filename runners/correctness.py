@@ -223,7 +223,7 @@ def oracle_for(impl, backend, case, inputs: dict, own_inputs: bool = True
     pipeline stage's, their hash is part of the cache key)."""
     from runners.oracle_cache import reference_and_bounds
 
-    return reference_and_bounds(case, inputs, impl.numerics.on(impl.backend),
+    return reference_and_bounds(case, inputs, impl.numerics_for(case),
                                 ftz=backend.flushes_subnormals, own_inputs=own_inputs)[:3]
 
 

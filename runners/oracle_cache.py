@@ -421,7 +421,7 @@ class Prefetch:
             if w.expect != "valid" or w.impl.stages is not None:
                 continue
             ftz = bool(backend_of(w.impl.backend).flushes_subnormals)
-            numerics = w.impl.numerics.on(w.impl.backend)
+            numerics = w.impl.numerics_for(w.case)
             key = _task_key(w.case, numerics, ftz)
             if key not in tasks and not _present(cache, w.case, numerics, ftz):
                 tasks[key] = (w.case.to_json(), numerics, ftz)
@@ -441,7 +441,7 @@ class Prefetch:
         if not self.futures or w.expect != "valid" or w.impl.stages is not None:
             return None
         ftz = bool(self._backend_of(w.impl.backend).flushes_subnormals)
-        future = self.futures.pop(_task_key(w.case, w.impl.numerics.on(w.impl.backend), ftz),
+        future = self.futures.pop(_task_key(w.case, w.impl.numerics_for(w.case), ftz),
                                   None)
         if future is None:
             return None
@@ -464,7 +464,7 @@ class Prefetch:
     def _first_done(self, future, w, ftz: bool, timeout: float) -> str:
         """The pool's outcome for `w`, or "miss" as soon as both its entries are on disk
         (written by another process's pool: this run computed them all the same)."""
-        numerics = w.impl.numerics.on(w.impl.backend)
+        numerics = w.impl.numerics_for(w.case)
         deadline = time.monotonic() + timeout
         while not future.ready():
             if _present(self._cache, w.case, numerics, ftz):

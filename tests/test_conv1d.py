@@ -72,7 +72,7 @@ def prefill_then_steps(prefill, step, be, case: Case, inputs: dict, t1: int):
 def _budget(y, case: Case, inputs: dict, impl) -> float:
     """The share of the one-prefill bound that `y` uses (the impl's numerics on its backend)."""
     exact = case.spec.reference(inputs, case)[0]
-    bound = case.spec.bounds(inputs, exact, case, impl.numerics.on(impl.backend))["y"]
+    bound = case.spec.bounds(inputs, exact, case, impl.numerics_for(case))["y"]
     err = np.abs(np.asarray(y).astype(np.float64) - exact["y"])
     return float(np.max(np.where(err == 0, 0.0, err / bound)))
 

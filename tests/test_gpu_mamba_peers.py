@@ -178,7 +178,7 @@ def test_conv_prefill_then_steps_is_one_prefill(dtype, initial_state):
                      dtype, params={"initial_state": initial_state})
     inputs = make_inputs(case)
     exact, ref = case.spec.reference(inputs, case)
-    bound = case.spec.bounds(inputs, exact, case, impl.numerics.on(impl.backend))["y"]
+    bound = case.spec.bounds(inputs, exact, case, impl.numerics_for(case))["y"]
     for t1 in (0, 1, 3, 4, 5, tokens - 1):
         y, state = _prefill_then_steps(case, inputs, t1)
         np.testing.assert_array_equal(_bits(state), _bits(ref["conv_state"]), err_msg=f"T1 {t1}")

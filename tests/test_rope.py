@@ -47,7 +47,7 @@ def _impl(impl_id: str):
 def _run(impl, case, inputs) -> tuple[dict, dict, dict]:
     """(impl outputs, exact outputs, bounds) in float64."""
     exact = case.spec.reference(inputs, case)[0]
-    bounds = case.spec.bounds(inputs, exact, case, impl.numerics.on(impl.backend))
+    bounds = case.spec.bounds(inputs, exact, case, impl.numerics_for(case))
     out = run_impl(impl, gpu_impls.backend(impl.backend), case, inputs)
     return {k: v.astype(np.float64) for k, v in out.items()}, exact, bounds
 

@@ -97,12 +97,13 @@ def support_matrix(impls: dict) -> int:
 
     table = Table(title="support matrix: cases of each dtype the impl runs here, of the op's "
                         "gate cases")
-    for col in ("op", "impl", *FLOAT_DTYPES, "why not"):
-        table.add_column(col, no_wrap=col in ("op", "impl"))
-    cases_of = {}
+    for col in ("op", "impl", *FLOAT_DTYPES, "sum order", "why not"):
+        table.add_column(col, no_wrap=col in ("op", "impl", "sum order"))
+    cases_of, sums = {}, {}
     for impl in sorted(impls.values(), key=lambda i: (i.op, i.id)):
         if impl.op not in cases_of:
             cases_of[impl.op] = gate_cases(impl.op)
+            sums[impl.op] = _sums_in_declared_order(cases_of[impl.op])
         backend = _backend(impl.backend)
         ok, missing = impl.available(backend)
         if not backend.available()[0]:  # the backend's own why is in the table below, once
@@ -129,10 +130,35 @@ def support_matrix(impls: dict) -> int:
                 cells.append(f"[green]runs[/] {admitted}/{len(cases)}")
         why = "; ".join(w if len(whys) == 1 and len(ds) == len(FLOAT_DTYPES)
                         else f"{', '.join(ds)}: {w}" for w, ds in whys.items())
-        table.add_row(impl.op, impl.id, *cells, escape(why))
+        table.add_row(impl.op, impl.id, *cells, _sum_order(impl, sums[impl.op]), escape(why))
     console.print(table)
+    console.print("sum order: the order of the f32 sums the impl declares (`Impl.numerics`), "
+                  "held to by the bounds; [yellow]undeclared[/]: every order is admitted (a "
+                  "wider bound); -: the op's bound has no sum whose order an impl declares")
     console.print(backends_table())
     return 0
+
+
+def _sums_in_declared_order(cases) -> bool:
+    """Whether the op's bound reads a declared summation order, on its cheapest gate case."""
+    from cases.model import make_inputs
+    from cases.tiers import case_cost
+
+    normal = [c for c in cases if c.dist == "normal"] or cases
+    if not normal:
+        return False
+    case = min(normal, key=case_cost)
+    return case.spec.sums_in_declared_order(case, make_inputs(case))
+
+
+def _sum_order(impl, sums: bool) -> str:
+    if not sums:
+        return "-"
+    if callable(impl.numerics):
+        return "[green]per launch[/]"  # e.g. kp_rms_norm: threads per row follow the shape
+    if impl.declares_order:
+        return f"[green]{escape(str(impl.numerics.reduction))}[/]"
+    return "[yellow]undeclared[/]"
 
 
 def coverage_table(impls: dict) -> int:

@@ -41,6 +41,7 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples, rounding_once
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
+from oracle.numerics import Numerics, plan
 
 SOURCE = "kp_rms_norm.cu"
 VEC_BYTES = 16
@@ -115,6 +116,27 @@ def _per_head_geometry(dims, params, **knobs):
     """rows = batch*tokens*heads, n = head_dim; the one weight [head_dim] is shared by all."""
     rows = dims["batch"] * dims["tokens"] * dims["heads"]
     return _geometry(rows, dims["head_dim"], params["dtype"], **knobs)
+
+
+# --- numerics: the sum of squares' order, from the same geometry ------------------------------
+
+def sum_order(items: int, tpr: int, vec: int):
+    """The order `kp_row` sums a row's squares in (kp_rms_norm.cu, "Reduction"). Element
+    e = v * VEC + k of vector v = i * TPR + t (thread t, item i), k = h * 4 + a, thread
+    t = w * 32 + l: accumulator a of thread t adds its terms in (i, h) order; a thread adds its
+    accumulators (a0 + a1) + (a2 + a3); a warp's lanes meet in an xor butterfly (offsets
+    16, 8, ... 1); a row over several warps adds the warps' partials in warp order."""
+    lanes = min(tpr, 32)
+    return plan({"item": items, "warp": tpr // lanes, "lane": lanes, "half": vec // 4, "acc": 4},
+                ("item half", "sequential"), ("acc", "pairwise"), ("lane", "butterfly"),
+                ("warp", "sequential"))
+
+
+def _declared(geometry):
+    def numerics(case) -> Numerics:
+        derived, _ = geometry(case.dims, {**case.params, "dtype": case.dtype})
+        return Numerics(sum_order(derived["items"], derived["tpr"], derived["vec"]))
+    return numerics
 
 
 # --- invariants ---------------------------------------------------------------------------------
@@ -199,15 +221,19 @@ X_W = ("x", "w")
 register(
     cuda_impl("kp_rms_norm", "rms_norm", RMS_NORM, _launcher("kp_rms_norm", X_W, ("out",)),
           "kparity RMSNorm: 16-byte vectors, TPR threads x ITEMS vectors per row in registers, "
-          "short rows several per block; n % VEC == 0, n <= 4096 * VEC."),
+          "short rows several per block; n % VEC == 0, n <= 4096 * VEC.",
+          numerics=_declared(_row_geometry)),
     cuda_impl("kp_rms_norm_per_head", "rms_norm_per_head", PER_HEAD,
           _launcher("kp_rms_norm", X_W, ("out",)),
           "q_norm/k_norm on kp_rms_norm: rows = batch*tokens*heads, n = head_dim (1024 heads of "
-          "128 bf16: 16 threads per head, 4 heads per block); one weight broadcast to every head."),
+          "128 bf16: 16 threads per head, 4 heads per block); one weight broadcast to every head.",
+          numerics=_declared(_per_head_geometry)),
     cuda_impl("kp_rms_norm_residual", "rms_norm_residual", ROW_OP,
           _launcher("kp_rms_norm_residual", ("x", "residual", "w"), ("out",)),
-          "kp_rms_norm fused with the residual add: residual + x*inv*w, one rounding."),
+          "kp_rms_norm fused with the residual add: residual + x*inv*w, one rounding.",
+          numerics=_declared(_row_geometry)),
     cuda_impl("kp_add_rms_norm", "add_rms_norm", ROW_OP,
           _launcher("kp_add_rms_norm", ("a", "b", "w"), ("residual_out", "normed_out")),
-          "kp_rms_norm fused with the pre-norm add: s = a+b in f32; T(s) and T(s*inv*w)."),
+          "kp_rms_norm fused with the pre-norm add: s = a+b in f32; T(s) and T(s*inv*w).",
+          numerics=_declared(_row_geometry)),
 )

@@ -1,0 +1,180 @@
+"""A kernel's declared summation order (`oracle.numerics.plan`): the plan machinery forms the
+same partial sums as the orders it generalises, its bound covers the plan evaluated in f32,
+and cuda:kp_rms_norm's declared plan is the order its source adds the squares in, for the
+geometry its launch uses on every case."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpu_impls
+from cases.model import Case
+from gpu_impls.cuda.kp_norms import CONFIGS, VEC, sum_order
+from oracle.numerics import (SEQUENTIAL, Model, Numerics, Val, addition_magnitudes, f32_sum,
+                             lanes, plan)
+
+F32 = np.float32
+
+
+def _plan_in_f32(terms: np.ndarray, reduction) -> np.float32:
+    """One row of f32 terms summed in f32 in the plan's order (absent terms: an exact +0)."""
+    names = [name for name, _ in reduction.layout]
+    x = np.zeros(reduction.terms, dtype=F32)
+    x[:len(terms)] = terms
+    x = x.reshape([size for _, size in reduction.layout])
+    for step, how in reduction.steps:
+        rest = [d for d in names if d not in step.split()]
+        x = x.transpose([names.index(d) for d in rest + [d for d in names if d in step.split()]])
+        x = x.reshape(x.shape[:len(rest)] + (-1,))
+        if how == "sequential":
+            total = x[..., 0].copy()
+            for k in range(1, x.shape[-1]):
+                total = (total + x[..., k]).astype(F32)
+            x = total
+        else:
+            while x.shape[-1] > 1:
+                if how == "pairwise":
+                    if x.shape[-1] % 2:
+                        x = np.concatenate([x, np.zeros(x.shape[:-1] + (1,), F32)], axis=-1)
+                    x = (x[..., 0::2] + x[..., 1::2]).astype(F32)
+                else:
+                    h = x.shape[-1] // 2
+                    x = (x[..., :h] + x[..., h:]).astype(F32)
+            x = x[..., 0]
+        names = rest
+    return F32(x)
+
+
+def _kp_row_sum_of_squares(x: np.ndarray, items: int, tpr: int, vec: int) -> np.float32:
+    """kp_rms_norm.cu's `kp_row` and `row_sum`, transcribed loop for loop in f32 (one row)."""
+    vecs = len(x) // vec
+    acc = np.zeros((tpr, 4), dtype=F32)
+    for i in range(items):
+        for t in range(tpr):
+            j = t + i * tpr
+            f = x[j * vec:(j + 1) * vec] if j < vecs else np.zeros(vec, F32)
+            for k in range(vec):
+                acc[t, k % 4] = F32(acc[t, k % 4] + F32(f[k] * f[k]))
+    v = ((acc[:, 0] + acc[:, 1]).astype(F32) + (acc[:, 2] + acc[:, 3]).astype(F32)).astype(F32)
+    width = min(tpr, 32)
+    offset = width // 2
+    while offset:  # __shfl_xor_sync: lane l adds lane l ^ offset's value
+        v = (v + v[np.arange(tpr) ^ offset]).astype(F32)
+        offset //= 2
+    partial = v[::32] if tpr > 32 else v[:1]  # lane 0 of each warp parks its partial
+    total = partial[0]
+    for p in partial[1:]:
+        total = F32(total + p)
+    return total
+
+
+def test_a_plan_forms_the_partial_sums_of_the_orders_it_generalises():
+    v = np.random.default_rng(1).standard_normal((3, 77))
+    as_lanes = plan({"step": 10, "lane": 8}, ("step", "sequential"), ("lane", "pairwise"))
+    as_sequence = plan({"i": 77}, ("i", "sequential"))
+    for declared, known in ((as_lanes, lanes(8)), (as_sequence, SEQUENTIAL)):
+        mine = np.sort(addition_magnitudes(v, declared), axis=-1)
+        assert mine.shape == (3, 76)  # n - 1 additions, none with an absent operand
+        np.testing.assert_array_equal(mine, np.sort(addition_magnitudes(v, known), axis=-1))
+
+
+@pytest.mark.parametrize("bad, says", [
+    (lambda: plan({"a": 4}, ("a", "diagonal")), "how 'diagonal'"),
+    (lambda: plan({"a": 4, "b": 2}, ("a", "sequential")), "every digit exactly once"),
+    (lambda: plan({"a": 6}, ("a", "butterfly")), "power of two"),
+    (lambda: plan({"a": 4}, ("z", "sequential")), "outside the layout"),
+])
+def test_a_malformed_plan_is_refused_naming_the_fault(bad, says):
+    with pytest.raises(ValueError, match=says):
+        bad()
+
+
+def test_a_plan_too_small_for_the_sum_is_refused():
+    small = Model(numerics=Numerics(plan({"a": 8}, ("a", "sequential"))))
+    with pytest.raises(ValueError, match="covers 8 terms, this sum has 9"):
+        f32_sum(Val(np.ones(9), np.zeros(9), small))
+
+
+def _hard_rows(n: int) -> np.ndarray:
+    """Rows that stress a sum's rounding: random signs, heavy cancellation, a wide exponent
+    spread, subnormals."""
+    rng = np.random.default_rng(n)
+    normal = rng.standard_normal(n)
+    cancel = np.concatenate([np.full(n // 2, 1.0 + 2.0 ** -20), np.full(n - n // 2, -1.0)])
+    spread = rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60, n)
+    tiny = rng.standard_normal(n) * 2.0 ** -140
+    return np.stack([normal, cancel, rng.permutation(cancel), spread, tiny]).astype(F32)
+
+
+@pytest.mark.parametrize("items, tpr", [(1, 1), (4, 1), (3, 8), (2, 32), (4, 64), (1, 256)])
+def test_a_plans_bound_covers_the_plan_evaluated_in_f32(items, tpr):
+    reduction = sum_order(items, tpr, 8)
+    n = reduction.terms - 5  # the last thread's last vector partly absent
+    rows = _hard_rows(n)
+    bound = f32_sum(Val(rows.astype(np.float64), np.zeros(rows.shape),
+                        Model(numerics=Numerics(reduction)))).e
+    exact = rows.astype(np.float64).sum(axis=-1)
+    got = np.array([_plan_in_f32(r, reduction) for r in rows], dtype=np.float64)
+    assert np.all(np.abs(got - exact) <= bound), (got - exact, bound)
+
+
+@pytest.mark.parametrize("items, tpr", CONFIGS[::7] + CONFIGS[-1:])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_kp_rms_norms_plan_is_its_source_order_bit_for_bit(items, tpr, dtype):
+    """Three rows of spread magnitudes each (a wrong tree or chain differs in some row's last
+    bit: tried with the lanes paired adjacently, the accumulators as a butterfly or a chain)."""
+    vec = VEC[dtype]
+    vecs = (items - 1) * tpr + max(1, tpr // 2)  # the last item held by half the threads
+    for seed in range(3):
+        rng = np.random.default_rng([items, tpr, seed])
+        x = rng.standard_normal(vecs * vec).astype(F32)
+        x *= F32(2.0) ** rng.integers(-12, 12, x.size).astype(F32)
+        declared = _plan_in_f32((x * x).astype(F32), sum_order(items, tpr, vec))
+        assert declared == _kp_row_sum_of_squares(x, items, tpr, vec), seed
+
+
+KP_NORMS = ["cuda:kp_rms_norm", "cuda:kp_rms_norm_residual", "cuda:kp_add_rms_norm",
+            "cuda:kp_rms_norm_per_head"]
+
+
+@pytest.mark.parametrize("impl_id", KP_NORMS)
+def test_each_kp_norm_declares_the_geometry_its_launch_uses(impl_id):
+    """For every gate case its contract admits, the declared plan's threads per row and items
+    per thread are the launch's, and the plan covers the row."""
+    from cases.generate import gate_cases
+    from gpu_impls.contract import ContractError
+
+    impl = gpu_impls.impls()[impl_id]
+    checked = 0
+    for case in gate_cases(impl.op):
+        try:
+            launch = impl.contract.check(impl.id, case)
+        except ContractError:
+            continue
+        digits = dict(impl.numerics_for(case).reduction.layout)
+        assert (digits["item"], digits["warp"] * digits["lane"]) == \
+            (launch.extra["items"], launch.extra["tpr"]), case.short()
+        row = case.dims.get("n", case.dims.get("head_dim"))
+        assert digits["item"] * digits["warp"] * digits["lane"] * digits["half"] * 4 >= row
+        checked += 1
+    assert checked > 0
+
+
+def test_the_declared_order_tightens_kp_rms_norms_f32_bound():
+    """Median f32 bound at n = 4096 under the kernel's plan, in ULPs (issue: <= 32; any order:
+    ~780)."""
+    from cases.model import make_inputs
+    from oracle.dtypes import spacing
+
+    impl = gpu_impls.impls()["cuda:kp_rms_norm"]
+    case = Case.make("rms_norm", {"rows": 16, "n": 4096}, "f32", "normal",
+                     params={"rounding": "once"})
+    inputs = make_inputs(case)
+    exact, _ = case.spec.reference(inputs, case)
+    ulps = {}
+    for name, numerics in (("plan", impl.numerics_for(case)),
+                           ("any", Numerics().on("cuda"))):
+        bound = case.spec.bounds(inputs, exact, case, numerics)["out"]
+        ulps[name] = float(np.median(bound / spacing(exact["out"], "f32")))
+    assert ulps["plan"] <= 32 < ulps["any"], ulps
