@@ -105,7 +105,7 @@ class Impl:
     @property
     def declares_order(self) -> bool:
         """Whether the impl declares the order of its sums (else every order is admitted)."""
-        return callable(self.numerics) or self.numerics.reduction.kind != "any"
+        return callable(self.numerics) or self.numerics.declares_order
 
     @property
     def id(self) -> str:

@@ -16,6 +16,12 @@ Tolerance (derived): the admissible kernel model `gemv_kernel` run in the interv
   the algebraic split   per group g: s_g * sum_{d in g} q_d x_d + b_g * sum_{d in g} x_d (the
                         products and the two group sums in f32, each rounding charged), then
                         the sum over groups in the declared order (the fast kernels, `qdot`).
+An impl may declare which form it computes (`Numerics.form`) and the order of each sum
+(`Numerics.sums`); the bound is then that form's alone. A third form exists for that:
+  chunk_split           the split per 16-byte chunk of C = 128 / bits codes (a chunk lies in
+                        one group): dot_c = sum q x ("chunk_dot"), xs_c = sum x ("chunk_x"),
+                        and the row's sum over c of b_c xs_c and s_c dot_c ("row"), products
+                        fused into FMAs where the declared order says so (cuda:kp_qgemv).
 Each rounding is charged half an f32 ULP at the largest magnitude its result can have (2^-150 in
 the subnormal range, the magnitude itself under FTZ, param `ftz`, where f32-subnormal x also reads
 as 0: `oracle.norms.kernel_view`), and the store the farther of T(y - e), T(y + e). An order an
@@ -36,6 +42,7 @@ import numpy as np
 
 from oracle.dtypes import eps as dtype_eps
 from oracle.dtypes import round_to, spacing
+from oracle.numerics import product_into
 from oracle.norms import kernel_view
 from oracle.quant import dequantize, quantize_mlx, unpack
 from oracle.spec import OpSpec, TensorSpec, register
@@ -83,6 +90,8 @@ def gemv_kernel_on(A, q, s, b, x, group: int):
 
 
 def _gemv_rows(A, q, s, b, x, group: int):
+    if A.m.numerics.form == "chunk_split":
+        return _chunk_split_rows(A, q, s, b, x)
     xr = x.reshape(*x.shape[:-1], 1, x.shape[-1])  # [..., 1, in] against W [out, in]
     dequantized = A.sum((q * s + b) * xr)
     out, n = q.shape[0], q.shape[-1]
@@ -93,6 +102,30 @@ def _gemv_rows(A, q, s, b, x, group: int):
     b_g = b.at((slice(None), slice(None, None, group)))
     split = A.sum(s_g * qx + b_g * xs)
     return A.either(dequantized, split)
+
+
+def _chunk_split_rows(A, q, s, b, x):
+    """The form "chunk_split" (cuda:kp_qgemv): the split per 16-byte chunk of C = 128 / bits
+    codes, each chunk's two terms added to the row's running sum in turn:
+
+        dot_c = sum_{d in c} q_d x_d (sum "chunk_dot"),  xs_c = sum_{d in c} x_d ("chunk_x")
+        out   = sum over c of [b_c * xs_c, s_c * dot_c] ("row", 2 terms a chunk)
+
+    C is the terms of the declared "chunk_dot" order (a plan). A product is rounded unless the
+    order of its sum fuses it (an FMA chain: `oracle.numerics.product_into`)."""
+    out, n = q.shape[0], q.shape[-1]
+    codes = A.m.numerics.order("chunk_dot").terms
+    chunks = n // codes
+    lead = x.shape[:-1]
+    xc = x.reshape(*lead, 1, chunks, codes)
+    dot = A.sum(product_into(A, q.reshape(out, chunks, codes), xc, "chunk_dot"),
+                site="chunk_dot")  # [..., out, chunks]
+    xs = A.sum(xc, site="chunk_x")  # [..., 1, chunks]
+    first = (slice(None), slice(None, None, codes))
+    bias_terms = product_into(A, b.at(first), xs, "row").reshape(*lead, out, chunks, 1)
+    scale_terms = product_into(A, s.at(first), dot, "row").reshape(*lead, out, chunks, 1)
+    terms = A.concat([bias_terms, scale_terms], axis=-1)
+    return A.sum(terms.reshape(*lead, out, 2 * chunks), site="row")
 
 
 def gemv_kernel(A, inputs: dict, case) -> dict:

@@ -50,6 +50,10 @@ sum it produces; which partial sums exist depends on the order the impl declares
                 a tree of adjacent pairs, or a butterfly (a warp's xor shuffles). A kernel
                 whose geometry follows the shape declares it per case (`Impl.numerics`).
 
+An op whose kernel model has several sums names each (`A.sum(t, site=...)`); an impl declares
+an order per site (`Numerics.sums`) and, where the contract admits several algebraic forms,
+the one it computes (`Numerics.form`, a name the op's oracle defines).
+
 The errors of the additions feed the later partial sums; a first pass bounds the total with
 u = 2^-24 per addition and the factor 1 / (1 - count u), a second charges each addition half an
 ULP at its exact partial sum plus that total (rigorous, and as tight as the rounding grid).
@@ -70,6 +74,7 @@ the bound with any one term shrunk by 10 % must fail one of them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -158,6 +163,12 @@ class Reduction:
         """The most terms a plan covers (its digits' product)."""
         return int(np.prod([size for _, size in self.layout]))
 
+    @property
+    def fuses(self) -> bool:
+        """Whether the terms' products are fused into the sum (a plan whose first step is an
+        FMA chain): the model leaves them unrounded (`product_into`)."""
+        return self.kind == "plan" and self.steps[0][1] == "fma"
+
 
 ANY_ORDER = Reduction("any")
 SEQUENTIAL = Reduction("sequential")
@@ -169,10 +180,12 @@ def lanes(n: int) -> Reduction:
 
 # How a plan's step sums the terms along its digits (flattened, outermost first):
 #   sequential  one chain in index order (a thread's accumulator; a loop over warps' partials)
+#   fma         one chain of FMAs from 0 (acc = fma(a, b, acc)): the terms are exact products
+#               (`Bounds.fused`), and every step rounds once, the first (0 + a b) included
 #   pairwise    a balanced tree of adjacent pairs: (t0 + t1) + (t2 + t3), ...
 #   butterfly   a tree pairing i with i + m/2, then i + m/4, ...: a warp's __shfl_xor_sync
 #               loop from the highest offset down (m a power of two)
-HOW_SHORT = {"sequential": "seq", "pairwise": "pair", "butterfly": "xor"}
+HOW_SHORT = {"sequential": "seq", "fma": "fma", "pairwise": "pair", "butterfly": "xor"}
 
 
 def _check_plan(layout, steps) -> None:
@@ -229,20 +242,38 @@ class Numerics:
     # Functions that return inf above an argument where f32 still holds the result; None: the
     # backend's (`BACKEND_OVERFLOWS`).
     overflows: Mapping[str, float] | None = None
+    # Where the contract admits several algebraic forms, the one the impl computes, by the
+    # op's name for it (a quantized GEMV's "chunk_split": `oracle/gemv.py`); None: the worse
+    # of every form the contract admits.
+    form: str | None = None
+    # The order of each named sum of the op's kernel model ((site, Reduction), ...: GEMV's
+    # "chunk_dot", "chunk_x", "row"), where it is not `reduction`.
+    sums: tuple[tuple[str, Reduction], ...] = ()
 
     def __str__(self) -> str:
         block = f", softmax_block={self.softmax_block}" if self.softmax_block else ""
-        return f"reduction={self.reduction}{block}"
+        form = f", form={self.form}" if self.form else ""
+        sites = "".join(f", {site}={order}" for site, order in self.sums)
+        return f"reduction={self.reduction}{block}{form}{sites}"
+
+    def order(self, site: str | None) -> Reduction:
+        """The declared order of the sum `site` (`reduction` where none is named)."""
+        return dict(self.sums).get(site, self.reduction) if site else self.reduction
+
+    @property
+    def declares_order(self) -> bool:
+        return self.reduction.kind != "any" or any(r.kind != "any" for _, r in self.sums)
 
     def on(self, backend: str) -> "Numerics":
         """These numerics with the backend's function ULPs where the impl declares none."""
         if self.ulps is not None:
             return self
-        return Numerics(self.reduction, dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS)),
-                        self.flushes if self.flushes is not None
-                        else BACKEND_FLUSHES.get(backend, ()), self.softmax_block,
-                        self.overflows if self.overflows is not None
-                        else dict(BACKEND_OVERFLOWS.get(backend, {})))
+        return dataclasses.replace(
+            self, ulps=dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS)),
+            flushes=self.flushes if self.flushes is not None
+            else BACKEND_FLUSHES.get(backend, ()),
+            overflows=self.overflows if self.overflows is not None
+            else dict(BACKEND_OVERFLOWS.get(backend, {})))
 
     def rescales(self, n: int) -> int:
         """The most rescales a softmax term's weight passes through over n keys."""
@@ -554,8 +585,10 @@ def _reduce_last(x: np.ndarray, count: np.ndarray, how: str):
     """One plan step over the last axis of x (`count`: the terms each slot holds, x's trailing
     shape): (the totals, their counts, the partial sums its real additions form). An addition
     with an absent operand (no terms: the kernel adds an exact 0) forms nothing."""
-    if how == "sequential":
+    if how in ("sequential", "fma"):
         run, held = np.cumsum(x, axis=-1), np.cumsum(count, axis=-1)
+        if how == "fma":  # every term's step rounds: 0 + a b is a's and b's product rounded
+            return run[..., -1], held[..., -1], run[..., count > 0]
         real = (count[..., 1:] > 0) & (held[..., :-1] > 0)
         return run[..., -1], held[..., -1], run[..., 1:][..., real]
     formed = [np.zeros(x.shape[:x.ndim - count.ndim] + (0,))]
@@ -627,10 +660,11 @@ def _partial_floor(t: Val, partial: np.ndarray, slack: np.ndarray,
     return np.where(mixed, 0.0, least)[..., None]
 
 
-def f32_sum(t: Val, reduction: Reduction | None = None) -> Val:
-    """Sum along the last axis in f32, in the order `reduction` (default: the model's)."""
+def f32_sum(t: Val, reduction: Reduction | None = None, site: str | None = None) -> Val:
+    """Sum along the last axis in f32, in the order `reduction` (default: the one the model's
+    numerics declare for `site`)."""
     m = t.m
-    reduction = reduction or m.numerics.reduction
+    reduction = reduction or m.numerics.order(site)
     with np.errstate(invalid="ignore"):
         v = t.v.sum(axis=-1)
     carried = t.e.sum(axis=-1)
@@ -649,6 +683,12 @@ def f32_sum(t: Val, reduction: Reduction | None = None) -> Val:
                  if m.ftz else None).sum(axis=-1)
     with np.errstate(invalid="ignore"):
         return _finite(Val(v, carried + sums, m))
+
+
+def product_into(A, a, b, site: str):
+    """a * b as the sum `site` takes it: unrounded where the declared order fuses products
+    (FMAs, `Reduction.fuses`), else rounded."""
+    return A.fused(a, b) if A.m.numerics.order(site).fuses else a * b
 
 
 # --- the worst admissible kernel ------------------------------------------------------------
@@ -755,11 +795,12 @@ def adverse_prod3(a: Adverse, b: Adverse, c: Adverse) -> Adverse:
     return (lambda: a * b * c, lambda: a * (b * c), lambda: (a * c) * b)[a.ch.assoc]()
 
 
-def adverse_sum(t: Adverse, reduction: Reduction | None = None) -> Adverse:
+def adverse_sum(t: Adverse, reduction: Reduction | None = None,
+                site: str | None = None) -> Adverse:
     """The kernel's sum in the declared order, each partial sum P moved by its rounding charge
     at |P| (partials from the exact running sums: the drift between them is second order)."""
     m = t.m
-    reduction = reduction or m.numerics.reduction
+    reduction = reduction or m.numerics.order(site)
     x = t.x
     if reduction.kind == "any":  # the caterpillar: largest magnitudes first
         order = np.argsort(-np.abs(x), axis=-1, kind="stable")
@@ -816,11 +857,17 @@ class Bounds:
                 e = np.where(np.abs(c) - e < TINY32, np.maximum(e, np.abs(c)), e)
         return _finite(Val(c, np.where(np.isfinite(c), e, 0.0), self.m))
 
-    def sum(self, t: Val, reduction: Reduction | None = None) -> Val:
-        return f32_sum(t, reduction)
+    def sum(self, t: Val, reduction: Reduction | None = None, site: str | None = None) -> Val:
+        return f32_sum(t, reduction, site)
 
     def prod3(self, a: Val, b: Val, c: Val) -> Val:
         return prod3(a, b, c)
+
+    @staticmethod
+    def fused(a: Val, b: Val) -> Val:
+        """a * b as an FMA takes it: not rounded (the FMA's one rounding is its sum's, a plan's
+        "fma" step)."""
+        return _finite(Val(a.v * b.v, np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e, a.m))
 
     @staticmethod
     def keep(a: Val) -> Val:
@@ -871,8 +918,13 @@ class Worst:
             x = np.where(np.abs(x) < TINY32, 0.0, x)
         return Adverse(x, self.m, self.ch)
 
-    def sum(self, t: Adverse, reduction: Reduction | None = None) -> Adverse:
-        return adverse_sum(t, reduction)
+    def sum(self, t: Adverse, reduction: Reduction | None = None,
+            site: str | None = None) -> Adverse:
+        return adverse_sum(t, reduction, site)
+
+    @staticmethod
+    def fused(a: Adverse, b: Adverse) -> Adverse:
+        return Adverse(a.x * b.x, a.m, a.ch)
 
     def prod3(self, a, b, c) -> Adverse:
         return adverse_prod3(a, b, c)

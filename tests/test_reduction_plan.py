@@ -1,7 +1,8 @@
 """A kernel's declared summation order (`oracle.numerics.plan`): the plan machinery forms the
-same partial sums as the orders it generalises, its bound covers the plan evaluated in f32,
-and cuda:kp_rms_norm's declared plan is the order its source adds the squares in, for the
-geometry its launch uses on every case."""
+same partial sums as the orders it generalises, its bound covers the plan evaluated in f32;
+cuda:kp_rms_norm's declared plan is the order its source adds the squares in, for the
+geometry its launch uses on every case; cuda:kp_qgemv's declared form and orders bound its
+source's f32 arithmetic (`tests/emulate_kp.py`) and catch a code off by one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from cases.model import Case
 from gpu_impls.cuda.kp_norms import CONFIGS, VEC, sum_order
 from oracle.numerics import (SEQUENTIAL, Model, Numerics, Val, addition_magnitudes, f32_sum,
                              lanes, plan)
+from tests import emulate_kp
 
 F32 = np.float32
 
@@ -44,29 +46,6 @@ def _plan_in_f32(terms: np.ndarray, reduction) -> np.float32:
             x = x[..., 0]
         names = rest
     return F32(x)
-
-
-def _kp_row_sum_of_squares(x: np.ndarray, items: int, tpr: int, vec: int) -> np.float32:
-    """kp_rms_norm.cu's `kp_row` and `row_sum`, transcribed loop for loop in f32 (one row)."""
-    vecs = len(x) // vec
-    acc = np.zeros((tpr, 4), dtype=F32)
-    for i in range(items):
-        for t in range(tpr):
-            j = t + i * tpr
-            f = x[j * vec:(j + 1) * vec] if j < vecs else np.zeros(vec, F32)
-            for k in range(vec):
-                acc[t, k % 4] = F32(acc[t, k % 4] + F32(f[k] * f[k]))
-    v = ((acc[:, 0] + acc[:, 1]).astype(F32) + (acc[:, 2] + acc[:, 3]).astype(F32)).astype(F32)
-    width = min(tpr, 32)
-    offset = width // 2
-    while offset:  # __shfl_xor_sync: lane l adds lane l ^ offset's value
-        v = (v + v[np.arange(tpr) ^ offset]).astype(F32)
-        offset //= 2
-    partial = v[::32] if tpr > 32 else v[:1]  # lane 0 of each warp parks its partial
-    total = partial[0]
-    for p in partial[1:]:
-        total = F32(total + p)
-    return total
 
 
 def test_a_plan_forms_the_partial_sums_of_the_orders_it_generalises():
@@ -131,7 +110,7 @@ def test_kp_rms_norms_plan_is_its_source_order_bit_for_bit(items, tpr, dtype):
         x = rng.standard_normal(vecs * vec).astype(F32)
         x *= F32(2.0) ** rng.integers(-12, 12, x.size).astype(F32)
         declared = _plan_in_f32((x * x).astype(F32), sum_order(items, tpr, vec))
-        assert declared == _kp_row_sum_of_squares(x, items, tpr, vec), seed
+        assert declared == emulate_kp.kp_rms_norm_sum_of_squares(x, items, tpr, vec), seed
 
 
 KP_NORMS = ["cuda:kp_rms_norm", "cuda:kp_rms_norm_residual", "cuda:kp_add_rms_norm",
@@ -178,3 +157,72 @@ def test_the_declared_order_tightens_kp_rms_norms_f32_bound():
         bound = case.spec.bounds(inputs, exact, case, numerics)["out"]
         ulps[name] = float(np.median(bound / spacing(exact["out"], "f32")))
     assert ulps["plan"] <= 32 < ulps["any"], ulps
+
+
+# --- cuda:kp_qgemv: the form "chunk_split" with FMA chains ---------------------------------------
+
+def _kp_qgemv_run(case, inputs):
+    """(the f32 transcription's output, exact, the bound under kp_qgemv's declaration)."""
+    from gpu_impls.cuda.gemv import _kp_warps
+    from oracle.quant import unpack
+
+    d = case.dims
+    y = emulate_kp.kp_qgemv(unpack(inputs["w"], d["bits"], d["in"]), inputs["scales"],
+                            inputs["biases"], inputs["x"], d["bits"], _kp_warps(d))
+    exact = case.spec.reference(inputs, case)[0]["out"]
+    impl = gpu_impls.impls()["cuda:kp_qgemv"]
+    bound = case.spec.bounds(inputs, {"out": exact}, case, impl.numerics_for(case))["out"]
+    return y.astype(np.float64), exact, bound
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n, dist", [(256, "normal"), (4096, "normal"), (8192, "quantized"),
+                                     (14336, "outlier_rows"), (512, "constant_rows")])
+def test_kp_qgemvs_source_arithmetic_stays_within_its_declared_bound(bits, n, dist):
+    """1 warp (in <= 4096; 8192 int4), 2 (8192 int8, 14336 int4) and 4 (14336 int8)."""
+    from cases.model import make_inputs
+
+    case = Case.make("dequant_gemv", {"out": 32, "in": n, "bits": bits, "group_size": 64},
+                     "f32", dist)
+    inputs = make_inputs(case)
+    y, exact, bound = _kp_qgemv_run(case, inputs)
+    assert np.all(np.abs(y - exact) <= bound), case.short()
+
+
+@pytest.mark.parametrize("n", [4096, 14336])
+def test_one_code_off_fails_kp_qgemvs_f32_bound_and_passed_the_any_order_one(n):
+    """The issue's target: an f32 int4 GEMV whose first code is off by one fails at in = 4096
+    and 14336 under kp_qgemv's declared numerics; under the any-order bound it passed."""
+    from cases.model import make_inputs
+    from runners.bite import code_pm1
+
+    case = Case.make("dequant_gemv", {"out": 32, "in": n, "bits": 4, "group_size": 64}, "f32",
+                     "normal")
+    inputs = make_inputs(case)
+    _, exact, bound = _kp_qgemv_run(case, inputs)
+    off = case.spec.reference({**inputs, **code_pm1(case, inputs)[1]}, case)[0]["out"]
+    wrong = np.abs(off - exact)
+    assert wrong[0] > 10 * bound[0]
+    any_order = case.spec.bounds(inputs, {"out": exact}, case, Numerics().on("cuda"))["out"]
+    assert wrong[0] < any_order[0]
+
+
+def test_kp_qgemv_declares_the_warps_its_launch_uses():
+    from cases.generate import gate_cases
+    from gpu_impls.contract import ContractError
+
+    impl = gpu_impls.impls()["cuda:kp_qgemv"]
+    checked = 0
+    for case in gate_cases("dequant_gemv"):
+        try:
+            launch = impl.contract.check(impl.id, case)
+        except ContractError:
+            continue
+        numerics = impl.numerics_for(case)
+        row = dict(numerics.order("row").layout)
+        chunks = case.dims["in"] * case.dims["bits"] // 128
+        assert row["warp"] * 32 == launch.block[0], case.short()
+        assert row["step"] * row["warp"] * 32 >= chunks > (row["step"] - 1) * row["warp"] * 32
+        assert numerics.order("chunk_dot").terms == 128 // case.dims["bits"]
+        checked += 1
+    assert checked > 0

@@ -44,6 +44,7 @@ from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.impl import ExactPeer
 from gpu_impls.quant_layout import EXPERT_IN_RANGE, LAYOUT, expert_slabs
+from oracle.numerics import Numerics, plan
 from oracle.quant import BITS, GROUP_SIZES
 
 SEED = "dequant_gemv.cu"
@@ -107,6 +108,34 @@ def _kp_warps(dims) -> int:
     """Warps splitting K: enough that each lane has at most KP_STEPS chunks per row, 1..4."""
     chunks = dims["in"] * dims["bits"] // 128
     return max(1, min(KP_BLOCK // 32, -(-chunks // (32 * KP_STEPS))))
+
+
+def kp_sum_orders(bits: int, warps: int, chunks: int) -> Numerics:
+    """What kp_qgemv.cu computes, as `oracle/gemv.py`'s form "chunk_split" with the order of
+    each sum (kp_qgemv.cu, "Error"):
+      chunk_dot  a chunk's sum q x: 4 FMA chains (byte m of each 32-bit word: for int4 its even
+                 and odd nibble, codes 8j + 2m and 8j + 2m + 1 of word j), words in order,
+                 then (a0 + a1) + (a2 + a3)
+      chunk_x    the chunk's sum of x, one chain of adds in code order
+      row        per thread, one FMA chain over chunks c = step * threads + t in step order,
+                 each adding b * xs then s * dot; a warp's 32 lanes by xor butterfly; the
+                 warps in warp order."""
+    if bits == 4:
+        chunk_dot = plan({"word": 4, "byte": 4, "nibble": 2},
+                         ("word nibble", "fma"), ("byte", "pairwise"))
+    else:
+        chunk_dot = plan({"word": 4, "byte": 4}, ("word", "fma"), ("byte", "pairwise"))
+    steps = -(-chunks // (32 * warps))
+    row = plan({"step": steps, "warp": warps, "lane": 32, "term": 2},
+               ("step term", "fma"), ("lane", "butterfly"), ("warp", "sequential"))
+    return Numerics(form="chunk_split", sums=(
+        ("chunk_dot", chunk_dot), ("chunk_x", plan({"code": 128 // bits}, ("code", "sequential"))),
+        ("row", row)))
+
+
+def _kp_numerics(case) -> Numerics:
+    d = case.dims
+    return kp_sum_orders(d["bits"], _kp_warps(d), d["in"] * d["bits"] // 128)
 
 
 def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
@@ -322,5 +351,6 @@ register(
               exact_peer=ExactPeer("cuda:dequant_gemv", expert_slabs)),
     cuda_impl("kp_qgemv", "dequant_gemv", KP_CONTRACT, _kp,
               "kparity GEMV: 16-byte weight chunks, 4 rows per block split over K, x shared "
-              "by the rows, next chunks in flight, PRMT code->f32; int4/int8"),
+              "by the rows, next chunks in flight, PRMT code->f32; int4/int8",
+              numerics=_kp_numerics),
 )

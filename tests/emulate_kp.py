@@ -1,0 +1,78 @@
+"""f32 NumPy transcriptions of kparity's own CUDA kernels' arithmetic, loop for loop: what the
+kernel computes on a CPU, to hold its declared order (`Impl.numerics`) to its source and to
+measure the error a real run of that order makes (scripts/bound_tightness.py). An FMA is the
+float64 value of a*b + c (exact product of two f32 values) rounded to f32: a double rounding
+that can differ from the hardware's single one in a tie, too rarely to move a median."""
+
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.float32
+
+
+def fma(a, b, c) -> np.ndarray:
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64)
+            + np.asarray(c, np.float64)).astype(F32)
+
+
+def kp_qgemv(q: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
+             bits: int, warps: int) -> np.ndarray:
+    """kp_qgemv.cu for codes q [out, in] (ints), scales and biases [out, groups] and x [in] as
+    f32 values; the f32 output before the store."""
+    out, n = q.shape
+    codes = 128 // bits
+    chunks, group = n // codes, n // scales.shape[1]
+    qc = q.astype(F32).reshape(out, chunks, codes)
+    xc = x.astype(F32).reshape(chunks, codes)
+    a = np.zeros((4, out, chunks), F32)  # chunk_dot's 4 chains, all chunks at once
+    for j in range(4):
+        for m in range(4):
+            for k in ((8 * j + 2 * m, 8 * j + 2 * m + 1) if bits == 4 else (4 * j + m,)):
+                a[m] = fma(qc[:, :, k], xc[:, k], a[m])
+    dot = ((a[0] + a[1]).astype(F32) + (a[2] + a[3]).astype(F32)).astype(F32)
+    xs = np.zeros(chunks, F32)
+    for k in range(codes):
+        xs = (xs + xc[:, k]).astype(F32)
+    chunk_group = np.arange(chunks) * codes // group
+    s = scales.astype(F32)[:, chunk_group]
+    b = biases.astype(F32)[:, chunk_group]
+    threads = 32 * warps
+    acc = np.zeros((out, threads), F32)
+    for c0 in range(0, chunks, threads):
+        for t in range(min(threads, chunks - c0)):
+            c = c0 + t
+            acc[:, t] = fma(s[:, c], dot[:, c], fma(b[:, c], xs[c], acc[:, t]))
+    warp = acc.reshape(out, warps, 32)
+    for offset in (16, 8, 4, 2, 1):
+        warp = (warp + warp[:, :, np.arange(32) ^ offset]).astype(F32)
+    total = warp[:, 0, 0]
+    for w in range(1, warps):
+        total = (total + warp[:, w, 0]).astype(F32)
+    return total
+
+
+def kp_rms_norm_sum_of_squares(x: np.ndarray, items: int, tpr: int, vec: int) -> np.float32:
+    """kp_rms_norm.cu's `kp_row` and `row_sum`, transcribed loop for loop in f32 (one row).
+    Each square is rounded before its add; nvcc (default --fmad=true) may fuse `acc += f * f`
+    into an FMA, which changes bits but not the order (the bound charges the square's rounding
+    either way)."""
+    vecs = len(x) // vec
+    acc = np.zeros((tpr, 4), dtype=F32)
+    for i in range(items):
+        for t in range(tpr):
+            j = t + i * tpr
+            f = x[j * vec:(j + 1) * vec] if j < vecs else np.zeros(vec, F32)
+            for k in range(vec):
+                acc[t, k % 4] = F32(acc[t, k % 4] + F32(f[k] * f[k]))
+    v = ((acc[:, 0] + acc[:, 1]).astype(F32) + (acc[:, 2] + acc[:, 3]).astype(F32)).astype(F32)
+    width = min(tpr, 32)
+    offset = width // 2
+    while offset:  # __shfl_xor_sync: lane l adds lane l ^ offset's value
+        v = (v + v[np.arange(tpr) ^ offset]).astype(F32)
+        offset //= 2
+    partial = v[::32] if tpr > 32 else v[:1]  # lane 0 of each warp parks its partial
+    total = partial[0]
+    for p in partial[1:]:
+        total = F32(total + p)
+    return total
