@@ -128,12 +128,13 @@ def conv1d_causal_step(inputs: dict, case) -> dict:
 # --- the admissible kernel -----------------------------------------------------------------------
 
 def _terms(A, xx: np.ndarray, weight: np.ndarray, bias):
-    """The sum's terms [B, T, D, W (+1)]: the W products, then the bias where there is one."""
+    """The sum's terms [B, T, D, (1 +) W]: the bias where there is one, then the W products (a
+    kernel's chain acc = bias, acc += w_j x_j, as an impl declaring the order sums them)."""
     prods = A.load(windows(xx, weight.shape[0])) * A.load(weight.T)
     if bias is None:
         return prods
     b = np.broadcast_to(bias[:, None], prods.shape[:-1] + (1,))
-    return A.concat([prods, A.load(b)], axis=-1)
+    return A.concat([A.load(b), prods], axis=-1)
 
 
 def conv_kernel(A, xx: np.ndarray, weight: np.ndarray, bias, act: bool):

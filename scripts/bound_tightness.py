@@ -20,14 +20,11 @@ CASES = {
 
 def median_ulps(op, dims, params, dtype, numerics=None) -> float:
     case = Case.make(op, dims, dtype, "normal", params=params)
-    if isinstance(numerics, str):  # an impl's own declaration (its plan for this launch)
+    if isinstance(numerics, dict):  # an impl's own declaration (its plan for this launch)
         import gpu_impls
-
         from gpu_impls.contract import ContractError
 
-        impl = gpu_impls.impls()[numerics]
-        if impl.op != op:
-            return float("nan")
+        impl = gpu_impls.impls()[numerics[op]]
         try:
             impl.contract.check(impl.id, case)
         except ContractError:
@@ -47,7 +44,8 @@ def main() -> None:
         from oracle.numerics import DEFAULT, SEQUENTIAL, Numerics, lanes
         declared = {"any (default)": DEFAULT, "sequential": Numerics(SEQUENTIAL),
                     "lanes(32)": Numerics(lanes(32)),
-                    "cuda:kp_rms_norm's plan": "cuda:kp_rms_norm"}
+                    "kparity's kernel (its declared order)": {"rms_norm": "cuda:kp_rms_norm",
+                                                              "dequant_gemv": "cuda:kp_qgemv"}}
     except ImportError:  # before the error model declared reductions
         declared = {"(one bound)": None}
     print("| case | reduction | f32 | f16 | bf16 |")
@@ -56,10 +54,46 @@ def main() -> None:
         for name, numerics in declared.items():
             cells = [f"{median_ulps(op, dims, params, dt, numerics):.3g}"
                      for dt in ("f32", "f16", "bf16")]
-            if "nan" in cells:  # an impl's declaration, for another op or refused there
+            if "nan" in cells:  # the impl refuses the case (kp_rms_norm: rounding="normed")
                 continue
             print(f"| {label} | {name} | " + " | ".join(cells) + " |")
 
 
+def observed_gemv() -> None:
+    """cuda:kp_qgemv's own f32 arithmetic, transcribed in NumPy (tests/emulate_kp.py): its
+    error on these cases against its declared bound (no GPU: the transcription rounds as the
+    source says; a GPU run of the kernel is the check's own business)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import gpu_impls
+    from gpu_impls.cuda.gemv import _kp_warps
+    from oracle.quant import unpack
+    from tests import emulate_kp
+
+    impl = gpu_impls.impls()["cuda:kp_qgemv"]
+    print("\n| kp_qgemv f32 (256 rows, g64) | error median / max (ULP) | bound median (ULP) | "
+          "max error / bound | code 0 off by one / bound, row 0 |")
+    print("|---|---|---|---|---|")
+    for n in (4096, 14336):
+        for bits in (4, 8):
+            case = Case.make("dequant_gemv", {"out": 256, "in": n, "bits": bits,
+                                              "group_size": 64}, "f32", "normal")
+            inputs = make_inputs(case)
+            exact = case.spec.reference(inputs, case)[0]["out"]
+            y = emulate_kp.kp_qgemv(unpack(inputs["w"], bits, n), inputs["scales"],
+                                    inputs["biases"], inputs["x"], bits, _kp_warps(case.dims))
+            bound = case.spec.bounds(inputs, {"out": exact}, case,
+                                     impl.numerics_for(case))["out"]
+            ulp = spacing(exact, "f32")
+            err = np.abs(y.astype(np.float64) - exact)
+            off = abs(float(inputs["scales"][0, 0]) * float(inputs["x"][0]))
+            print(f"| in = {n}, int{bits} | {np.median(err / ulp):.3g} / {np.max(err / ulp):.3g} "
+                  f"| {np.median(bound / ulp):.3g} | {np.max(err / bound):.3g} "
+                  f"| {off / bound[0]:.3g} |")
+
+
 if __name__ == "__main__":
     main()
+    observed_gemv()

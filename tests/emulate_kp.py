@@ -76,3 +76,42 @@ def kp_rms_norm_sum_of_squares(x: np.ndarray, items: int, tpr: int, vec: int) ->
     for p in partial[1:]:
         total = F32(total + p)
     return total
+
+
+def warp_of_vectors_dot(t: np.ndarray, per_lane: int) -> np.float32:
+    """gdn_step.cu / ssm_step.cu (hpn): lane l's products t at n = (32 j + l) W + w summed from 0
+    in (j, w) order, then `warp_sums`: v += shfl_xor(v, offset) for offset 16 .. 1."""
+    w_ = 4 if per_lane % 4 == 0 else 2 if per_lane % 2 == 0 else 1
+    lanes = np.zeros(32, F32)
+    for j in range(per_lane // w_):
+        for w in range(w_):
+            lanes = (lanes + t[(j * 32 + np.arange(32)) * w_ + w]).astype(F32)
+    for offset in (16, 8, 4, 2, 1):
+        lanes = (lanes + lanes[np.arange(32) ^ offset]).astype(F32)
+    return lanes[0]
+
+
+def ssm_hnp_dot(t: np.ndarray, npl: int, warps: int = 4) -> np.float32:
+    """ssm_step.cu (hnp) y's sum over n: thread (warp, lane) with row group rg = lane / 4 sums
+    n = rg + 8 warp + 32 i (i from 0, in order), lanes 16, 8, 4 apart meet by xor shuffle, then
+    `sum = 0; sum += partial[wp]` over the warps."""
+    part = np.zeros((warps, 32), F32)
+    lane = np.arange(32)
+    for i in range(npl):
+        for wp in range(warps):
+            part[wp] = (part[wp] + t[lane // 4 + 8 * wp + 32 * i]).astype(F32)
+    for offset in (16, 8, 4):
+        part = (part + part[:, lane ^ offset]).astype(F32)
+    total = F32(0)
+    for wp in range(warps):
+        total = F32(total + part[wp, 0])
+    return total
+
+
+def conv_out(bias: np.ndarray, w: np.ndarray, win: np.ndarray) -> np.ndarray:
+    """conv1d.cu's `conv_out` per channel: acc = bias, then acc += w_j * win_j for j in order
+    (nvcc fuses each into an FMA)."""
+    acc = bias.astype(F32)
+    for j in range(w.shape[-1]):
+        acc = fma(w[..., j], win[..., j], acc)
+    return acc

@@ -226,3 +226,86 @@ def test_kp_qgemv_declares_the_warps_its_launch_uses():
         assert numerics.order("chunk_dot").terms == 128 // case.dims["bits"]
         checked += 1
     assert checked > 0
+
+
+# --- the warp-dot kernels and the conv chain -----------------------------------------------------
+
+def _source(name: str) -> str:
+    from pathlib import Path
+
+    return (Path(gpu_impls.__file__).parent / "cuda" / "kernels" / name).read_text()
+
+
+@pytest.mark.parametrize("per_lane", range(1, 9))
+def test_warp_of_vectors_is_gdn_and_ssm_hpn_steps_order_bit_for_bit(per_lane):
+    from gpu_impls.cuda.sum_orders import warp_of_vectors
+
+    for seed in range(3):
+        t = _hard_rows(32 * per_lane)[seed % 5] * F32(1 + seed)
+        assert _plan_in_f32(t, warp_of_vectors(per_lane)) == \
+            emulate_kp.warp_of_vectors_dot(t, per_lane), seed
+    # the vector width the plan assumes is the kernels' own rule, in both sources
+    for name, share in (("gdn_step.cu", "KPL"), ("ssm_step.cu", "NPL")):
+        assert (f"constexpr int W = {share} % 4 == 0 ? 4 : {share} % 2 == 0 ? 2 : 1;"
+                in _source(name)), name
+
+
+@pytest.mark.parametrize("npl", range(1, 9))
+def test_ssm_hnp_order_is_its_source_order_bit_for_bit(npl):
+    from gpu_impls.cuda.ssm import SSM_THREADS, ssm_step_order
+
+    assert f"#define KP_SSM_WARPS {SSM_THREADS // 32} " in _source("ssm_step.cu")
+    for seed in range(3):
+        t = _hard_rows(32 * npl)[seed] * F32(1 + seed)
+        assert _plan_in_f32(t, ssm_step_order("hnp", 32 * npl)) == \
+            emulate_kp.ssm_hnp_dot(t, npl), seed
+
+
+@pytest.mark.parametrize("op, impl_id, share", [("gdn_step", "cuda:kp_gdn_step", "kpl"),
+                                                ("ssm_step", "cuda:kp_ssm_step", "npl")])
+def test_the_warp_dot_kernels_declare_their_launchs_share(op, impl_id, share):
+    from cases.generate import gate_cases
+    from gpu_impls.contract import ContractError
+
+    impl = gpu_impls.impls()[impl_id]
+    layouts = set()
+    for case in gate_cases(op):
+        try:
+            launch = impl.contract.check(impl.id, case)
+        except ContractError:
+            continue
+        order = impl.numerics_for(case).reduction
+        assert order.terms == 32 * launch.extra[share], case.short()
+        layouts.add(case.params.get("layout"))
+    assert layouts == ({"hpn", "hnp"} if op == "ssm_step" else {None})
+
+
+def _conv_chain_case():
+    """A conv1d step whose chains start at a bias of +-3e4 and add products that cancel (taps
+    +1, -1, +1, -1 over inputs near 1): every partial sum is near the bias."""
+    from cases.model import make_inputs
+
+    case = Case.make("conv1d_causal_step", {"batch": 4, "channels": 256, "width": 4}, "f32",
+                     "normal", params={"bias": 1, "silu": 0})
+    inputs = make_inputs(case)
+    rng = np.random.default_rng(3)
+    inputs["bias"] = (rng.choice([-1, 1], 256) * (3e4 + rng.random(256))).astype(F32)
+    inputs["weight"] = np.repeat(np.array([[1.0], [-1.0], [1.0], [-1.0]], F32), 256, axis=1)
+    for name in ("x", "conv_state_in"):
+        inputs[name] = (1 + rng.random(inputs[name].shape) * 1e-2).astype(F32)
+    return case, inputs
+
+
+def test_the_conv_chains_bias_comes_first_and_its_error_stays_in_the_bound():
+    """conv1d.cu starts each channel's chain at the bias (`conv_out`); the model sums its
+    terms bias first (oracle/conv1d.py `_terms`), so the declared sequential order charges
+    the partial sums near the bias that the kernel forms."""
+    case, inputs = _conv_chain_case()
+    window = np.concatenate([inputs["conv_state_in"], inputs["x"][:, None]], axis=1)
+    y = emulate_kp.conv_out(inputs["bias"], inputs["weight"].T[None],
+                            np.swapaxes(window, 1, 2)).astype(np.float64)
+    exact = case.spec.reference(inputs, case)[0]["y"]
+    impl = gpu_impls.impls()["cuda:kp_conv1d_causal_step"]
+    bound = case.spec.bounds(inputs, {"y": exact}, case, impl.numerics_for(case))["y"]
+    assert np.all(np.abs(y - exact) <= bound)
+    assert np.max(np.abs(y - exact) / bound) > 0.25  # the chain's roundings near the bias

@@ -36,8 +36,10 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
+from gpu_impls.cuda.sum_orders import warp_of_vectors
 from oracle import gdn_chunked
 from oracle.gdn import EPS, scale_of
+from oracle.numerics import Numerics
 
 STEP_SOURCE = "gdn_step.cu"
 CHUNK_O_SOURCE = "gdn_chunk_o.cu"
@@ -63,6 +65,12 @@ def _step_geometry(dims, params):
     blocks = dims["batch"] * dims["heads_v"] * slices
     return derived, Launch(grid=(max(1, blocks), 1, 1), block=(STEP_THREADS, 1, 1),
                            extra=derived)
+
+
+def _step_numerics(case) -> Numerics:
+    """Every sum over K (the l2 norms, k.S, q.S): a lane's KPL elements, then the warp's
+    butterfly (gdn_step.cu `warp_sums`), KPL from the launch's geometry."""
+    return Numerics(warp_of_vectors(_step_geometry(case.dims, case.params)[0]["kpl"]))
 
 
 STEP_K_LANES = Invariant(
@@ -167,7 +175,8 @@ def _chunk_o(defines: tuple = ()):
 register(
     cuda_impl("kp_gdn_step", "gdn_step", STEP_CONTRACT, _step,
               "kparity GDN decode step: a warp per 4 state rows, float4 loads along K, warp "
-              "butterfly dots, f32 state read once and written once"),
+              "butterfly dots, f32 state read once and written once",
+              numerics=_step_numerics),
     cuda_impl("gdn_chunk_o", "gdn_chunk_o", CHUNK_O_CONTRACT, _chunk_o,
               "mlx-native chunk_o port: grid (V/32, NT, B*Hv), 256 threads, mma.m16n8k16, "
               "inclusive causal mask, A tile rounded to T before the closing dot"),

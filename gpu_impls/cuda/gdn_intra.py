@@ -49,6 +49,7 @@ from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from oracle.gdn_chunked import CHUNKS, n_chunks
+from oracle.numerics import SEQUENTIAL, Numerics
 
 SOURCE = "gdn_intra.cu"
 CUMSUM_THREADS = 128   # GDN_CUMSUM_THREADS
@@ -214,17 +215,22 @@ def _wy(defines: tuple = ()):
     return run
 
 
+# cumsum, kkt and wy each sum one chain from 0 in index order along the model's axis (a thread's
+# loop, FMAs for the dots: gdn_intra.cu); solve_tril's substitution has no declared-order sum
+IN_ORDER = Numerics(SEQUENTIAL)
+
 register(
     cuda_impl("kp_gdn_chunk_cumsum", "gdn_chunk_cumsum", CUMSUM_CONTRACT, _cumsum,
               "kparity chunk-local cumsum of g: a thread per (b, chunk, head), the chunk's loads "
-              "at once, then a sequential f32 sum"),
+              "at once, then a sequential f32 sum", numerics=IN_ORDER),
     cuda_impl("kp_gdn_kkt", "gdn_kkt", KKT_CONTRACT, _kkt,
               "kparity beta (k kᵀ) exp(gc_i − gc_j), strictly lower: a block per (k head, "
-              "chunk), the dots once for the value heads of the group, f32 on CUDA cores"),
+              "chunk), the dots once for the value heads of the group, f32 on CUDA cores",
+              numerics=IN_ORDER),
     cuda_impl("kp_gdn_solve_tril", "gdn_solve_tril", SOLVE_CONTRACT, _solve,
               "kparity (I + A)^-1 per chunk: right-looking substitution in f32, a 4x4 tile of "
               "X a thread in registers, rows published through shared memory"),
     cuda_impl("kp_gdn_wy", "gdn_wy", WY_CONTRACT, _wy,
               "kparity w = Ai T(k beta e^gc), u = Ai T(v beta): a block per (head, 64 columns, "
-              "chunk), f32 on CUDA cores over the lower triangle"),
+              "chunk), f32 on CUDA cores over the lower triangle", numerics=IN_ORDER),
 )

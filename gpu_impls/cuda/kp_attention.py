@@ -45,7 +45,7 @@ from gpu_impls.contract import NO_CONTRACT, Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.torch.attention import GQA, HEAD_DIM
 from oracle.attention import HEAD_DIMS, keys_read, scale_of
-from oracle.numerics import Numerics
+from oracle.numerics import SEQUENTIAL, Numerics
 
 SOURCE = "kp_sdpa_decode.cu"
 U = 2             # keys per key group per step (KP_U in the .cu)
@@ -65,6 +65,9 @@ KERNELS = [(SOURCE, "kp_sdpa_decode_split", tuple((d, g) for d in HEAD_DIMS
                                                    for g in GROUP_SIZES)),
            (SOURCE, "kp_attn_combine")]
 NUMERICS = Numerics(softmax_block=U)
+# kp_attn_combine: thread 0 adds the splits' weights from 0 in split order, the sink last; each
+# column's output adds the splits' weighted partials from 0 in split order (kp_sdpa_decode.cu)
+COMBINE_NUMERICS = Numerics(SEQUENTIAL, softmax_block=U)
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,5 +225,5 @@ register(
               Contract(invariants=(COMBINE_D,), geometry=_combine_geometry,
                        role_dtypes={"partial": ("f32",)}),
               _combine_launcher, "kp_sdpa_decode's pass 2 alone: f32 partials, max rescale",
-              numerics=NUMERICS),
+              numerics=COMBINE_NUMERICS),
 )

@@ -20,9 +20,9 @@
   the initial state's or x's), the last span's block writing the final state. Both conv kernels
   have an instance per W in 2..4: contract W <= 4.
 
-Numerics: all three declare the default (sums in any order; CUDA's expf, log1pf within the
-backend's 2 ULPs; CuPy compiles with -ftz=true, which the runner's oracle accounts for; FMAs
-round less than the bound charges).
+Numerics: each declares its source's summation order (`ssm_step_order`; the conv's one chain,
+bias first); CUDA's expf, log1pf within the backend's 2 ULPs; CuPy compiles with -ftz=true,
+which the runner's oracle accounts for; FMAs round less than the bound charges.
 Test-only mutants (tests/mutants.py SSM_CUDA_MUTANTS): KPARITY_MUTANT_SOFTPLUS_TWICE (the
 step's decay), KPARITY_MUTANT_CONV_DOUBLE_SHIFT (the conv step's ring), KPARITY_MUTANT_CONV_
 STATE_SKIPS_LAST (the prefill's final state).
@@ -35,6 +35,8 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
+from gpu_impls.cuda.sum_orders import warp_of_vectors
+from oracle.numerics import SEQUENTIAL, Numerics, plan
 from oracle.ssd import dt_limits
 
 SSM_SOURCE = "ssm_step.cu"
@@ -97,6 +99,22 @@ SSM_HNP_VECTORS = Invariant(
     violation={"layout": "hnp", "dim_p": 6}, shows=("layout", "dim_p"))
 SSM_CONTRACT = Contract(invariants=(SSM_N_LANES, SSM_N_MAX, SSM_HNP_VECTORS),
                         geometry=_ssm_geometry)
+
+
+def ssm_step_order(layout: str, dim_n: int):
+    """y's sum over n (ssm_step.cu): hpn, a warp's lanes over their vectors, then the butterfly
+    (`warp_of_vectors`); hnp, thread (warp, row group r = lane / 4) over n = 32 i + 8 warp + r,
+    i in order from 0, then the 8 row groups by butterfly (lane offsets 16, 8, 4), then the 4
+    warps' partials from 0 in warp order."""
+    if layout == "hpn":
+        return warp_of_vectors(dim_n // 32)
+    return plan({"i": dim_n // 32, "warp": SSM_THREADS // 32, "rg": 8}, ("i", "sequential"),
+                ("rg", "butterfly"), ("warp", "sequential"))
+
+
+def _ssm_numerics(case) -> Numerics:
+    npl = _ssm_geometry(case.dims, case.params)[0]["npl"]  # the launch's N / 32
+    return Numerics(ssm_step_order(case.params["layout"], 32 * npl))
 
 
 def _ssm_step(defines: tuple = ()):
@@ -186,14 +204,20 @@ def _conv(defines: tuple = ()):
     return run
 
 
+# conv1d.cu's `conv_out`: acc = bias (0 without), then += w_j x_j for j in order: the model's
+# terms in that order (oracle/conv1d.py `_terms`), one chain
+CONV_ORDER = Numerics(SEQUENTIAL)
+
 register(
     cuda_impl("kp_ssm_step", "ssm_step", SSM_CONTRACT, _ssm_step,
               "kparity Mamba-2 decode step, hpn or hnp state: 16 p a block, float4 loads along "
-              "the contiguous axis, f32 state read once and written once"),
+              "the contiguous axis, f32 state read once and written once",
+              numerics=_ssm_numerics),
     cuda_impl("kp_conv1d_causal_step", "conv1d_causal_step", CONV_STEP_CONTRACT, _conv_step,
               "kparity conv1d decode step: a thread per 16 bytes of channels, the ring shifted "
-              "by one as raw bits, bias, silu"),
+              "by one as raw bits, bias, silu", numerics=CONV_ORDER),
     cuda_impl("kp_conv1d_causal", "conv1d_causal", CONV_CONTRACT, _conv,
               "kparity conv1d prefill: a thread per channel vector walking 32-token spans with "
-              "the W-1 previous inputs in registers (halo), the final state from the last span"),
+              "the W-1 previous inputs in registers (halo), the final state from the last span",
+              numerics=CONV_ORDER),
 )
