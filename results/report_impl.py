@@ -136,6 +136,21 @@ def _failures(impl: str, rows: list[dict], command: str) -> str:
                   for r in bad], empty="none")
 
 
+def declared_order(impl: str) -> str:
+    """What the impl declares about the order of its sums, as registered now (`Impl.numerics`;
+    `kparity ops --matrix` shows the same): the bounds of its rows assume it."""
+    import gpu_impls
+
+    registered = gpu_impls.impls().get(impl)
+    if registered is None:
+        return "sum order: (not registered here)"
+    if callable(registered.numerics):
+        return "sum order: declared per launch (the kernel's own plan)"
+    if registered.declares_order:
+        return f"sum order: declared, {registered.numerics}"
+    return "sum order: undeclared (every order admitted: the widest bound)"
+
+
 def impl_page(data, impl: str) -> str:
     corr, bench = data.rows_of(impl, "correctness"), data.rows_of(impl, "bench")
     latest = data.latest_check_run(corr)
@@ -143,7 +158,7 @@ def impl_page(data, impl: str) -> str:
     ops = ", ".join(sorted({r["op"] for r in corr + bench}))
     devices = ", ".join(sorted({r["device"] for r in corr + bench}))
     body = [f"<p>op {esc(ops)}; devices {esc(devices)}; {len(corr)} correctness rows, "
-            f"{len(bench)} bench rows in the store.</p>"]
+            f"{len(bench)} bench rows in the store; {esc(declared_order(impl))}.</p>"]
     if latest:
         counts = Counter(outcome(r) for r in now)
         worst = max((r["budget"] for r in now if r["budget"] is not None), default=None)

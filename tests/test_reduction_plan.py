@@ -309,3 +309,18 @@ def test_the_conv_chains_bias_comes_first_and_its_error_stays_in_the_bound():
     bound = case.spec.bounds(inputs, {"y": exact}, case, impl.numerics_for(case))["y"]
     assert np.all(np.abs(y - exact) <= bound)
     assert np.max(np.abs(y - exact) / bound) > 0.25  # the chain's roundings near the bias
+
+
+def test_the_report_and_the_matrix_say_what_each_impl_declares():
+    from results.report_impl import declared_order
+    from verbs.catalog import _sum_order, _sums_in_declared_order
+    from cases.generate import gate_cases
+
+    assert "per launch" in declared_order("cuda:kp_rms_norm")
+    assert "sequential" in declared_order("cuda:kp_attn_combine")
+    assert "undeclared" in declared_order("torch:rms_norm")
+    impls = gpu_impls.impls()
+    assert _sums_in_declared_order(gate_cases("rms_norm"))
+    assert not _sums_in_declared_order(gate_cases("rope"))  # no sum: nothing to declare
+    assert "undeclared" in _sum_order(impls["cuda:kp_qgemv_mma"], True)
+    assert _sum_order(impls["cuda:kp_rope"], False) == "-"
