@@ -312,9 +312,9 @@ def test_the_conv_chains_bias_comes_first_and_its_error_stays_in_the_bound():
 
 
 def test_the_report_and_the_matrix_say_what_each_impl_declares():
+    from cases.generate import gate_cases
     from results.report_impl import declared_order
     from verbs.catalog import _sum_order, _sums_in_declared_order
-    from cases.generate import gate_cases
 
     assert "per launch" in declared_order("cuda:kp_rms_norm")
     assert "sequential" in declared_order("cuda:kp_attn_combine")
