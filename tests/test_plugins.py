@@ -232,12 +232,15 @@ def test_ops_matrix_runs_refused_missing(tmp_path, monkeypatch, registry, capsys
         if cells[1]}
     admitted = [c.dtype for c in valid_cases(gpu_impls.impls()["torch:rms_norm"])]
     gate = [c.dtype for c in gate_cases("rms_norm")]
-    assert rows["torch:rms_norm"][2:6] == [
-        f"runs {admitted.count(d)}/{gate.count(d)}" for d in ("f32", "f16", "bf16")] + [""]
+    # op, impl, f32, f16, bf16, sum order, why not
+    assert rows["torch:rms_norm"][2:7] == [
+        f"runs {admitted.count(d)}/{gate.count(d)}" for d in ("f32", "f16", "bf16")] + [
+        "undeclared", ""]
     assert rows["torch:kp_test_bf16_only"][2:5] == ["refused", "refused",
                                                      rows["torch:rms_norm"][4]]
-    assert rows["torch:kp_test_bf16_only"][5].startswith("f32, f16: refused by contract:")
-    assert rows["torch:kp_test_elsewhere"][2:6] == ["missing"] * 3 + ["needs the moon"]
+    assert rows["torch:kp_test_bf16_only"][6].startswith("f32, f16: refused by contract:")
+    assert rows["torch:kp_test_elsewhere"][2:7] == ["missing"] * 3 + ["undeclared",
+                                                                      "needs the moon"]
 
 
 # --- 6, 7. cases --list, --help ----------------------------------------------------------------
