@@ -21,7 +21,9 @@ An impl may declare which form it computes (`Numerics.form`) and the order of ea
   chunk_split           the split per 16-byte chunk of C = 128 / bits codes (a chunk lies in
                         one group): dot_c = sum q x ("chunk_dot"), xs_c = sum x ("chunk_x"),
                         and the row's sum over c of b_c xs_c and s_c dot_c ("row"), products
-                        fused into FMAs where the declared order says so (cuda:kp_qgemv).
+                        fused into FMAs where the declared order says so (cuda:kp_qgemv);
+  dequantized_fma       w = fma(q, s, b) (one rounding), then the dot over `in` ("dot"), its
+                        products fused where the declared order says so (cuda:kp_qmm).
 Each rounding is charged half an f32 ULP at the largest magnitude its result can have (2^-150 in
 the subnormal range, the magnitude itself under FTZ, param `ftz`, where f32-subnormal x also reads
 as 0: `oracle.norms.kernel_view`), and the store the farther of T(y - e), T(y + e). An order an
@@ -93,6 +95,8 @@ def _gemv_rows(A, q, s, b, x, group: int):
     if A.m.numerics.form == "chunk_split":
         return _chunk_split_rows(A, q, s, b, x)
     xr = x.reshape(*x.shape[:-1], 1, x.shape[-1])  # [..., 1, in] against W [out, in]
+    if A.m.numerics.form == "dequantized_fma":  # w = fma(q, s, b): one rounding
+        return A.sum(product_into(A, A.fused(q, s) + b, xr, "dot"), site="dot")
     dequantized = A.sum((q * s + b) * xr)
     out, n = q.shape[0], q.shape[-1]
     g = n // group

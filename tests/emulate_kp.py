@@ -115,3 +115,24 @@ def conv_out(bias: np.ndarray, w: np.ndarray, win: np.ndarray) -> np.ndarray:
     for j in range(w.shape[-1]):
         acc = fma(w[..., j], win[..., j], acc)
     return acc
+
+
+def kp_qmm(q: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
+           bits: int) -> np.ndarray:
+    """kp_qmm.cu for codes q [out, in], scales and biases [out, groups], x [m, in] as f32
+    values: w = fma(q, s, b) per code; lane l of 8 runs acc = fma(w, x, acc) over its chunks
+    c = step * 8 + l, codes in order; then the 8 lanes by xor butterfly (4, 2, 1)."""
+    out, n = q.shape
+    codes = 128 // bits
+    group = n // scales.shape[1]
+    g = np.arange(n) // group
+    w = fma(q.astype(F32), scales.astype(F32)[:, g], biases.astype(F32)[:, g])  # [out, in]
+    xf = x.astype(F32)
+    acc = np.zeros((x.shape[0], out, 8), F32)
+    for step in range(n // (8 * codes)):
+        for k in range(codes):
+            d = (step * 8 + np.arange(8)) * codes + k  # each lane's code k of this step
+            acc = fma(w[None, :, d], xf[:, None, d], acc)
+    for offset in (4, 2, 1):
+        acc = (acc + acc[..., np.arange(8) ^ offset]).astype(F32)
+    return acc[..., 0]

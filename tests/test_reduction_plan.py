@@ -324,3 +324,24 @@ def test_the_report_and_the_matrix_say_what_each_impl_declares():
     assert not _sums_in_declared_order(gate_cases("rope"))  # no sum: nothing to declare
     assert "undeclared" in _sum_order(impls["cuda:kp_qgemv_mma"], True)
     assert _sum_order(impls["cuda:kp_rope"], False) == "-"
+
+
+@pytest.mark.parametrize("bits, n, m, dist", [(4, 1024, 1, "normal"), (4, 4096, 3, "quantized"),
+                                              (8, 4096, 5, "normal"), (8, 512, 32, "outlier_rows")])
+def test_kp_qmms_source_arithmetic_stays_within_its_declared_bound(bits, n, m, dist):
+    """kp_qmm declares dequantize-then-dot with w = fma(q, s, b) and one FMA chain per lane:
+    its transcription stays within that bound, which is far below the any-order one."""
+    from cases.model import make_inputs
+    from oracle.quant import unpack
+
+    case = Case.make("qmm", {"m": m, "out": 64, "in": n, "bits": bits, "group_size": 64},
+                     "f32", dist)
+    inputs = make_inputs(case)
+    y = emulate_kp.kp_qmm(unpack(inputs["w"], bits, n), inputs["scales"], inputs["biases"],
+                          inputs["x"], bits).astype(np.float64)
+    exact = case.spec.reference(inputs, case)[0]["out"]
+    impl = gpu_impls.impls()["cuda:kp_qmm"]
+    bound = case.spec.bounds(inputs, {"out": exact}, case, impl.numerics_for(case))["out"]
+    wide = case.spec.bounds(inputs, {"out": exact}, case, Numerics().on("cuda"))["out"]
+    assert np.all(np.abs(y - exact) <= bound), case.short()
+    assert np.median(bound) < np.median(wide) / 10

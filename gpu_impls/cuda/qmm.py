@@ -25,6 +25,7 @@ from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel
 from gpu_impls.quant_layout import LAYOUT
+from oracle.numerics import Numerics, plan
 
 SOURCE = "kp_qmm.cu"
 BLOCK = 256          # threads per block (KPM_BLOCK)
@@ -41,6 +42,21 @@ KERNELS = [(SOURCE, "kp_qmm", [(b, mt) for b in BITS for mt in MT_CHOICES])]
 def _step_codes(bits: int) -> int:
     """Codes of K per step: 8 lanes x one 16-byte chunk of 128 / bits codes."""
     return LANES_PER_ROW * 128 // bits
+
+
+def sum_order(bits: int, n: int) -> Numerics:
+    """kp_qmm.cu: each code dequantized once, w = fma(q, s, b); lane l of a row's 8 takes chunks
+    c = step * 8 + l (128 / bits codes each) and runs one FMA chain acc = fma(w, x, acc) from 0
+    over (step, code); the 8 lanes meet by xor butterfly (offsets 4, 2, 1). No geometry enters:
+    MT only sets how many rows of x a thread carries."""
+    codes = 128 // bits
+    return Numerics(form="dequantized_fma", sums=(("dot", plan(
+        {"step": n // (LANES_PER_ROW * codes), "lane": LANES_PER_ROW, "code": codes},
+        ("step code", "fma"), ("lane", "butterfly"))),))
+
+
+def _declared(case) -> Numerics:
+    return sum_order(case.dims["bits"], case.dims["in"])
 
 
 def _geometry(dims, params):
@@ -92,4 +108,4 @@ register(cuda_impl("kp_qmm", "qmm", CONTRACT, _kp_qmm,
                    "kparity qmm: 32 rows x 8 K-lanes per block, x staged in shared memory for "
                    "all M rows, each weight chunk read and dequantized once; int4/int8, M <= 32; "
                    "batch invariant",
-                   batch_invariant=True))
+                   batch_invariant=True, numerics=_declared))
