@@ -136,3 +136,37 @@ def kp_qmm(q: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
     for offset in (4, 2, 1):
         acc = (acc + acc[..., np.arange(8) ^ offset]).astype(F32)
     return acc[..., 0]
+
+
+def kp_fp4_gemv(q: np.ndarray, block_scales: np.ndarray, ts: float, x: np.ndarray, fmt: str,
+                warps: int) -> np.ndarray:
+    """kp_fp4.cu's GEMV for E2M1 values q [out, in], the blocks' scales [out, in / block] as f32
+    values, the tensor scale ts and x [m, in]: y [m, out] before the store."""
+    out, n = q.shape
+    chunks, threads = n // 32, 32 * warps
+    qf, xf, s = q.astype(F32), x.astype(F32), block_scales.astype(F32)
+    m = x.shape[0]
+    acc = np.zeros((m, out, threads), F32)
+    for c0 in range(0, chunks, threads):
+        for t in range(min(threads, chunks - c0)):
+            c = c0 + t
+            d = []
+            for h in range(2):
+                a = [np.zeros((m, out), F32), np.zeros((m, out), F32)]
+                for k in range(0, 16, 2):
+                    for p in range(2):
+                        i = c * 32 + h * 16 + k + p
+                        a[p] = fma(qf[None, :, i], xf[:, None, i], a[p])
+                d.append((a[0] + a[1]).astype(F32))
+            if fmt == "nvfp4":
+                for h in range(2):
+                    acc[..., t] = fma(s[None, :, 2 * c + h], d[h], acc[..., t])
+            else:
+                acc[..., t] = fma(s[None, :, c], (d[0] + d[1]).astype(F32), acc[..., t])
+    warp = acc.reshape(m, out, warps, 32)
+    for offset in (16, 8, 4, 2, 1):
+        warp = (warp + warp[..., np.arange(32) ^ offset]).astype(F32)
+    total = warp[..., 0, 0]
+    for w in range(1, warps):
+        total = (total + warp[..., w, 0]).astype(F32)
+    return (total * F32(ts)).astype(F32)

@@ -207,23 +207,27 @@ def test_one_code_off_fails_kp_qgemvs_f32_bound_and_passed_the_any_order_one(n):
     assert wrong[0] < any_order[0]
 
 
-def test_kp_qgemv_declares_the_warps_its_launch_uses():
+@pytest.mark.parametrize("impl_id", ["cuda:kp_qgemv", "cuda:kp_fp4_gemv"])
+def test_the_gemvs_declare_the_warps_their_launch_uses(impl_id):
+    """The row's plan has the launch's warps and covers the row's chunks (16 bytes of codes:
+    128 / bits of them, 32 FP4 codes) with its steps, the last one partly."""
     from cases.generate import gate_cases
     from gpu_impls.contract import ContractError
 
-    impl = gpu_impls.impls()["cuda:kp_qgemv"]
+    impl = gpu_impls.impls()[impl_id]
     checked = 0
-    for case in gate_cases("dequant_gemv"):
+    for case in gate_cases(impl.op):
         try:
             launch = impl.contract.check(impl.id, case)
         except ContractError:
             continue
         numerics = impl.numerics_for(case)
         row = dict(numerics.order("row").layout)
-        chunks = case.dims["in"] * case.dims["bits"] // 128
+        chunks = case.dims["in"] * case.dims.get("bits", 4) // 128
         assert row["warp"] * 32 == launch.block[0], case.short()
         assert row["step"] * row["warp"] * 32 >= chunks > (row["step"] - 1) * row["warp"] * 32
-        assert numerics.order("chunk_dot").terms == 128 // case.dims["bits"]
+        first = "chunk_dot" if impl_id == "cuda:kp_qgemv" else "block_dot"
+        assert numerics.order(first).terms in (128 // case.dims.get("bits", 4), 16)
         checked += 1
     assert checked > 0
 
@@ -343,5 +347,30 @@ def test_kp_qmms_source_arithmetic_stays_within_its_declared_bound(bits, n, m, d
     impl = gpu_impls.impls()["cuda:kp_qmm"]
     bound = case.spec.bounds(inputs, {"out": exact}, case, impl.numerics_for(case))["out"]
     wide = case.spec.bounds(inputs, {"out": exact}, case, Numerics().on("cuda"))["out"]
+    assert np.all(np.abs(y - exact) <= bound), case.short()
+    assert np.median(bound) < np.median(wide) / 10
+
+
+@pytest.mark.parametrize("fmt, n, m", [("nvfp4", 1024, 1), ("nvfp4", 8192, 3),
+                                       ("mxfp4", 4096, 1), ("mxfp4", 16384, 4)])
+def test_kp_fp4_gemvs_source_arithmetic_stays_within_its_declared_bound(fmt, n, m):
+    """kp_fp4_gemv declares the form block_split and its chains' orders (1 warp at in <= 8192,
+    2 at 16384): its transcription stays within that bound, far below the any-order one."""
+    from cases.model import make_inputs
+    from gpu_impls.cuda.fp4 import _gemv_warps
+    from oracle.fp4 import e2m1_values, scale_values, unpack
+
+    case = Case.make("fp4_gemv", {"m": m, "out": 32, "in": n}, "f32", "normal",
+                     params={"format": fmt, "scale_rule": "ocp" if fmt == "mxfp4" else "exact"})
+    assert not case.spec.domain_error(case)
+    inputs = make_inputs(case)
+    ts = float(np.asarray(inputs["tensor_scale"]).reshape(-1)[0])
+    y = emulate_kp.kp_fp4_gemv(e2m1_values(unpack(inputs["codes"])),
+                               scale_values(inputs["scales"], fmt), ts if fmt == "nvfp4" else 1.0,
+                               inputs["x"], fmt, _gemv_warps(case.dims)).astype(np.float64)
+    exact = case.spec.reference(inputs, case)[0]["y"]
+    impl = gpu_impls.impls()["cuda:kp_fp4_gemv"]
+    bound = case.spec.bounds(inputs, {"y": exact}, case, impl.numerics_for(case))["y"]
+    wide = case.spec.bounds(inputs, {"y": exact}, case, Numerics().on("cuda"))["y"]
     assert np.all(np.abs(y - exact) <= bound), case.short()
     assert np.median(bound) < np.median(wide) / 10

@@ -32,6 +32,7 @@ from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.torch.fp4 import whole_blocks
 from oracle.fp4 import BLOCK
+from oracle.numerics import Numerics, plan
 
 SOURCE = "kp_fp4.cu"
 QUANTIZE_SOURCE = "kp_fp4_quantize.cu"
@@ -105,6 +106,31 @@ def _gemv_geometry(dims, params):
     derived = {"warps": warps, "maxm": 1 if dims["m"] == 1 else GEMV_MAX_M}
     return derived, Launch(grid=(max(1, -(-dims["out"] // GEMV_ROWS)), 1, 1),
                            block=(32 * warps, 1, 1), extra=derived)
+
+
+def gemv_sum_orders(fmt: str, warps: int, chunks: int) -> Numerics:
+    """kp_fp4.cu's GEMV as `oracle/fp4_gemv.py`'s form "block_split". A chunk is 32 codes, two
+    halves h of 16; a half's dot is two FMA chains from 0 (even and odd codes k = 2j + p) added,
+    a0 + a1. NVFP4: each half is a block, added to the row's FMA chain as s_b * d. MXFP4: the
+    block's dot d0 + d1, then s * dot into the chain. The row: thread t takes chunks
+    c = step * threads + t in step order, a warp's lanes meet by xor butterfly (16 .. 1), the
+    warps' partials in warp order; then the tensor scale (one product)."""
+    steps = -(-chunks // (32 * warps))
+    if fmt == "nvfp4":
+        block_dot = plan({"j": 8, "p": 2}, ("j", "fma"), ("p", "pairwise"))
+        row = plan({"step": steps, "warp": warps, "lane": 32, "h": 2}, ("step h", "fma"),
+                   ("lane", "butterfly"), ("warp", "sequential"))
+    else:
+        block_dot = plan({"h": 2, "j": 8, "p": 2}, ("j", "fma"), ("p", "pairwise"),
+                         ("h", "sequential"))
+        row = plan({"step": steps, "warp": warps, "lane": 32}, ("step", "fma"),
+                   ("lane", "butterfly"), ("warp", "sequential"))
+    return Numerics(form="block_split", sums=(("block_dot", block_dot), ("row", row)))
+
+
+def _gemv_numerics(case) -> Numerics:
+    warps = _gemv_geometry(case.dims, case.params)[0]["warps"]  # the launch's
+    return gemv_sum_orders(case.params["format"], warps, case.dims["in"] // CHUNK_CODES)
 
 
 GEMV_FALLBACK = "torch:fp4_dequant_linear"
@@ -194,7 +220,8 @@ register(
     cuda_impl("kp_fp4_gemv", "fp4_gemv", GEMV_CONTRACT, _gemv,
               "kparity FP4 GEMV: 16-byte chunks of 32 codes, 4 rows a block split over K, next "
               "chunks and scales in flight, E2M1 by a shared-memory table, per-block sums then "
-              "the block scale, the tensor scale on the dot; in % 32, m <= 4"),
+              "the block scale, the tensor scale on the dot; in % 32, m <= 4",
+              numerics=_gemv_numerics),
     cuda_impl("kp_fp4_quantize", "fp4_quantize", QUANTIZE_CONTRACT, _quantize,
               "kparity FP4 quantize: NVFP4 exact (amax kernel, then a thread per block) and "
               "MXFP4 ocp / ceil, E2M1 RNE, every f32 step without FTZ: bit-exact"),
