@@ -42,7 +42,9 @@ arithmetic). Per sequence and head, over its n visible keys:
 
     s_t  = f32 dot(q, k_t) · scale       D products, the sum in the impl's declared order, the
            or dot(q · scale, k_t)        scale multiply (either form: torch scales the dot, MLX
-                                         the query)
+                                         the query; an impl declaring the form "scaled_q"
+                                         computes the second, its dot's order declared as
+                                         the sum "score": cuda:kp_sdpa_decode)
     M    = max_t s_t                     exact (no rounding), the kernel's own max
     x_t  = s_t − M                       one rounding (two when the kernel rescales, below);
                                          its error e_t + e_t* + off against the exact argmax
@@ -96,7 +98,7 @@ from oracle.builders import kernel_view
 from oracle.dtypes import eps as dtype_eps
 from oracle.dtypes import round_to, spacing
 from oracle.dtypes import tiny as dtype_tiny
-from oracle.numerics import FUNCTION_ULPS, U
+from oracle.numerics import FUNCTION_ULPS, U, product_into
 from oracle.spec import BatchDim, OpSpec, TensorSpec, register
 
 HEAD_DIMS = (64, 96, 128, 256)  # the head sizes; the op itself takes any
@@ -217,7 +219,10 @@ def attend_kernel(A, q, k, v, sink, scale: float, case):
     h, g, dim = q.shape
     n = k.shape[1]
     qv, kv, sc = A.load(q).reshape(h, g, 1, dim), A.load(k).reshape(h, 1, n, dim), A.load(scale)
-    s = A.either(A.sum(qv * kv) * sc, A.sum((qv * sc) * kv))  # [h, g, n]
+    if A.m.numerics.form == "scaled_q":  # q * scale rounded, then the dot (its declared order)
+        s = A.sum(product_into(A, qv * sc, kv, "score"), site="score")
+    else:
+        s = A.either(A.sum(qv * kv) * sc, A.sum((qv * sc) * kv))  # [h, g, n]
     logits = s if sink is None else A.concat([s, A.load(sink[..., None])], axis=-1)
     x = logits.minus_max()
     numerics = A.m.numerics

@@ -304,24 +304,23 @@ class OpSpec:
                 bounds[t.name] = np.where(self.written(t.name, case, inputs), bounds[t.name], 0.0)
         return bounds
 
-    def sums_in_declared_order(self, case, inputs: dict) -> bool:
-        """Whether the bound on `case` reads the impl's declared order of a sum (an impl of this
-        op that declares none is held to every order: `ops --matrix` shows it `undeclared`)."""
+    def sum_sites(self, case, inputs: dict, numerics=None) -> set:
+        """The sums whose declared order the bound on `case` reads for an impl declaring
+        `numerics` (default: none): their site names (None: a sum the op's model leaves
+        unnamed). Empty: no sum an impl could declare (`ops --matrix` shows "-")."""
         from oracle.numerics import DEFAULT, Numerics
 
-        read = []
+        read = set()
 
         class Watched(Numerics):
-            def __getattribute__(self, name):
-                if name == "reduction":
-                    read.append(name)
-                return super().__getattribute__(name)
+            def order(self, site):
+                read.add(site)
+                return super().order(site)
 
-        watched = Watched(**{f.name: getattr(DEFAULT, f.name)
-                             for f in dataclasses.fields(Numerics)})
-        exact = self.reference(inputs, case)[0]
-        self.bounds(inputs, exact, case, watched)
-        return bool(read)
+        given = numerics or DEFAULT
+        watched = Watched(**{f.name: getattr(given, f.name) for f in dataclasses.fields(Numerics)})
+        self.bounds(inputs, self.reference(inputs, case)[0], case, watched)
+        return read
 
     def io_bytes(self, case) -> int:
         """Each input read once, each output written once."""

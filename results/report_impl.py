@@ -145,7 +145,7 @@ def declared_order(impl: str) -> str:
     if registered is None:
         return "sum order: (not registered here)"
     if callable(registered.numerics):
-        return "sum order: declared per launch (the kernel's own plan)"
+        return "sum order: declared per case (the kernel's own plans, from its shape)"
     if registered.declares_order:
         return f"sum order: declared, {registered.numerics}"
     return "sum order: undeclared (every order admitted: the widest bound)"

@@ -170,3 +170,27 @@ def kp_fp4_gemv(q: np.ndarray, block_scales: np.ndarray, ts: float, x: np.ndarra
     for w in range(1, warps):
         total = (total + warp[..., w, 0]).astype(F32)
     return (total * F32(ts)).astype(F32)
+
+
+def kp_sdpa_score(q: np.ndarray, k: np.ndarray, scale: float, vec: int,
+                  epl: int = 16) -> np.ndarray:
+    """kp_sdpa_decode.cu pass 1's score of one query row q [D] against key rows k [n, D] (f32
+    values; `vec` elements of T a 16-byte vector): qs = q * scale; lane `sub` of the key's LPK
+    holds vectors sub + i * LPK, runs dot = fma(qs, kf, dot) over its EPL elements, then the
+    LPK lanes add by xor butterfly."""
+    d = q.shape[-1]
+    lanes = 1 << max(0, (-(-d // epl) - 1).bit_length())
+    qs = (q.astype(F32) * F32(scale)).astype(F32)
+    kf = k.astype(F32)
+    dot = np.zeros((k.shape[0], lanes), F32)
+    for i in range(epl // vec):
+        for e in range(vec):
+            idx = (i * lanes + np.arange(lanes)) * vec + e
+            ok = idx < d
+            take = np.where(ok, idx, 0)
+            dot = fma(np.where(ok, qs[take], 0), np.where(ok, kf[:, take], 0), dot)
+    o = lanes // 2
+    while o:
+        dot = (dot + dot[:, np.arange(lanes) ^ o]).astype(F32)
+        o //= 2
+    return dot[:, 0]

@@ -29,7 +29,7 @@ def _plan_in_f32(terms: np.ndarray, reduction) -> np.float32:
         rest = [d for d in names if d not in step.split()]
         x = x.transpose([names.index(d) for d in rest + [d for d in names if d in step.split()]])
         x = x.reshape(x.shape[:len(rest)] + (-1,))
-        if how == "sequential":
+        if how in ("sequential", "fma"):  # fma: exact products (the callers' terms)
             total = x[..., 0].copy()
             for k in range(1, x.shape[-1]):
                 total = (total + x[..., k]).astype(F32)
@@ -318,16 +318,22 @@ def test_the_conv_chains_bias_comes_first_and_its_error_stays_in_the_bound():
 def test_the_report_and_the_matrix_say_what_each_impl_declares():
     from cases.generate import gate_cases
     from results.report_impl import declared_order
-    from verbs.catalog import _sum_order, _sums_in_declared_order
+    from verbs.catalog import _sum_order, _summing_case
 
-    assert "per launch" in declared_order("cuda:kp_rms_norm")
+    assert "per case" in declared_order("cuda:kp_rms_norm")
     assert "sequential" in declared_order("cuda:kp_attn_combine")
     assert "undeclared" in declared_order("torch:rms_norm")
     impls = gpu_impls.impls()
-    assert _sums_in_declared_order(gate_cases("rms_norm"))
-    assert not _sums_in_declared_order(gate_cases("rope"))  # no sum: nothing to declare
-    assert "undeclared" in _sum_order(impls["cuda:kp_qgemv_mma"], True)
-    assert _sum_order(impls["cuda:kp_rope"], False) == "-"
+    norm, gemv = _summing_case(gate_cases("rms_norm")), _summing_case(gate_cases("dequant_gemv"))
+    assert norm and gemv
+    assert _summing_case(gate_cases("rope")) is None  # no sum: nothing to declare
+    assert "per case" in _sum_order(impls["cuda:kp_rms_norm"], norm)
+    assert "sequential" in _sum_order(impls["cuda:kp_attn_combine"],
+                                      _summing_case(gate_cases("attn_combine")))
+    sdpa = _summing_case(gate_cases("sdpa_decode"))
+    assert _sum_order(impls["cuda:kp_sdpa_decode"], sdpa) == "[green]partly[/] (score)"
+    assert "undeclared" in _sum_order(impls["cuda:kp_qgemv_mma"], gemv)
+    assert _sum_order(impls["cuda:kp_rope"], None) == "-"
 
 
 @pytest.mark.parametrize("bits, n, m, dist", [(4, 1024, 1, "normal"), (4, 4096, 3, "quantized"),
@@ -374,3 +380,36 @@ def test_kp_fp4_gemvs_source_arithmetic_stays_within_its_declared_bound(fmt, n, 
     wide = case.spec.bounds(inputs, {"y": exact}, case, Numerics().on("cuda"))["y"]
     assert np.all(np.abs(y - exact) <= bound), case.short()
     assert np.median(bound) < np.median(wide) / 10
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_kp_sdpa_decodes_score_order_is_its_source_order_bit_for_bit(head_dim, dtype):
+    """With products exact in f32 (few significant bits), an FMA chain adds exactly the
+    products: the transcription of pass 1's score equals the declared plan evaluated in f32."""
+    from gpu_impls.cuda.kp_attention import score_order
+
+    rng = np.random.default_rng(head_dim)
+    for seed in range(3):
+        q = (rng.integers(-63, 64, head_dim) * 2.0 ** rng.integers(-20, 20, head_dim)).astype(F32)
+        k = (rng.integers(-63, 64, (5, head_dim))
+             * 2.0 ** rng.integers(-20, 20, (5, head_dim))).astype(F32)
+        vec = 4 if dtype == "f32" else 8
+        got = emulate_kp.kp_sdpa_score(q, k, 1.0, vec)
+        want = [_plan_in_f32((q * row).astype(F32), score_order(head_dim, dtype)) for row in k]
+        assert np.array_equal(got, np.array(want, F32)), seed
+
+
+def test_kp_sdpa_decode_declares_the_scaled_q_form_and_passes_its_bound_on_gate_cases():
+    """The declared score order (its FMA chains and butterfly) tightens only the score's sum;
+    on f32 gate cases the transcribed scores stay within an f32 dot's bound in that order."""
+    from cases.model import make_inputs
+
+    impl = gpu_impls.impls()["cuda:kp_sdpa_decode"]
+    case = Case.make("sdpa_decode", {"batch": 1, "heads": 4, "kv_heads": 1, "head_dim": 96,
+                                     "max_len": 64}, "f32", "normal")
+    numerics = impl.numerics_for(case)
+    assert numerics.form == "scaled_q" and numerics.order("score").terms >= 96
+    assert numerics.order(None).kind == "any"  # the softmax sums: undeclared
+    inputs = make_inputs(case)
+    assert case.spec.bounds(inputs, case.spec.reference(inputs, case)[0], case, numerics)

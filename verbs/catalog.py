@@ -103,7 +103,7 @@ def support_matrix(impls: dict) -> int:
     for impl in sorted(impls.values(), key=lambda i: (i.op, i.id)):
         if impl.op not in cases_of:
             cases_of[impl.op] = gate_cases(impl.op)
-            sums[impl.op] = _sums_in_declared_order(cases_of[impl.op])
+            sums[impl.op] = _summing_case(cases_of[impl.op])
         backend = _backend(impl.backend)
         ok, missing = impl.available(backend)
         if not backend.available()[0]:  # the backend's own why is in the table below, once
@@ -139,26 +139,43 @@ def support_matrix(impls: dict) -> int:
     return 0
 
 
-def _sums_in_declared_order(cases) -> bool:
-    """Whether the op's bound reads a declared summation order, on its cheapest gate case."""
+def _summing_case(cases):
+    """The op's cheapest gate case if its bound reads a declared summation order, else None."""
     from cases.model import make_inputs
     from cases.tiers import case_cost
 
     normal = [c for c in cases if c.dist == "normal"] or cases
     if not normal:
-        return False
+        return None
     case = min(normal, key=case_cost)
-    return case.spec.sums_in_declared_order(case, make_inputs(case))
+    return case if case.spec.sum_sites(case, make_inputs(case)) else None
 
 
-def _sum_order(impl, sums: bool) -> str:
-    if not sums:
+def _sum_order(impl, case) -> str:
+    """"-" (no sum to declare), the declared order, "per case" (plans from the case's
+    geometry), "partly" (some of the op's sums declared), or "undeclared"."""
+    if case is None:
         return "-"
+    if not impl.declares_order:
+        return "[yellow]undeclared[/]"
+    if callable(impl.numerics):  # a case the impl's contract admits: its launch's plan
+        from gpu_impls.contract import ContractError
+
+        try:
+            impl.contract.check(impl.id, case)
+        except ContractError:
+            return "[green]per case[/]"
+    from cases.model import make_inputs
+
+    numerics = impl.numerics_for(case)
+    sites = case.spec.sum_sites(case, make_inputs(case), numerics)
+    open_sites = {site for site in sites if numerics.order(site).kind == "any"}
+    if open_sites:
+        named = sorted(site for site in sites - open_sites if site)
+        return f"[green]partly[/] ({', '.join(named)})"
     if callable(impl.numerics):
-        return "[green]per launch[/]"  # e.g. kp_rms_norm: threads per row follow the shape
-    if impl.declares_order:
-        return f"[green]{escape(str(impl.numerics.reduction))}[/]"
-    return "[yellow]undeclared[/]"
+        return "[green]per case[/]"  # e.g. kp_rms_norm: threads per row follow the shape
+    return f"[green]{escape(str(numerics.reduction))}[/]"
 
 
 def coverage_table(impls: dict) -> int:

@@ -20,8 +20,8 @@ Llama-3.1-8B (8 kv heads) at B=1 takes 30 splits on 132 SMs, at B=32 one (256 bl
 2). The SM count is the device's where CuPy sees one, else `DEFAULT_SMS` (an H100 SXM): the
 contract tests run without a GPU.
 
-Numerics (`oracle.numerics.Numerics`): scores as dot(q·scale, k_t) (q scaled in f32 first; the
-model admits either form), the dot in any order; expf (CUDA's, 2 ULP; CuPy adds -ftz, not fast
+Numerics (`oracle.numerics.Numerics`): scores as dot(q·scale, k_t), q scaled in f32 first (the
+form "scaled_q"), the dot's order declared (`score_order`); the softmax sums in any order; expf (CUDA's, 2 ULP; CuPy adds -ftz, not fast
 math), one divide at the end. Rescales: a term's weight is rescaled only when a container it is
 in (a key group's step, a group, a warp, a split) meets one with a higher max, once per other
 run of U keys at most, and the split combine once: at most ceil(n / U) + 1 = `rescales(n)` with
@@ -45,7 +45,7 @@ from gpu_impls.contract import NO_CONTRACT, Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.torch.attention import GQA, HEAD_DIM
 from oracle.attention import HEAD_DIMS, keys_read, scale_of
-from oracle.numerics import SEQUENTIAL, Numerics
+from oracle.numerics import SEQUENTIAL, Numerics, plan
 
 SOURCE = "kp_sdpa_decode.cu"
 U = 2             # keys per key group per step (KP_U in the .cu)
@@ -64,7 +64,6 @@ ALIGN = 16
 KERNELS = [(SOURCE, "kp_sdpa_decode_split", tuple((d, g) for d in HEAD_DIMS
                                                    for g in GROUP_SIZES)),
            (SOURCE, "kp_attn_combine")]
-NUMERICS = Numerics(softmax_block=U)
 # kp_attn_combine: thread 0 adds the splits' weights from 0 in split order, the sink last; each
 # column's output adds the splits' weighted partials from 0 in split order (kp_sdpa_decode.cu)
 COMBINE_NUMERICS = Numerics(SEQUENTIAL, softmax_block=U)
@@ -208,6 +207,26 @@ def launches(splits: int | None = None, epl: int = EPL) -> dict:
             "combine": Contract(geometry=_combine_geometry)}
 
 
+def score_order(head_dim: int, dtype: str, epl: int = EPL):
+    """A score's dot (kp_sdpa_decode.cu pass 1): q * scale is rounded first (`qs`); a key row's
+    LPK = next_pow2(D / EPL) lanes hold its 16-byte vectors sub + i * LPK (VEC elements each),
+    each lane runs one FMA chain from 0 over its EPL elements in (i, e) order, then the LPK lanes
+    meet by xor butterfly from LPK / 2 down. Vectors past D are absent."""
+    vec = 4 if dtype == "f32" else 8
+    lanes = 1 << max(0, (-(-head_dim // epl) - 1).bit_length())
+    return plan({"i": epl // vec, "sub": lanes, "e": vec}, ("i e", "fma"), ("sub", "butterfly"))
+
+
+def _decode_numerics(epl: int):
+    """The score's form and order declared (`oracle/attention.py` form "scaled_q"); the softmax
+    sums stay any-order: their partial sums are rescaled between additions (e^(m - M)), which
+    a plan does not model."""
+    def numerics(case) -> Numerics:
+        return Numerics(softmax_block=U, form="scaled_q", sums=(
+            ("score", score_order(case.dims["head_dim"], case.dtype, epl)),))
+    return numerics
+
+
 def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL):
     """`cuda:name` for `op` (contiguous or paged) at the derived split count, or a fixed one
     (the split-invariance test); `epl` elements of a key row per lane (8 or 16)."""
@@ -215,7 +234,7 @@ def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL):
                      f"kparity split-KV decode: G heads of a kv head per block, {epl} elements "
                      f"a lane, U={U} keys a tile per key group, {splits or 'SM-derived'} "
                      "splits, then the combine", launches=launches(splits, epl),
-                     numerics=NUMERICS)
+                     numerics=_decode_numerics(epl))
 
 
 register(
