@@ -43,6 +43,11 @@ arithmetic, chunk by chunk, so `tests/test_bounds_corners.py` covers it. It admi
   does it: S_z = Σ_{c<=z} exp(Σ_{c<=j<z} cs_last_j) states_c (the stable segsum of the chunk
   totals, an exp, then a dot over the chunks).
 
+The bound is the worse of the two forms, unless the impl declares the form "kernel"
+(`Numerics.form`: cuda:kp_ssd_chunked): the kernel path alone, with the orders of its dots
+declared as the sums "cb" (C·B over n), "c_state" (C·S over n, Y_off) and "chunk_state"
+(the chunk's state over its tokens); the cumsum and y's sum stay in any order.
+
 Exact values stay exact: exp(0) on the diagonal and at cs_last − cs_last, the masked entries.
 
 Non-finite inputs are outside the op's domain (`check_chunked_domain`): the listing multiplies
@@ -89,6 +94,7 @@ import numpy as np
 
 from oracle import ssd_math
 from oracle.builders import kernel_view
+from oracle.numerics import product_into
 from oracle.ssd import (COMMON, PARAM_VALUES, PARAMS, SCAN_DIMS, BC, DT, STATE, X, Z, _constants,
                         check_domain, dt_limits, exact_where, scan_inputs, silu_kernel,
                         time_step_kernel, view)
@@ -163,6 +169,10 @@ def _passed(A, h0, totals: list, contributions: list):
 def chunked_kernel(A, inputs: dict, case) -> dict:
     x = kernel_view(inputs, case)
     dims, q = case.dims, case.params["chunk"]
+    # form "kernel" (cuda:kp_ssd_chunked): the kernel path only, not the listing's; its dots'
+    # orders declared as the sums "cb", "c_state" and "chunk_state"
+    own = A.m.numerics.form == "kernel"
+    either = (lambda kernel, listing: kernel) if own else A.either
     # param dots="T": the three operands mamba_ssm's Triton kernels round to T may be held in T
     held = (lambda v: v.may_round(case.dtype)) if case.params["dots"] == "T" else (lambda v: v)
     heads = ssd_math.group_index(dims["heads"], dims["groups"])
@@ -177,27 +187,29 @@ def chunked_kernel(A, inputs: dict, case) -> dict:
         a_n, dt_n = a.at(rows), dt.at(rows)  # [B, Q, H]
         xn = x["x"][rows]  # [B, Q, H, P], exact
         bg, cg = x["Bm"][rows], x["Cm"][rows]  # [B, Q, G, N]
-        s_before = A.either(s_seq, _passed(A, h0, totals, contributions))
+        s_before = s_seq if own else A.either(s_seq, _passed(A, h0, totals, contributions))
         # cs: the chunk-local inclusive cumsum, any order
         incl = np.tril(np.ones((m, m)))[None, :, None, :]
         cs = A.sum(view(a_n, lambda v: np.swapaxes(v, 1, 2)[:, None] * incl))  # [B, Q, H]
         big_l = _segments(A, cs, m)
-        cb = A.sum(A.load(cg[:, :, :, None, :]) * A.load(np.swapaxes(bg, 1, 2)[:, None]))
+        cb = A.sum(product_into(A, A.load(cg[:, :, :, None, :]),
+                                A.load(np.swapaxes(bg, 1, 2)[:, None]), "cb"), site="cb")
         cb = view(cb, lambda v: v[:, :, heads])  # [B, Q(l), H, Q(s)]
         dt_s = view(dt_n, lambda v: np.swapaxes(v, 1, 2)[:, None])  # [B, 1, H, Q(s)]
         x_s = A.load(_swap(xn)[:, None])  # [B, 1, H, P, Q(s)]
         xdt = A.load(xn) * A.keep(dt_n)  # X = dt·x [B, Q, H, P] (the listing)
         # Y_off: (Σ_n C_l·T?(S)) exp(cs_l), as one more term of the sum over the chunk
         ch = cg[:, :, heads]  # [B, Q, H, N]
-        c_s = A.sum(A.load(ch[:, :, :, None, :]) * view(held(s_before),
-                                                        lambda v: v[:, None]))
+        c_s = A.sum(product_into(A, A.load(ch[:, :, :, None, :]),
+                                 view(held(s_before), lambda v: v[:, None]), "c_state"),
+                    site="c_state")
         y_off = c_s * A.keep(cs.exp())  # [B, Q, H, P]
         tile = held(A.prod3(cb, big_l, dt_s))  # the kernel path
         kernel_terms = view(tile, lambda v: v[:, :, :, None, :]) * x_s
         listing_terms = (view(cb * big_l, lambda v: v[:, :, :, None, :])
                          * view(xdt, lambda v: _swap(v)[:, None]))
-        y = A.either(*(A.sum(A.concat([t, A.keep(y_off)], axis=-1))
-                       for t in (kernel_terms, listing_terms)))
+        y = either(*(A.sum(A.concat([t, A.keep(y_off)], axis=-1))
+                     for t in (kernel_terms, listing_terms)))
         y = y + d * A.load(xn)
         if case.params["gate"]:
             y = y * silu_kernel(A, A.load(x["z"][rows]))
@@ -210,12 +222,13 @@ def chunked_kernel(A, inputs: dict, case) -> dict:
         b_kernel = held(bh * A.keep(decay * dt_n))
         b_listing = bh * A.keep(decay)
         per_pn = lambda b: view(b, lambda v: _swap(v)[:, :, None])  # noqa: E731 [B,H,1,N,Q]
-        st = A.either(A.sum(A.load(_swap(xn)[:, :, :, None]) * per_pn(b_kernel)),
-                      A.sum(view(xdt, lambda v: _swap(v)[:, :, :, None]) * per_pn(b_listing)))
+        st = either(A.sum(product_into(A, A.load(_swap(xn)[:, :, :, None]), per_pn(b_kernel),
+                                       "chunk_state"), site="chunk_state"),
+                    A.sum(view(xdt, lambda v: _swap(v)[:, :, :, None]) * per_pn(b_listing)))
         s_seq = s_seq * A.keep(A.keep(last.exp())) + st
         totals.append(last)
         contributions.append(st)
-    state = A.either(s_seq, _passed(A, h0, totals, contributions))
+    state = s_seq if own else A.either(s_seq, _passed(A, h0, totals, contributions))
     return {"y": ys[0] if len(ys) == 1 else A.concat(ys, axis=1), "state": state}
 
 

@@ -413,3 +413,32 @@ def test_kp_sdpa_decode_declares_the_scaled_q_form_and_passes_its_bound_on_gate_
     assert numerics.order(None).kind == "any"  # the softmax sums: undeclared
     inputs = make_inputs(case)
     assert case.spec.bounds(inputs, case.spec.reference(inputs, case)[0], case, numerics)
+
+
+def test_kp_ssd_chunked_declares_its_kernel_path_and_its_bound_is_never_wider():
+    """The form "kernel" drops the listing's path and declares three dots' FMA chains: on its
+    admitted f32 gate cases the bound is nowhere wider than the any-order, either-form one."""
+    from cases.generate import gate_cases
+    from cases.model import make_inputs
+    from gpu_impls.contract import ContractError
+
+    impl = gpu_impls.impls()["cuda:kp_ssd_chunked"]
+    checked = 0
+    for case in gate_cases("ssd_chunked"):
+        if case.dtype != "f32" or case.dist != "normal" or case.dims["tokens"] > 300:
+            continue
+        try:
+            impl.contract.check(impl.id, case)
+        except ContractError:
+            continue
+        numerics = impl.numerics_for(case)
+        assert numerics.form == "kernel" and numerics.order("chunk_state").terms == \
+            case.params["chunk"]
+        inputs = make_inputs(case)
+        exact = case.spec.reference(inputs, case)[0]
+        own = case.spec.bounds(inputs, exact, case, numerics)
+        wide = case.spec.bounds(inputs, exact, case, Numerics().on("cuda"))
+        for name in own:
+            assert np.all(own[name] <= wide[name] * (1 + 1e-12)), (name, case.short())
+        checked += 1
+    assert checked >= 2

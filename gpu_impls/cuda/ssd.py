@@ -44,6 +44,7 @@ from gpu_impls import register
 from gpu_impls.contract import NO_CONTRACT, Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from oracle.ssd import dt_limits
+from oracle.numerics import Numerics, plan
 from oracle.ssd_chunked import CHUNKS
 
 SOURCE = "kp_ssd_chunked.cu"
@@ -186,9 +187,20 @@ def _chunked(defines: tuple = ()):
     return run
 
 
+def _declared(case) -> Numerics:
+    """kp_ssd_chunked.cu's three dots, each one FMA chain from 0 in index order: C·B over n
+    (`cb` kernel), C·S over n for Y_off (`mac_rows`, k then kk in order), the chunk's state
+    x^T (B w) over its tokens s (across the 64-token sub-blocks). Its cumsum (a warp scan) and
+    y's sum (a chain started at Y_off) stay undeclared."""
+    over_n = plan({"n": NP}, ("n", "fma"))  # rows padded to NP with zeros: absent terms
+    return Numerics(form="kernel", sums=(
+        ("cb", over_n), ("c_state", over_n),
+        ("chunk_state", plan({"s": case.params["chunk"]}, ("s", "fma")))))
+
+
 register(
-    cuda_impl("kp_ssd_chunked", "ssd_chunked", NO_CONTRACT, _chunked,
-              "kparity chunked SSD: C·Bᵀ per group and chunk, the chunk states passed "
+    cuda_impl("kp_ssd_chunked", "ssd_chunked", NO_CONTRACT, _chunked, numerics=_declared,
+              doc="kparity chunked SSD: C·Bᵀ per group and chunk, the chunk states passed "
               "sequentially per (head, 32 columns p), then y per (64 rows, head, 64 columns p); "
               "f32 CUDA-core FMAs throughout", launches=LAUNCHES),
 )
