@@ -40,6 +40,11 @@ Domain: the kernel squares and sums in f32, which overflows once mean(x²) passe
 inv = rsqrt(inf) = 0, so out = 0 (or residual, for rms_norm_residual), while a kernel that scales
 the row first gets the exact answer: the contract admits both, and the bound (`Val.rsqrt`)
 spans them, [0, |y|]. The `f32_overflow` cases hold such rows; anything else still fails there.
+An impl that declares its sum's overflow (`Numerics.overflow = "inf"`: it never rescales) is
+held to IEEE's answer instead: the runner sets the param `overflow` = "inf" on the case the
+oracle runs (as `ftz`), and a row whose exact sum of squares is at least 2 · 3.4e38 (so every
+f32 order of it reaches inf) has inv = 0 exactly, in the oracle and in the bound: out = ±0
+(residual for rms_norm_residual) and nothing else passes. Rows nearer the edge keep both answers.
 
 At the other end, eps = 0 (as the kernel reads it: f32(eps), and 0 under `ftz` when below
 2^-126) leaves nothing between mean(x²) and rsqrt: y = x · rsqrt(mean(x²)). In f32 a square
@@ -74,7 +79,7 @@ import numpy as np
 from oracle.dtypes import eps as dtype_eps, tiny
 from oracle.builders import kernel_view, silu  # noqa: F401 (re-exported: families import them)
 from oracle.dtypes import round_to
-from oracle.numerics import Numerics, lanes
+from oracle.numerics import Numerics, Val, exact_where, lanes
 from oracle.spec import OpSpec, TensorSpec, register
 
 EPS32 = dtype_eps("f32")
@@ -111,11 +116,25 @@ def _eps(case) -> float:
     return float(np.float32(case.params["eps"]))
 
 
-def rms_inv_rows(x: np.ndarray, eps: float) -> np.ndarray:
-    """rsqrt(mean(x^2) + eps) along the last axis, keepdims, float64."""
+# An exact sum of squares at least this large reaches inf in every f32 order (module docstring,
+# "Domain"): twice f32's largest value, far beyond any f32 sum's relative error.
+OVERFLOW_SURE = 2.0 * float(np.finfo(np.float32).max)
+OVERFLOWS = ("either", "inf")  # the param `overflow`: undeclared, or IEEE's declared
+
+
+def overflows(case) -> bool:
+    """Whether the case's oracle holds the kernel to IEEE's answer past f32's range."""
+    return case.params.get("overflow", "either") == "inf"
+
+
+def rms_inv_rows(x: np.ndarray, eps: float, ieee_overflow: bool = False) -> np.ndarray:
+    """rsqrt(mean(x^2) + eps) along the last axis, keepdims, float64; with `ieee_overflow`, 0
+    where the exact sum of squares is OVERFLOW_SURE or more (rsqrt(inf) of an f32 kernel)."""
     x = _f64(x)
-    with np.errstate(divide="ignore"):  # mean 0, eps 0 (zero rows): inf, IEEE's (docstring)
-        return 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    with np.errstate(divide="ignore", over="ignore"):  # mean 0, eps 0 (zero rows): inf, IEEE's
+        squares = np.sum(x * x, axis=-1, keepdims=True)
+        inv = 1.0 / np.sqrt(squares / x.shape[-1] + eps)
+    return np.where(squares >= OVERFLOW_SURE, 0.0, inv) if ieee_overflow else inv
 
 
 EPS_ZERO_MAX_TINY = 2.0 ** -81  # `eps_domain`: 64 · tiny(D) ≤ 2^-75, where every f32 square is 0
@@ -133,6 +152,10 @@ def eps_domain(*normed: str):
     mean(x²) + eps = 0 there and a correct kernel returns inf."""
 
     def check(case) -> None:
+        if case.params.get("overflow", "either") not in OVERFLOWS:
+            raise ValueError(f"{case.op}: params.overflow = {case.params['overflow']!r}: one of "
+                             f"{', '.join(OVERFLOWS)} (the runner sets it from the impl's "
+                             f"declared numerics; a case file need not)")
         if case.dist != "tiny" or _kernel_eps(case) != 0.0:
             return
         dtypes = sorted({t.dtype(case) for t in case.spec.inputs if t.name in normed})
@@ -154,9 +177,16 @@ def _kernel_inputs(arith, inputs: dict, case, names) -> list:
 
 
 def inv_kernel(A, x, case):
-    """inv = rsqrt(sum(x*x) / n + eps) per row, in the arithmetic A (the kernel model)."""
+    """inv = rsqrt(sum(x*x) / n + eps) per row, in the arithmetic A (the kernel model); exactly
+    0 where the declared IEEE overflow is sure (`overflows`)."""
     n = x.shape[-1]
-    return (A.sum(x * x) / A.load(float(n)) + A.load(_eps(case))).rsqrt()
+    inv = (A.sum(x * x) / A.load(float(n)) + A.load(_eps(case))).rsqrt()
+    if not overflows(case):
+        return inv
+    exact = x.v if isinstance(x, Val) else x.x  # as loaded: the kernel's inputs, exact
+    with np.errstate(over="ignore"):
+        sure = np.sum(exact * exact, axis=-1) >= OVERFLOW_SURE
+    return exact_where(inv, sure, 0.0)
 
 
 def weight_kernel(A, w, case):
@@ -184,7 +214,7 @@ def _row_op(name: str, oracle, kernel, inputs, outputs, flops_per_elem: int, doc
         oracle=oracle, tolerance=None, kernel=kernel,
         bytes=lambda case: get_bytes(name, case),
         flops=lambda case: flops_per_elem * elems(case),
-        params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0},
+        params=params or {"eps": 1e-6, "weight_offset": 0, "ftz": 0, "overflow": "either"},
         param_values=param_values or {}, doc=doc, version=2, chain_input=chain_input,
         conventions=conventions, domain=eps_domain(*normed)))
 
@@ -213,7 +243,7 @@ def rms_norm(inputs: dict, case) -> dict:
     wherever x·inv is not within its own f32 noise of a midpoint of T, and fails there."""
     v = kernel_view(inputs, case)
     x, w = v["x"], v["w"]
-    normed = x * rms_inv_rows(x, _eps(case))
+    normed = x * rms_inv_rows(x, _eps(case), overflows(case))
     w = w + case.params["weight_offset"]
     if case.params["rounding"] == "normed":
         rounded = round_to(normed, case.dtype).astype(np.float64)
@@ -227,7 +257,8 @@ def rms_norm_kernel(A, inputs: dict, case) -> dict:
 
 
 ROUNDINGS = ("once", "normed")
-NORM_PARAMS = {"eps": 1e-6, "weight_offset": 0, "rounding": "once", "ftz": 0}
+NORM_PARAMS = {"eps": 1e-6, "weight_offset": 0, "rounding": "once", "ftz": 0,
+               "overflow": "either"}
 
 _row_op("rms_norm", rms_norm, rms_norm_kernel,
         inputs=(TensorSpec("x", ROWS), TensorSpec("w", ROW_N, init="weight")),
@@ -262,7 +293,8 @@ def rms_norm_residual(inputs: dict, case) -> dict:
     its rounding is charged at the sum's magnitude, its operands' errors carried through)."""
     v = kernel_view(inputs, case)
     x, w, res = v["x"], v["w"], v["residual"]
-    normed = x * rms_inv_rows(x, _eps(case)) * (w + case.params["weight_offset"])
+    inv = rms_inv_rows(x, _eps(case), overflows(case))
+    normed = x * inv * (w + case.params["weight_offset"])
     return {"out": res + normed}
 
 
@@ -287,7 +319,8 @@ def add_rms_norm(inputs: dict, case) -> dict:
     T = f16/bf16, residual_out is the double rounding f32 -> T, covered by the store's interval)."""
     v = kernel_view(inputs, case)
     s = v["a"] + v["b"]
-    normed = s * rms_inv_rows(s, _eps(case)) * (v["w"] + case.params["weight_offset"])
+    inv = rms_inv_rows(s, _eps(case), overflows(case))
+    normed = s * inv * (v["w"] + case.params["weight_offset"])
     return {"residual_out": s, "normed_out": normed}
 
 
@@ -314,7 +347,8 @@ def gated_mixer_norm(inputs: dict, case) -> dict:
     it into the normed value (one rounding)."""
     v = kernel_view(inputs, case)
     y, z, w = v["y"], v["z"], v["w"]
-    normed = y * rms_inv_rows(y, _eps(case)) * (w + case.params["weight_offset"])
+    inv = rms_inv_rows(y, _eps(case), overflows(case))
+    normed = y * inv * (w + case.params["weight_offset"])
     return {"out": normed * silu(z)}
 
 
@@ -336,7 +370,8 @@ _row_op("gated_mixer_norm", gated_mixer_norm, gated_mixer_norm_kernel,
 def rms_inv(inputs: dict, case) -> dict:
     """inv[r] = rsqrt(sum_i x_ri² / n + eps), float32 per row: the scalar `mt_rms_inv_scalar`
     returns to the fused kernels. The output is f32: the kernel model's `inv` is stored as is."""
-    return {"inv": rms_inv_rows(kernel_view(inputs, case)["x"], _eps(case))[..., 0]}
+    x = kernel_view(inputs, case)["x"]
+    return {"inv": rms_inv_rows(x, _eps(case), overflows(case))[..., 0]}
 
 
 def rms_inv_kernel(A, inputs: dict, case) -> dict:

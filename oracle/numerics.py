@@ -249,12 +249,17 @@ class Numerics:
     # The order of each named sum of the op's kernel model ((site, Reduction), ...: GEMV's
     # "chunk_dot", "chunk_x", "row"), where it is not `reduction`.
     sums: tuple[tuple[str, Reduction], ...] = ()
+    # What an f32 sum past f32's range gives, where the op's contract admits several answers
+    # (an RMSNorm's sum of squares: `oracle/norms.py` "Domain"): "inf", IEEE's (the kernel
+    # neither rescales nor widens); None: undeclared, every answer the contract admits.
+    overflow: str | None = None
 
     def __str__(self) -> str:
         block = f", softmax_block={self.softmax_block}" if self.softmax_block else ""
         form = f", form={self.form}" if self.form else ""
         sites = "".join(f", {site}={order}" for site, order in self.sums)
-        return f"reduction={self.reduction}{block}{form}{sites}"
+        overflow = f", overflow={self.overflow}" if self.overflow else ""
+        return f"reduction={self.reduction}{block}{form}{sites}{overflow}"
 
     def order(self, site: str | None) -> Reduction:
         """The declared order of the sum `site` (`reduction` where none is named)."""
@@ -683,6 +688,14 @@ def f32_sum(t: Val, reduction: Reduction | None = None, site: str | None = None)
                  if m.ftz else None).sum(axis=-1)
     with np.errstate(invalid="ignore"):
         return _finite(Val(v, carried + sums, m))
+
+
+def exact_where(a, mask, value: float):
+    """`value`, exact, where mask (e.g. exp(0) = 1: exact in every library), else a (a `Val`
+    or an `Adverse`)."""
+    if isinstance(a, Val):
+        return Val(np.where(mask, value, a.v), np.where(mask, 0.0, a.e), a.m)
+    return Adverse(np.where(mask, value, a.x), a.m, a.ch)
 
 
 def product_into(A, a, b, site: str):

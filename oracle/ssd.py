@@ -75,7 +75,7 @@ import numpy as np
 
 from oracle import ssd_math
 from oracle.builders import kernel_view
-from oracle.numerics import Adverse, Val
+from oracle.numerics import Adverse, Val, exact_where  # noqa: F401 (exact_where: re-exported)
 from oracle.spec import BatchDim, OpSpec, TensorSpec, register
 
 INITIAL_STATES = ("zero", "given", "large")
@@ -216,13 +216,6 @@ def view(a, fn):
     if isinstance(a, Val):
         return Val(fn(a.v), fn(np.broadcast_to(a.e, np.shape(a.v))), a.m)
     return Adverse(fn(a.x), a.m, a.ch)
-
-
-def exact_where(a, mask, value: float):
-    """`value`, exact, where mask (e.g. exp(0) = 1: exact in every library), else a."""
-    if isinstance(a, Val):
-        return Val(np.where(mask, value, a.v), np.where(mask, 0.0, a.e), a.m)
-    return Adverse(np.where(mask, value, a.x), a.m, a.ch)
 
 
 def clamp(a, lo: float, hi: float | None):

@@ -426,8 +426,9 @@ ZERO_ADMITTED: dict[tuple[str, str], str] = {
     ("rms_norm", "f32_overflow"): (
         "mean(x^2) overflows f32 (|x| ~ 1e20): a kernel that sums in f32 gets inf, "
         "rsqrt(inf) = 0 and out = 0, its IEEE answer; one that scales first gets the exact "
-        "answer. The contract admits both (oracle/norms.py \"Domain\"), so these cases "
-        "cannot tell a kernel that writes zeros from one that overflows"),
+        "answer. The contract admits both (oracle/norms.py \"Domain\"), so for an impl that "
+        "declares neither these cases cannot tell a kernel that writes zeros from one that "
+        "overflows; one declaring overflow=\"inf\" (cuda:kp_rms_norm) is held to 0 alone"),
 }
 
 

@@ -170,7 +170,7 @@ def reference_and_bounds(case, inputs: dict, numerics, ftz: bool, own_inputs: bo
     semantics where `ftz` and the op has the param, the bounds for `numerics`. `cache=True`:
     the current cache (`current_cache`); None or False: none. `outcome` is one of OUTCOMES."""
     spec = case.spec
-    oracle_case = _oracle_case(case, ftz)
+    oracle_case = _oracle_case(case, ftz, numerics)
     if cache is True:
         cache = current_cache()
     if not cache:
@@ -197,10 +197,16 @@ def reference_and_bounds(case, inputs: dict, numerics, ftz: bool, own_inputs: bo
     return exact, ref, bounds, outcome
 
 
-def _oracle_case(case, ftz: bool):
+def _oracle_case(case, ftz: bool, numerics=None):
     """The case the oracle runs on: under flush-to-zero semantics on a backend that flushes
-    subnormals (where the op has the param)."""
-    return case.replace(ftz=1) if ftz and "ftz" in case.spec.params else case
+    subnormals, and under the overflow the impl declares (`Numerics.overflow`), where the op has
+    the param."""
+    if ftz and "ftz" in case.spec.params:
+        case = case.replace(ftz=1)
+    declared = getattr(numerics, "overflow", None)
+    if declared and "overflow" in case.spec.params:
+        case = case.replace(overflow=declared)
+    return case
 
 
 def worst(*outcomes: str) -> str:
@@ -490,7 +496,7 @@ class Prefetch:
 
 def _present(cache: DiskCache, case, numerics, ftz: bool) -> bool:
     """Whether both entries of the case exist (not read: the check verifies them)."""
-    keys = entry_keys(case, _oracle_case(case, ftz), numerics, None)
+    keys = entry_keys(case, _oracle_case(case, ftz, numerics), numerics, None)
     return all(cache.path(k).exists() for k in keys)
 
 

@@ -442,3 +442,47 @@ def test_kp_ssd_chunked_declares_its_kernel_path_and_its_bound_is_never_wider():
             assert np.all(own[name] <= wide[name] * (1 + 1e-12)), (name, case.short())
         checked += 1
     assert checked >= 2
+
+
+# --- a declared overflow: kp_rms_norm's f32 sum of squares ------------------------------------------
+
+def _overflow_case(op="rms_norm"):
+    return Case.make(op, {"rows": 4, "n": 512}, "f32", "f32_overflow")
+
+
+@pytest.mark.parametrize("op, out", [("rms_norm", "out"), ("rms_norm_residual", "out"),
+                                     ("add_rms_norm", "normed_out")])
+def test_a_declared_ieee_overflow_holds_the_impl_to_zero_and_nothing_else(op, out):
+    """Undeclared, an f32_overflow row admits every output between 0 and the exact one; an impl
+    declaring overflow="inf" (kp_rms_norm's family) is held to IEEE's answer: the oracle's
+    reference is 0 there (residual for rms_norm_residual) with a zero bound, so an impl that
+    rescales (the exact answer) fails, as would one writing anything else."""
+    from cases.model import make_inputs
+    from runners.oracle_cache import reference_and_bounds
+
+    case = _overflow_case(op)
+    inputs = make_inputs(case)
+    undeclared = reference_and_bounds(case, inputs, Numerics().on("cuda"), False, cache=False)
+    impl = next(i for i in gpu_impls.impls().values()
+                if i.op == op and i.id.startswith("cuda:kp_"))
+    declared = reference_and_bounds(case, inputs, impl.numerics_for(case), False, cache=False)
+    exact_wide, bound_wide = undeclared[0][out], undeclared[2][out]
+    exact_ieee, bound_ieee = declared[0][out], declared[2][out]
+    ieee = (np.asarray(inputs["residual"], np.float64) if op == "rms_norm_residual"
+            else np.zeros_like(exact_ieee))
+    assert np.all(np.abs(exact_wide - ieee) <= bound_wide)  # undeclared: IEEE's is admitted
+    np.testing.assert_array_equal(exact_ieee, ieee)
+    assert np.all(bound_ieee <= bound_wide)
+    if op != "rms_norm_residual":  # (there residual + normed rounds to the residual anyway)
+        assert np.all(bound_ieee == 0)  # declared: a kernel that rescales (exact_wide) fails
+        assert np.all(np.abs(exact_wide) > 0)
+
+
+def test_the_overflow_param_is_checked_at_load(tmp_path):
+    from cases.casefile import CaseFileError, load_cases
+
+    path = tmp_path / "cases.json"
+    path.write_text('[{"op": "rms_norm", "dims": {"rows": 2, "n": 64}, "dtype": "f32", '
+                    '"params": {"overflow": "saturate"}}]')
+    with pytest.raises(CaseFileError, match="params.overflow.*either, inf"):
+        load_cases(path)

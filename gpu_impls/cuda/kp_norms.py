@@ -133,9 +133,12 @@ def sum_order(items: int, tpr: int, vec: int):
 
 
 def _declared(geometry):
+    """The sum of squares' order for the case's launch, and its overflow: an f32 sum with no
+    rescaling, so past f32's range it is inf and rsqrt gives 0 (`oracle/norms.py` "Domain")."""
     def numerics(case) -> Numerics:
         derived, _ = geometry(case.dims, {**case.params, "dtype": case.dtype})
-        return Numerics(sum_order(derived["items"], derived["tpr"], derived["vec"]))
+        return Numerics(sum_order(derived["items"], derived["tpr"], derived["vec"]),
+                        overflow="inf")
     return numerics
 
 
