@@ -76,7 +76,7 @@ def ceilings_row(run_id: str, backend_name: str, backend) -> dict:
             "context": json.dumps(ctx, sort_keys=True, default=str)}
 
 
-def _base_row(impl, backend, case, mode, run_id) -> dict:
+def bench_base_row(impl, backend, case, mode, run_id) -> dict:
     return {"run_id": run_id, "case_id": case.id, "impl": impl.id, "op": case.op,
             "backend": impl.backend, "device": backend.device(), "dtype": case.dtype,
             "dist": case.dist, "dims": json.dumps(case.dims, sort_keys=True),
@@ -190,7 +190,7 @@ def bench_one(impl, backend, case, mode: str, new_stop, ceilings: dict | None = 
     `chain` rewrites each set's chain input before its call (`timed_mode` for an op without).
     `copy_same`: the size-matched copy after it (module docstring)."""
     mode, fallback = timed_mode(mode, case.spec)
-    row = _base_row(impl, backend, case, mode, run_id)
+    row = bench_base_row(impl, backend, case, mode, run_id)
     row["message"] = "; ".join(m for m in (fallback, uncaptured_note(impl, mode)) if m)
     capture = not (impl.host_sync and mode in GRAPH_MODES)
     t0 = time.perf_counter()

@@ -29,11 +29,9 @@ from gpu_impls.backend import outside_region
 from gpu_impls.contract import ContractError
 from oracle.comparators import judge_outputs
 from oracle.dtypes import storage_dtype
+from runners.rows import ROW_METRICS, base_row
 from runners.verdicts import is_failure
 
-# The row's metric columns, from its worst output (None where its comparator has no such metric).
-ROW_METRICS = ("max_abs", "max_rel", "nmse", "cosine", "max_ulp", "frac_within",
-               "nonfinite_mismatch", "budget")
 
 
 class OutputDefect(AssertionError):
@@ -135,29 +133,13 @@ def batch_variant_rows(impl, backend, case, inputs: dict | None = None) -> list[
     return differ
 
 
-def base_row(work: Work, device: str, run_id: str = "") -> dict:
-    """The row of `work` before anything ran: who ran which case, status `error`, no metrics.
-    `check` fills it in; process isolation writes it as is for a case that hung or crashed."""
-    impl, case = work.impl, work.case
-    return {
-        "run_id": run_id, "case_id": case.id, "impl": impl.id, "op": case.op,
-        "backend": impl.backend, "device": device, "dtype": case.dtype,
-        "dist": case.dist, "dims": json.dumps(case.dims, sort_keys=True),
-        "params": json.dumps(case.params, sort_keys=True), "label": case.label,
-        "case_json": case.to_json(), "expect": work.expect, "status": "error", "message": "",
-        "worst_output": "", "outputs_json": "{}",
-        "max_abs": None, "max_rel": None, "nmse": None, "cosine": None, "max_ulp": None,
-        "frac_within": None, "nonfinite_mismatch": None, "budget": None, "flags": "",
-    }
-
-
 def check(work: Work, backend, run_id: str = "") -> dict:
     """One impl on one case: its result row. A staged pipeline impl (`Impl.stages`) is checked
     stage by stage and end to end (`runners.pipeline_check`)."""
     if work.impl.stages is not None and work.expect == "valid":
         from runners.pipeline_check import check_stages
 
-        return check_stages(work, backend, run_id)
+        return check_stages(work, backend, run_id, check_op)
     return check_op(work, backend, run_id)
 
 

@@ -39,7 +39,8 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Hashable, NamedTuple
 
-from runners.isolation import BadInput, DeviceUnusable, IsolatedRunner, isolation_mode
+from runners.isolation import IsolatedRunner, isolation_mode
+from runners.limits import BadInput, DeviceUnusable
 from runners.threads import share
 
 # Items a device takes at a time: few, so that one slow batch does not hold much work back.

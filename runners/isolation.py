@@ -1,9 +1,9 @@
 """Where a case runs: in this process (`--isolate none`) or in worker processes that a hung or
 crashed kernel cannot take down with it (`case`, `impl`).
 
-`runner_for(args, work)` is a context manager yielding `rows(work, one)`, the executor of a
-sweep (its docstring says how an executor plugs in); `case_runner(args, work)` yields the
-function that checks one case where the isolation mode says, `run(work_item, run_id) -> row`.
+`case_runner(args, work)` yields the function that checks one case where the isolation mode
+says, `run(work_item, run_id) -> row`; `serial_rows` runs a sweep's items in order on it (the
+serial executor of `runners.sweep.runner_for`).
 
 `case`: one worker process (multiprocessing "spawn": CUDA must never be initialised in a forked
 child) runs the cases one at a time and is reused until something goes wrong. It loads the same
@@ -36,14 +36,11 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+from runners.limits import DeviceUnusable, case_timeout
 from runners.threads import SharedSpawnContext
 
 MODES = ("auto", "none", "case", "impl")
 
-# The per-case timeout's terms (`case_timeout`).
-BASE_S = 30.0
-COMPILE_S = 90.0
-BYTES_PER_S = 10e6
 # A worker imports torch/CuPy/MLX before it is ready; a cold disk can make that slow.
 STARTUP_S = 300.0
 # The probe's first kernel may be compiled (CuPy's elementwise kernels, cached on disk after).
@@ -61,15 +58,6 @@ STICKY_ERROR = re.compile("|".join((
     r"HARDWARE_STACK_ERROR|ASSERT)")), re.IGNORECASE)
 
 
-class BadInput(ValueError):
-    """Bad input a runner finds (an executor's flags, a cluster that cannot run the work): the
-    CLI prints it as a usage error, exit code 2 (runners never import the verbs)."""
-
-
-class DeviceUnusable(RuntimeError):
-    """The probe after a crash or timeout failed: the sweep cannot go on on this device."""
-
-
 def _backend(name):
     from gpu_impls import backend
 
@@ -83,52 +71,6 @@ def isolation_mode(requested: str | None, work) -> str:
         return requested
     return "case" if any(_backend(b).accelerator for b in {w.impl.backend for w in work}) \
         else "none"
-
-
-def case_timeout(case, first_of_shape: bool) -> float:
-    """Seconds a worker gets for one case before it is declared hung: 30 s, plus 90 s the first
-    time this worker runs the impl on this (dtype, dims) (CuPy's NVRTC compile and
-    torch.compile's per-shape recompile take tens of seconds), plus 1 s per 10 MB the case's
-    tensors hold (inputs drawn, the float64 oracle and the metrics all run in the worker too).
-    Generous on purpose: it exists to catch infinite loops, not slow kernels."""
-    return (BASE_S + (COMPILE_S if first_of_shape else 0.0)
-            + case.spec.io_bytes(case) / BYTES_PER_S)
-
-
-@contextmanager
-def runner_for(args, work, say=lambda text, **_: print(text)):
-    """The sweep's executor: yields `rows(work, one) -> iterator of (w, row)`, every item of
-    `work` once, in the order the rows complete. `one(w, run_case) -> row` is the caller's: it
-    turns one item into its row given `run_case(w, run_id) -> row` (the check of one case
-    where this executor runs cases: `case_runner`'s function, one per device), with the run id,
-    repeats and ledger bound (`verbs/check.py::run_work`). The caller is the only writer of
-    rows: an executor hands them back, never stores them. The caller may stop early (break,
-    --maxfail): closing the iterator must stop the executor's work and its processes.
-
-    An executor:
-    - calls `one` once per item (from any thread: `one` is thread-safe), with a `run_case`
-      bound to where it runs the item, and yields each row it returns as it completes;
-    - may tag rows (`device_index`, a store column) before yielding them;
-    - raises `DeviceUnusable` once no device of it can go on (rows so far yielded), and on
-      KeyboardInterrupt yields the rows already complete, then re-raises it.
-    The serial one (`serial_rows`) runs them in order in one isolated worker (or in this
-    process); `--devices` deals them to one worker per device (`runners/devices.py`); `--ray`
-    sends them to a Ray cluster's hosts as tasks (`runners/ray_sweep.py`). `say(text)` prints
-    an executor's lines (the sweep's console, so its progress bar stays intact)."""
-    if getattr(args, "ray", None):
-        from runners.ray_sweep import ray_rows
-
-        with ray_rows(args) as rows:
-            yield rows
-        return
-    if getattr(args, "devices", None):
-        from runners.devices import device_rows
-
-        with device_rows(args, work, say) as rows:
-            yield rows
-        return
-    with case_runner(args, work) as run_case:
-        yield serial_rows(run_case)
 
 
 def serial_rows(run_case):
@@ -209,14 +151,14 @@ class IsolatedRunner:
             ("check", (w.impl.id, w.case.to_json(), w.expect, w.invariant, run_id)), timeout)
         if outcome == "timeout":
             how = ("set by --case-timeout" if self.fixed_timeout
-                   else "derived from the case: runners/isolation.py case_timeout")
-            row = _row_without_result(
+                   else "derived from the case: runners/limits.py case_timeout")
+            row = row_without_result(
                 w, run_id, "timeout",
                 f"no answer within {timeout:.3g} s (the per-case limit, {how}); the worker was "
                 f"killed. If the case is only slow, raise the limit: --case-timeout SECONDS",
                 seconds)
         elif outcome == "died":
-            row = _row_without_result(
+            row = row_without_result(
                 w, run_id, "crash",
                 f"the worker died running this case{worker.death()}", seconds)
         elif row["status"] == "error" and STICKY_ERROR.search(row["message"]):
@@ -234,7 +176,7 @@ class IsolatedRunner:
         (`settings`: its keyword arguments, the stopping rule's factory as `new_stop`). A hang or a crash
         is an `error` row, and the worker is replaced (no probe: bench rows have no crash
         status, and the next measurement meets a broken device as its own error)."""
-        from runners.bench import _base_row
+        from runners.bench import bench_base_row
 
         w, mode = item
         worker = self._worker_for(w)
@@ -242,7 +184,7 @@ class IsolatedRunner:
             ("bench", (w.impl.id, w.case.to_json(), mode, run_id, settings)), timeout)
         if outcome == "answer":
             return row
-        row = _base_row(w.impl, _backend(w.impl.backend), w.case, mode, run_id)
+        row = bench_base_row(w.impl, _backend(w.impl.backend), w.case, mode, run_id)
         row["message"] = (f"no answer within {timeout:.3g} s; the worker was killed"
                           if outcome == "timeout" else
                           f"the worker died measuring this case{worker.death()}")
@@ -280,9 +222,9 @@ def check_noting_cache(w, backend, run_id: str) -> dict:
     return row
 
 
-def _row_without_result(w, run_id: str, status: str, message: str, seconds: float) -> dict:
+def row_without_result(w, run_id: str, status: str, message: str, seconds: float) -> dict:
     """`check`'s row for `w` with every metric null, our status and message."""
-    from runners.correctness import base_row
+    from runners.rows import base_row
 
     row = base_row(w, _backend(w.impl.backend).device(), run_id)
     row.update(status=status, message=message, seconds=seconds)

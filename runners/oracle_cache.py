@@ -451,7 +451,7 @@ class Prefetch:
                                   None)
         if future is None:
             return None
-        from runners.isolation import case_timeout
+        from runners.limits import case_timeout
 
         started = time.monotonic()
         try:  # a hung oracle (or a pool process that died) must not hang the sweep: the

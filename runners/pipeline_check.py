@@ -24,14 +24,15 @@ import traceback
 
 from cases.generate import Work
 from cases.model import make_inputs
-from runners.correctness import base_row, check_op
+from runners.rows import ROW_METRICS, base_row
 
-METRICS = ("max_abs", "max_rel", "nmse", "cosine", "max_ulp", "frac_within",
-           "nonfinite_mismatch", "budget")
 CHAIN = "end_to_end"
 
 
-def check_stages(work: Work, backend, run_id: str = "") -> dict:
+def check_stages(work: Work, backend, run_id: str, check_op) -> dict:
+    """The staged impl's row (module docstring); `check_op(work, backend, run_id, inputs=,
+    keep=)` checks one op's impl on given inputs (`runners.correctness.check_op`, which hands
+    itself in: this module sits below it)."""
     impl, case = work.impl, work.case
     t0 = time.perf_counter()
     try:
@@ -81,7 +82,7 @@ def merged(parts: list[tuple[str, str, dict]]) -> dict:
     scored = {k: m for k, m in per_output.items() if m.get("budget") is not None}
     if scored:
         worst = max(scored, key=lambda k: scored[k]["budget"])
-        row.update({k: scored[worst].get(k) for k in METRICS})
+        row.update({k: scored[worst].get(k) for k in ROW_METRICS})
         row["worst_output"] = worst
     failing = [(label, name, sub) for label, name, sub in parts if sub["status"] != "pass"]
     flags = [f for f in parts[-1][2]["flags"].split(",") if f]

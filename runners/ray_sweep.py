@@ -66,10 +66,10 @@ def needs_gpu(backend: str) -> bool:
 
 @contextmanager
 def ray_rows(args):
-    """`runners.isolation.runner_for`'s executor for --ray: yields `rows(work, one)`; on exit
+    """`runners.sweep.runner_for`'s executor for --ray: yields `rows(work, one)`; on exit
     (the sweep's end, --maxfail, an exception, Ctrl-C) every iterator it made is closed: the
     tasks still out are cancelled, a Ray session it started ends."""
-    from runners.isolation import BadInput
+    from runners.limits import BadInput
 
     if getattr(args, "devices", None):
         raise BadInput(f"--ray {args.ray} and --devices: give one of them; on a Ray cluster "
@@ -184,7 +184,7 @@ def batches(work: list, gpu: dict[str, bool], resources: dict) -> list[list[int]
 
 
 def _import_ray():
-    from runners.isolation import BadInput
+    from runners.limits import BadInput
 
     try:
         import ray
@@ -199,7 +199,7 @@ def _connect(ray, where: str) -> bool:
     uses its session, whatever `where` says."""
     import logging
 
-    from runners.isolation import BadInput
+    from runners.limits import BadInput
 
     if ray.is_initialized():
         return False
@@ -219,7 +219,7 @@ def _connect(ray, where: str) -> bool:
 
 def _check_feasible(gpu: dict[str, bool], resources: dict, where: str) -> None:
     """A GPU batch on a cluster without GPUs would wait forever: bad input, said at once."""
-    from runners.isolation import BadInput
+    from runners.limits import BadInput
 
     want = sorted(b for b, g in gpu.items() if g)
     if want and not resources.get("GPU"):
@@ -300,10 +300,10 @@ def _where() -> dict:
 def _died_row(w, error: Exception, retries: int, seconds: float) -> dict:
     """The `crash` row of a case that alone killed its Ray worker on every try (its run id is
     set by `_replay`)."""
-    from runners.isolation import _row_without_result
+    from runners.isolation import row_without_result
 
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return _row_without_result(
+    return row_without_result(
         w, "", "crash",
         "the Ray worker died running this case, "
         + (f"on each of its {retries + 1} tries" if retries
@@ -315,7 +315,7 @@ def _died_row(w, error: Exception, retries: int, seconds: float) -> dict:
 def _raise_from_task(e: Exception):
     """An exception in a task's own code: a DeviceUnusable stays one (the CLI's `stopped:`
     line, --resume); anything else is raised with the task's traceback in its text."""
-    from runners.isolation import DeviceUnusable
+    from runners.limits import DeviceUnusable
 
     cause = getattr(e, "cause", None)
     if isinstance(cause, DeviceUnusable):

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_impls import BACKENDS
-from runners.isolation import BadInput
+from runners.limits import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("oracle", "cases", "gpu_impls", "runners", "results", "models", "verbs")

@@ -202,10 +202,10 @@ def test_bench_without_filters_on_cpu_benches_the_decode_presets(tmp_path, capsy
                                                                   quick):
     """The measurement itself is stubbed: what is tested is the plan and what is said."""
     import verbs.timing as tv
-    from runners.bench import _base_row
+    from runners.bench import bench_base_row
 
     def measured(impl, backend, case, mode, *args, **kwargs):
-        return {**_base_row(impl, backend, case, mode, args[2]), "status": "ok",
+        return {**bench_base_row(impl, backend, case, mode, args[2]), "status": "ok",
                 "stop_reason": "converged", "n_samples": 10, "median_ns": 1e3, "rel_std": 1e-3}
     monkeypatch.setattr(tv, "bench_one", measured)
     rc = main(["--store", str(tmp_path), "bench", "--backend", "torch", "--dtype", "f32"])

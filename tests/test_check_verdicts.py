@@ -13,7 +13,7 @@ from cases.generate import Work
 from cases.model import Case
 from oracle.metrics import budget_text, compare
 from results.store import Store
-from runners.correctness import base_row
+from runners.rows import base_row
 from verbs.check import summarize
 
 CASE = Case.make("rms_norm", {"rows": 2, "n": 64}, "f32", label="preset:x")

@@ -18,7 +18,7 @@ import pytest
 from results.store import Store
 from runners import devices
 from runners.devices import Batches, Dealer, Device, parse_devices, xdist_gpu
-from runners.isolation import BadInput, DeviceUnusable
+from runners.limits import BadInput, DeviceUnusable
 from verbs.cli import main
 
 FAULTS = str(Path(__file__).with_name("faults.py"))

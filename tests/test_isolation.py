@@ -21,7 +21,7 @@ from results.store import Store
 from verbs.cli import main
 from runners.correctness import check
 from runners.verdicts import is_failure
-from runners.isolation import _row_without_result
+from runners.isolation import row_without_result
 
 FAULTS = str(Path(__file__).with_name("faults.py"))
 CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16"]
@@ -142,7 +142,7 @@ def test_ctrl_c_during_a_hung_case_leaves_no_worker(tmp_path, monkeypatch):
 
 def test_timeout_and_crash_rows_have_exactly_checks_columns():
     w = plan([impls()["torch:rms_norm"]], dtypes=["f32"], presets=["qwen3-0.6b"])[0]
-    made = _row_without_result(w, "run", "timeout", "no answer", 1.5)
+    made = row_without_result(w, "run", "timeout", "no answer", 1.5)
     checked = check(w, backend("torch"), "run")
     assert made.keys() == checked.keys()
     assert {k: made[k] for k in ("status", "message", "seconds", "expect")} == {

@@ -288,10 +288,10 @@ class _NeverReady:
 def test_wait_takes_an_entry_another_process_wrote(cache, monkeypatch):
     """A worker whose own pool has not reached a case takes the entries as soon as another
     process (another xdist worker's pool) wrote them; absent, it waits out the timeout."""
-    import runners.isolation
+    import runners.limits
 
     monkeypatch.setattr(oracle_cache, "PREFETCH_MIN", 1)
-    monkeypatch.setattr(runners.isolation, "case_timeout", lambda case, first_of_shape: 1.0)
+    monkeypatch.setattr(runners.limits, "case_timeout", lambda case, first_of_shape: 1.0)
     work = _two_dequant_cases()
     with oracle_cache.Prefetch(work, gpu_impls.backend, workers=1) as ahead:
         ahead.close()  # nothing of the pool's own

@@ -17,7 +17,7 @@ import pytest
 from results.store import Store
 from runners import ray_sweep
 from verbs.cli import main
-from runners.isolation import BadInput
+from runners.limits import BadInput
 
 KILLERS = str(Path(__file__).with_name("ray_faults.py"))
 CASES = ["--preset", "qwen3-0.6b", "--dtype", "bf16"]

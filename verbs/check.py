@@ -21,7 +21,8 @@ from oracle.metrics import budget_text
 from results.runinfo import new_run_id, run_row
 from results.store import RowWriter, Store
 from runners import oracle_cache
-from runners.isolation import MODES as ISOLATION_MODES, runner_for
+from runners.isolation import MODES as ISOLATION_MODES
+from runners.sweep import runner_for
 from runners.item import run_one  # noqa: F401 (run_work calls it by this module's name)
 from runners.verdicts import failure_kind, is_failure, outcome
 from verbs.common import (FILTERS, SweepProgress, UsageError, _backend, _filters, _impls, _seed,

@@ -43,7 +43,7 @@ import verbs
 from cases.casefile import CaseFileError
 from gpu_impls import known_issues
 from results.store import StoreError
-from runners.isolation import BadInput, DeviceUnusable
+from runners.limits import BadInput, DeviceUnusable
 from verbs import common
 from verbs.common import UsageError, console
 

@@ -298,7 +298,7 @@ def _dealt(args, items, ceilings, run_id, say):
     --concurrent-timing). A worker may wait for the others' measurements: its limit counts
     them."""
     from runners.devices import bench_rows
-    from runners.isolation import BASE_S, case_timeout
+    from runners.limits import BASE_S, case_timeout
 
     per_measure = args.timeout * (2 if args.copy_same_bytes else 1) + BASE_S
     waits = 1 if args.concurrent_timing else len(args.devices)
