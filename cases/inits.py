@@ -179,3 +179,19 @@ def _param_fill(name: str):
         return np.full(shape, case.params[name], dtype=np.float64)
 
     return fill
+
+
+def draw(init: str, dist: str, shape: tuple[int, ...], dtype: str, rng: np.random.Generator,
+         params: dict) -> np.ndarray:
+    """float64 values of the registered init `init` for one tensor outside a case (tests,
+    scripts): `dist` is the distribution it takes if it takes one, `params` the case params it
+    may read. Inits that read more of the case (dims, the inputs drawn before) need a case:
+    `draw_tensor`."""
+    return call_init(init, shape, dtype, rng, _ParamsOnly(params, dist), {}, dist)
+
+
+class _ParamsOnly:
+    """What `draw` gives an init for its case: the params and the distribution, nothing else."""
+
+    def __init__(self, params: dict, dist: str):
+        self.params, self.dist = dict(params), dist

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 
 from oracle.dtypes import FLOAT_DTYPES
 from results.history import MIN_HISTORY
-from results.report import ReportData, impl_page_name
+from results.report_data import ReportData, impl_page_name
 from results.report_html import (NO_ROWS, colour, esc, figure, fmt, hline, layout, link, page,
                                  table, when)
 from results.report_impl import case_text

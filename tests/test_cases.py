@@ -7,8 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cases.distributions import DISTRIBUTIONS, draw
+from cases.distributions import DISTRIBUTIONS
 from cases.generate import gate_cases, plan
+from cases.inits import draw
 from cases.model import Case, make_inputs
 from cases.registry import sources
 from oracle.dtypes import FLOAT_DTYPES, round_to, tiny
@@ -76,7 +77,8 @@ def test_label_does_not_affect_id_or_equality():
 def test_case_params_merge_op_defaults():
     """case.params = op defaults overridden by the case's own."""
     c = Case.make("rms_norm", {"rows": 1, "n": 8}, "f32", params={"eps": 1e-5})
-    assert c.params == {"eps": 1e-5, "weight_offset": 0, "rounding": "once", "ftz": 0}
+    assert c.params == {"eps": 1e-5, "weight_offset": 0, "rounding": "once", "ftz": 0,
+                        "overflow": "either"}
 
 
 def test_case_json_round_trip():

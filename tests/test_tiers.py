@@ -13,7 +13,8 @@ import pytest
 import gpu_impls
 from cases.generate import plan, valid_cases
 from cases.model import Case
-from cases.tiers import case_cost, case_features, commit_subset, coverage, tier_features
+from cases.coverage import coverage
+from cases.tiers import case_cost, case_features, commit_subset, tier_features
 from tests.conftest import tier
 
 ROOT = Path(__file__).resolve().parent.parent

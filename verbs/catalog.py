@@ -179,9 +179,9 @@ def _sum_order(impl, case) -> str:
 
 
 def coverage_table(impls: dict) -> int:
-    """`ops --coverage`: `cases.tiers.coverage` as a table, each cell commit / nightly, with a
+    """`ops --coverage`: `cases.coverage.coverage` as a table, each cell commit / nightly, with a
     totals row; exit 1 where some (impl, dtype, distribution) only nightly covers."""
-    from cases.tiers import coverage
+    from cases.coverage import coverage
 
     per_op = coverage(impls.values())
     table = Table(title="what each tier covers (commit / nightly) over every registered impl")
