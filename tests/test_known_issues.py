@@ -145,7 +145,7 @@ def test_xfail_entries_leave_violating_cases_alone_and_stale_entries_are_named(t
      "case field 'dims.N': no dims 'N' in any op; valid: "),
     ({"impl": "cuda:x", "issue": "#1", "class": "xfail",
       "case": {"op": "rms_norm", "params.expert": "1"}},
-     "no params 'expert' in op rms_norm; valid: eps, ftz, rounding, weight_offset"),
+     "no params 'expert' in op rms_norm; valid: eps, ftz, overflow, rounding, weight_offset"),
 ])
 def test_malformed_entries_are_named(tmp_path, entry, says):
     path = tmp_path / "known_issues.json"

@@ -250,7 +250,7 @@ def test_the_pipeline_is_an_op():
     spec = registry()["norm_scale"]
     assert spec.pipeline is not None and spec.dims == ("rows", "n")
     assert [t.name for t in spec.inputs] == ["x", "w", "s"] and spec.outputs[0].name == "out"
-    assert set(spec.params) == {"eps", "weight_offset", "rounding", "ftz"}
+    assert set(spec.params) == {"eps", "weight_offset", "rounding", "ftz", "overflow"}
     assert spec.version == f"1:rms_norm={get_op('rms_norm').version},scale_cols=1"
     case = gate_cases("norm_scale")[0]
     inputs = make_inputs(case)
