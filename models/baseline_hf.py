@@ -74,9 +74,9 @@ class Baseline:
             return False, (f"{self.name} needs {', '.join(missing)}: pip install "
                            "'kparity[model]'")
         if self.compiled:
-            from gpu_impls.torch.norms import _needs_gpu_and_triton
+            from gpu_impls.torch.norms import needs_gpu_and_triton
 
-            return _needs_gpu_and_triton()
+            return needs_gpu_and_triton()
         return True, ""
 
 

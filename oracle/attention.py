@@ -539,7 +539,7 @@ does not. So are rows whose every attended score is −inf (exp(−inf − (−i
 """
 
 
-def _varlen(case) -> list[tuple[int, int, int, int]]:
+def varlen_spans(case) -> list[tuple[int, int, int, int]]:
     """(q offset, q_len, k offset, k_len) per sequence, checked."""
     q_lens, k_lens = case.params["q_lens"], case.params["k_lens"]
     if len(q_lens) != len(k_lens) or any(q > k for q, k in zip(q_lens, k_lens)) \
@@ -565,7 +565,7 @@ def _prefill_rows(inputs, case):
     d = case.dims
     hkv, g = d["kv_heads"], d["heads"] // d["kv_heads"]
     view = kernel_view({k: inputs[k] for k in ("q", "k", "v")}, case)
-    for qo, q_len, ko, k_len in _varlen(case):
+    for qo, q_len, ko, k_len in varlen_spans(case):
         k = view["k"][ko:ko + k_len].transpose(1, 0, 2)  # [Hkv, k_len, D]
         v = view["v"][ko:ko + k_len].transpose(1, 0, 2)
         for i in range(q_len):
@@ -600,12 +600,13 @@ CU = lambda d, p: (len(p["q_lens"]) + 1,)  # noqa: E731
 
 def _prefill_flops(case) -> int:
     p, d = case.params, case.dims
-    pairs = sum(len(prefill_keys(i, q, k, p)) for _, q, _, k in _varlen(case) for i in range(q))
+    pairs = sum(len(prefill_keys(i, q, k, p))
+                for _, q, _, k in varlen_spans(case) for i in range(q))
     return 4 * pairs * d["heads"] * d["head_dim"]
 
 
 register(OpSpec(
-    name="sdpa_prefill_varlen", family="attention", domain=_varlen,
+    name="sdpa_prefill_varlen", family="attention", domain=varlen_spans,
     dims=("heads", "kv_heads", "head_dim"),
     inputs=(TensorSpec("cu_seqlens_q", CU, role="i32", init=_cu_seqlens("q_lens"),
                        adversarial=False),

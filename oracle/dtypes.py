@@ -255,7 +255,7 @@ def ulp_distance(a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
     return np.abs(ordered_bits(round_to(a, name), name) - ordered_bits(round_to(b, name), name))
 
 
-def _from_ordered(ordered: np.ndarray, name: str) -> np.ndarray:
+def from_ordered(ordered: np.ndarray, name: str) -> np.ndarray:
     """Inverse of `ordered_bits`, as float64. One step past ±max finite gives ±beyond_max, so
     the overflow threshold counts as a rounding boundary (not for e2m1, which saturates: no
     boundary there); further steps (inf, NaN, wrapped codes) give ±inf: no boundary."""
@@ -286,8 +286,8 @@ def rounding_margin(values: np.ndarray, name: str) -> np.ndarray:
     ordered = ordered_bits(r, name)
     r64 = r.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        up = _from_ordered(ordered + 1, name)
-        down = _from_ordered(ordered - 1, name)
+        up = from_ordered(ordered + 1, name)
+        down = from_ordered(ordered - 1, name)
         margin = np.minimum(np.abs(v - 0.5 * (r64 + up)), np.abs(v - 0.5 * (r64 + down)))
     return np.where(np.isfinite(margin), margin, np.inf)
 

@@ -256,7 +256,7 @@ def step_core(A, s, dt, rate, x, b, c, d, z):
     return y, s
 
 
-def _constants(A, x: dict):
+def decay_and_skip(A, x: dict):
     """A = −exp(A_log) [H] and D [H] as the kernel holds them."""
     return A.load(x["A_log"]).exp().neg(), A.load(x["D"])
 
@@ -265,7 +265,7 @@ def scan_core(A, x: dict, case, h0) -> tuple:
     """`step_core` token by token over x's [B, T, ...] tensors (kernel view), from state h0 (an
     array or a kernel value). Returns (y [B, T, H, P], the final state)."""
     heads = ssd_math.group_index(case.dims["heads"], case.dims["groups"])
-    rate, d = _constants(A, x)
+    rate, d = decay_and_skip(A, x)
     dt = time_step_kernel(A, x["dt_raw"], x["dt_bias"], case)  # [B, T, H]
     gate = case.params["gate"]
     s = A.load(h0)
@@ -299,7 +299,7 @@ def varlen_kernel(A, inputs: dict, case) -> dict:
 def step_kernel(A, inputs: dict, case) -> dict:
     x = kernel_view(inputs, case)
     heads = ssd_math.group_index(case.dims["heads"], case.dims["groups"])
-    rate, d = _constants(A, x)
+    rate, d = decay_and_skip(A, x)
     dt = time_step_kernel(A, x["dt_raw"], x["dt_bias"], case)
     z = A.load(x["z"]) if case.params["gate"] else None
     y, s = step_core(A, A.load(to_hpn(x["state_in"], case)), dt, rate, A.load(x["x"]),

@@ -95,9 +95,9 @@ import numpy as np
 from oracle import ssd_math
 from oracle.builders import kernel_view
 from oracle.numerics import product_into
-from oracle.ssd import (COMMON, PARAM_VALUES, PARAMS, SCAN_DIMS, BC, DT, STATE, X, Z, _constants,
-                        check_domain, dt_limits, exact_where, scan_inputs, silu_kernel,
-                        time_step_kernel, view)
+from oracle.ssd import (COMMON, PARAM_VALUES, PARAMS, SCAN_DIMS, BC, DT, STATE, X, Z,
+                        check_domain, decay_and_skip, dt_limits, exact_where, scan_inputs,
+                        silu_kernel, time_step_kernel, view)
 from oracle.spec import BatchDim, OpSpec, TensorSpec, register
 
 CHUNKS = (64, 128, 256)
@@ -176,7 +176,7 @@ def chunked_kernel(A, inputs: dict, case) -> dict:
     # param dots="T": the three operands mamba_ssm's Triton kernels round to T may be held in T
     held = (lambda v: v.may_round(case.dtype)) if case.params["dots"] == "T" else (lambda v: v)
     heads = ssd_math.group_index(dims["heads"], dims["groups"])
-    rate, d = _constants(A, x)
+    rate, d = decay_and_skip(A, x)
     d = view(d, lambda v: v[:, None])  # [H, 1]
     dt = time_step_kernel(A, x["dt_raw"], x["dt_bias"], case)  # [B, T, H]
     a = dt * rate

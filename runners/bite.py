@@ -49,7 +49,7 @@ from typing import Callable
 
 import numpy as np
 
-from oracle.dtypes import FLOAT_DTYPES, _from_ordered, eps, ordered_bits, round_to, storage_dtype
+from oracle.dtypes import FLOAT_DTYPES, from_ordered, eps, ordered_bits, round_to, storage_dtype
 
 PREFERRED_BACKENDS = ("torch", "mlx")  # the CPU backends here, in order of preference
 
@@ -111,9 +111,9 @@ def ulp2(host: np.ndarray, dtype: str) -> np.ndarray | None:
     o = ordered_bits(flat[i:i + 1], dtype)
     away = 2 if float(flat[i]) >= 0 else -2
     with np.errstate(over="ignore", invalid="ignore"):
-        moved = _from_ordered(o + away, dtype)
+        moved = from_ordered(o + away, dtype)
         if not np.isfinite(moved).all():
-            moved = _from_ordered(o - away, dtype)
+            moved = from_ordered(o - away, dtype)
     flat[i] = round_to(moved, dtype)[0]
     return flat.reshape(host.shape)
 

@@ -1,6 +1,7 @@
 """How tight the derived bounds are: the median bound, in ULPs of the output dtype T at the exact
 value, over the elements of normal-data cases (rms_norm at n = 4096, dequant_gemv at in = 4096),
-per dtype and per declared reduction (and per impl that declares its own order per launch). Run: `python scripts/bound_tightness.py`."""
+per dtype and per declared reduction (and per impl that declares its own order per launch).
+Run: `python scripts/bound_tightness.py`."""
 
 from __future__ import annotations
 

@@ -82,9 +82,9 @@ def test_affine4_decode_is_kp_qgemv_mma_per_row():
     x = launch.extra
     assert (x["mma"], x["qgemv"], x["tiles"], x["stages"]) == (0, 1, 6, 2)
     assert launch.block == (64, 2, 1) and launch.grid == (58, 6, 1) and x["slabs"] == 58
-    from gpu_impls.cuda.gemv import _mma_geometry
+    from gpu_impls.cuda.gemv import mma_geometry
 
-    alone, same = _mma_geometry({"out": 6 * 1856, "in": 2688, "group_size": 64}, {}, 2, None, 2)
+    alone, same = mma_geometry({"out": 6 * 1856, "in": 2688, "group_size": 64}, {}, 2, None, 2)
     assert (alone["tiles"], alone["parts"]) == (2, 2)
     assert launch.shared_bytes == same.shared_bytes
 

@@ -224,9 +224,9 @@ def _row_by_row(launch, inputs, outputs, case):
     """Each row through torch's M = 1 path: batch invariant by construction."""
     import torch
 
-    from gpu_impls.torch.gemv import _dequant_linear
+    from gpu_impls.torch.gemv import dequant_linear_run
 
-    rows = [_dequant_linear(launch, {**inputs, "x": inputs["x"][i:i + 1]}, None, case)["out"]
+    rows = [dequant_linear_run(launch, {**inputs, "x": inputs["x"][i:i + 1]}, None, case)["out"]
             for i in range(inputs["x"].shape[0])]
     return {"out": torch.cat(rows)}
 

@@ -444,7 +444,7 @@ def test_kp_ssd_chunked_declares_its_kernel_path_and_its_bound_is_never_wider():
     assert checked >= 2
 
 
-# --- a declared overflow: kp_rms_norm's f32 sum of squares ------------------------------------------
+# --- a declared overflow: kp_rms_norm's f32 sum of squares ---------------------------------------
 
 def _overflow_case(op="rms_norm"):
     return Case.make(op, {"rows": 4, "n": 512}, "f32", "f32_overflow")

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
-from verbs.common import _split, console, op_and_backend_filters, unknown
+from verbs.common import split_csv, console, op_and_backend_filters, unknown
 
 ORDER = 1.5  # a correctness verb: after check and repro, before the timing verbs
 
@@ -34,7 +34,7 @@ def cmd_bite(args) -> int:
 
     started = time.monotonic()
     ops, backends = op_and_backend_filters(args)
-    dtypes = _split(args.dtype)
+    dtypes = split_csv(args.dtype)
     for d in dtypes:
         if d not in FLOAT_DTYPES:
             raise unknown("dtype", d, FLOAT_DTYPES)

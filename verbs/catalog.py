@@ -11,8 +11,8 @@ from rich.table import Table
 from cases.generate import gate_cases
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
-from verbs.common import (_backend, _filters, _impls, _seed, _split, console, select_impls,
-                          tier_flag, work_list)
+from verbs.common import (add_filter_args, add_seed_arg, backend_named, console,
+                          registered_impls, select_impls, split_csv, tier_flag, work_list)
 
 ORDER = 0  # `kparity --help` lists the verb groups by ORDER: what is here comes first
 
@@ -29,7 +29,7 @@ def add_parsers(sub) -> None:
                           "(commit / nightly); exit 1 if an (impl, dtype, distribution) is "
                           "nightly-only")
     cases = sub.add_parser("cases", help="what would run: (impl, case) pairs, per impl")
-    _filters(cases)
+    add_filter_args(cases)
     cases.add_argument("--invalid", action="store_true",
                        help="include the violating cases (one per contract invariant)")
     cases.add_argument("--list", action="store_true",
@@ -37,14 +37,14 @@ def add_parsers(sub) -> None:
                             "params, label")
     cases.add_argument("--limit", type=int, default=200, metavar="N",
                        help="print at most N cases with --list (200)")
-    _seed(cases)
+    add_seed_arg(cases)
     tier_flag(cases)
 
 
 def cmd_ops(args) -> int:
     import gpu_impls
 
-    impls = _impls()
+    impls = registered_impls()
     if args.matrix:
         return support_matrix(impls)
     if args.coverage:
@@ -82,7 +82,7 @@ def backends_table() -> Table:
     table.add_column("available")
     table.add_column("device / why not")
     for b in gpu_impls.BACKENDS:
-        ok, why = _backend(b).available()
+        ok, why = backend_named(b).available()
         table.add_row(b, "yes" if ok else "no", escape(why))
     return table
 
@@ -104,7 +104,7 @@ def support_matrix(impls: dict) -> int:
         if impl.op not in cases_of:
             cases_of[impl.op] = gate_cases(impl.op)
             sums[impl.op] = _summing_case(cases_of[impl.op])
-        backend = _backend(impl.backend)
+        backend = backend_named(impl.backend)
         ok, missing = impl.available(backend)
         if not backend.available()[0]:  # the backend's own why is in the table below, once
             missing = f"no {impl.backend} backend here (why: below)"
@@ -242,7 +242,7 @@ def cmd_cases(args) -> int:
         table.add_row(impl.id, str(counts[(impl.id, "valid")]), str(counts[(impl.id, "rejected")]))
     console.print(table)
     from verbs.timing import print_bench_presets  # the timing verbs' own section
-    print_bench_presets(impls, _split(args.dtype) or None)
+    print_bench_presets(impls, split_csv(args.dtype) or None)
     return 0
 
 

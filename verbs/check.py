@@ -25,10 +25,10 @@ from runners.isolation import MODES as ISOLATION_MODES
 from runners.sweep import runner_for
 from runners.item import run_one  # noqa: F401 (run_work calls it by this module's name)
 from runners.verdicts import failure_kind, is_failure, outcome
-from verbs.common import (FILTERS, SweepProgress, UsageError, _backend, _filters, _impls, _seed,
-                          _split, tier_flag, check_presets, console, devices_flag, global_flags,
-                          pick_devices, repro_line, select_impls, time_line, unknown, work_for,
-                          work_list)
+from verbs.common import (FILTERS, SweepProgress, UsageError, add_filter_args, add_seed_arg,
+                          backend_named, check_presets, console, devices_flag, global_flags,
+                          pick_devices, registered_impls, repro_line, select_impls, split_csv,
+                          tier_flag, time_line, unknown, work_for, work_list)
 from verbs.outputs import add_flags as add_output_flags, write_check
 
 ORDER = 1  # after ops and cases in `kparity --help`
@@ -36,7 +36,7 @@ ORDER = 1  # after ops and cases in `kparity --help`
 
 def add_parsers(sub) -> None:
     chk = sub.add_parser("check", help="correctness sweep against the oracles")
-    _filters(chk)
+    add_filter_args(chk)
     chk.add_argument("--valid-only", action="store_true", help="skip the violating cases")
     chk.add_argument("--show-failures", type=int, default=20, metavar="N",
                      help="failures printed in full, with their repro line (20)")
@@ -47,7 +47,7 @@ def add_parsers(sub) -> None:
                      help="JSON list of cases (op, dims, dtype; dist, seed, params, label) run "
                           "against every selected impl of their op, instead of the generated "
                           "ones")
-    _seed(chk)
+    add_seed_arg(chk)
     tier_flag(chk)
     chk.add_argument("--resume", metavar="RUN_ID", default=None,
                      help="continue a killed, interrupted or stopped check run (its filters, "
@@ -113,7 +113,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     """Run the work list, writing rows to the store as it goes; returns the rows (with `kept`,
     the rows a resumed run already had). `use_ledger=False`: known issues are not applied."""
     ledger = known_issues.ledger() if use_ledger else []  # a malformed entry stops here
-    for entry in known_issues.unmatched(ledger, _impls()):
+    for entry in known_issues.unmatched(ledger, registered_impls()):
         console.print(escape(f"ledger: {entry.source} names impl {entry.impl!r}, which matches "
                              "no impl here (stale entry, or a typo)"), style="yellow")
     store = Store(args.store)
@@ -121,8 +121,8 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     run_id = resume or new_run_id()
     if not resume:
         backends = sorted({w.impl.backend for w in work})
-        devices = {b: _backend(b).device() for b in backends}
-        versions = {k: v for b in backends for k, v in _backend(b).versions().items()}
+        devices = {b: backend_named(b).device() for b in backends}
+        versions = {k: v for b in backends for k, v in backend_named(b).versions().items()}
         filters = {k: getattr(args, k, None) for k in FILTERS}
         store.write("runs", [run_row(run_id, verb, devices, versions, filters)], run_id, 0)
 
@@ -193,7 +193,7 @@ def oracle_prefetch(args, work: list[Work]) -> oracle_cache.Prefetch:
     if getattr(args, "ray", None):  # the tasks' hosts compute (and cache) their own
         work = []
     try:
-        return oracle_cache.Prefetch(work, _backend, getattr(args, "plugin", None) or [])
+        return oracle_cache.Prefetch(work, backend_named, getattr(args, "plugin", None) or [])
     except CacheConfigError as e:
         raise UsageError(str(e)) from None
 
@@ -262,7 +262,7 @@ def summarize(rows: list[dict], run_id: str, store: Store, seed: int = 0) -> Non
 
 def report_only_impls(rows: list[dict]) -> dict[str, str]:
     """{impl id: why it is report-only} for the report-only impls among the rows' impls."""
-    impls = _impls()
+    impls = registered_impls()
     return {i: impls[i].report_only for i in sorted({r["impl"] for r in rows})
             if i in impls and impls[i].report_only}
 
@@ -445,7 +445,7 @@ def say_unchecked(args, impls, work) -> None:
     for impl in impls:
         if impl.id in checked or impl.report_only:
             continue
-        why = why_no_cases(impl, gate_cases(impl.op, seed), _split(args.dtype) or None,
+        why = why_no_cases(impl, gate_cases(impl.op, seed), split_csv(args.dtype) or None,
                            check_presets(args) or None, "gate")
         console.print(f"[yellow]not checked:[/] {escape(why or impl.id)}", soft_wrap=True)
 
@@ -501,7 +501,7 @@ def find_case(case_id: str, store: Store) -> tuple[Case, list[str]]:
     if table.num_rows:
         rows = table.to_pylist()
         return Case.from_json(rows[-1]["case_json"]), sorted({r["impl"] for r in rows})
-    for impl in _impls().values():
+    for impl in registered_impls().values():
         for c in valid_cases(impl) + [w.case for w in violating_cases(impl)]:
             if c.id == case_id:
                 return c, []
@@ -513,8 +513,9 @@ def find_case(case_id: str, store: Store) -> tuple[Case, list[str]]:
 def cmd_repro(args) -> int:
     store = Store(args.store)
     case, ran = find_case(args.case_id, store)
-    ids = _split(args.impl) or ran or sorted(i.id for i in _impls().values() if i.op == case.op)
-    impls = _impls()
+    ids = split_csv(args.impl) or ran or sorted(
+        i.id for i in registered_impls().values() if i.op == case.op)
+    impls = registered_impls()
     for i in ids:
         if i not in impls:
             raise unknown("impl", i, impls)

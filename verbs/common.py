@@ -90,19 +90,19 @@ def unknown(kind: str, given: str, valid) -> UsageError:
                       + closest(given, valid))
 
 
-def _split(values) -> list[str]:
+def split_csv(values) -> list[str]:
     return [v for item in values or [] for v in item.split(",") if v]
 
 
 # --- selection ---------------------------------------------------------------------------------
 
-def _impls():
+def registered_impls():
     import gpu_impls
 
     return gpu_impls.impls()
 
 
-def _backend(name):
+def backend_named(name):
     import gpu_impls
 
     return gpu_impls.backend(name)
@@ -113,11 +113,11 @@ def op_and_backend_filters(args) -> tuple[list[str], list[str]]:
     valid ones)."""
     import gpu_impls
 
-    ops = _split(args.op)
+    ops = split_csv(args.op)
     for op in ops:
         if op not in op_registry():
             raise unknown("op", op, op_registry())
-    backends = _split(args.backend)
+    backends = split_csv(args.backend)
     for b in backends:
         if b not in gpu_impls.BACKENDS:
             raise unknown("backend", b, gpu_impls.BACKENDS)
@@ -128,9 +128,9 @@ def select_impls(args, need_available: bool) -> list:
     """Impls matching --op/--impl/--backend; with need_available, only those runnable here."""
     import gpu_impls
 
-    all_impls = _impls()
+    all_impls = registered_impls()
     ops, backends = op_and_backend_filters(args)
-    wanted = _split(args.impl)
+    wanted = split_csv(args.impl)
     by_name = defaultdict(list)
     for impl in all_impls.values():
         by_name[impl.name].append(impl.id)
@@ -142,7 +142,7 @@ def select_impls(args, need_available: bool) -> list:
             ids.update(by_name[w])
         else:
             raise unknown("impl", w, list(all_impls) + list(by_name))
-    for d in _split(args.dtype):
+    for d in split_csv(args.dtype):
         if d not in FLOAT_DTYPES:
             raise unknown("dtype", d, FLOAT_DTYPES)
 
@@ -153,8 +153,8 @@ def select_impls(args, need_available: bool) -> list:
         return sorted(chosen, key=lambda i: i.id)
     runnable, missing = [], {}
     for impl in chosen:
-        backend_ok = _backend(impl.backend).available()[0]
-        ok, why = impl.available(_backend(impl.backend))
+        backend_ok = backend_named(impl.backend).available()[0]
+        ok, why = impl.available(backend_named(impl.backend))
         if ok:
             runnable.append(impl)
         else:
@@ -182,7 +182,7 @@ def since_filter(args, impls: list, changed: list[str] | None = None) -> list:
 
 def check_presets(args, source=gate_cases, extra=("edge", "violates")) -> list[str]:
     """The --preset values, each checked against the labels of the cases `source(op)` makes."""
-    presets = _split(args.preset)
+    presets = split_csv(args.preset)
     if presets:
         labels = {c.label.split(":", 1)[-1] for op in op_registry() for c in source(op)}
         labels |= set(extra)
@@ -218,8 +218,8 @@ def work_list(args, impls) -> list[Work]:
         if seed:  # a file's cases keep their own seeds: ignoring --seed would be silent
             raise UsageError(f"--seed {seed} re-seeds generated cases; a --cases file's cases "
                              "keep the seeds the file gives them")
-        return case_file_work(args.cases, impls, _split(args.dtype))
-    work = plan(impls, dtypes=_split(args.dtype) or None, presets=check_presets(args) or None,
+        return case_file_work(args.cases, impls, split_csv(args.dtype))
+    work = plan(impls, dtypes=split_csv(args.dtype) or None, presets=check_presets(args) or None,
                 invalid=not getattr(args, "valid_only", False), seed=seed,
                 tier=getattr(args, "tier", None) or "nightly")
     return sample_slow_compilers(args, work)
@@ -230,7 +230,7 @@ def sample_slow_compilers(args, work: list[Work]) -> list[Work]:
     a shape) runs on the gate's sample of its cases, unless --impl names it: a full GPU sweep
     would otherwise spend most of its time compiling speed baselines (~470 shapes for the five
     compiled torch norms and RoPE). Said in one line per impl."""
-    named = set(_split(getattr(args, "impl", None)))
+    named = set(split_csv(getattr(args, "impl", None)))
     by_impl: dict[str, list[Work]] = defaultdict(list)
     for w in work:
         by_impl[w.impl.id].append(w)
@@ -307,7 +307,7 @@ FILTERS = ("op", "impl", "backend", "dtype", "preset", "valid_only", "cases", "r
            "tier")
 
 
-def _filters(p: argparse.ArgumentParser) -> None:
+def add_filter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--op", action="append", help="op name (repeatable, comma-separated)")
     p.add_argument("--impl", action="append", help="impl id backend:name, or name")
     p.add_argument("--backend", action="append", help="cuda, torch, mlx, metal")
@@ -333,7 +333,8 @@ def pick_devices(args, backends) -> None:
                          "its own; --isolate case (or impl), or leave --isolate out")
     from runners.devices import parse_devices  # a bad value raises BadInput: exit 2
 
-    args.devices = parse_devices(args.devices, any(_backend(b).accelerator for b in set(backends)))
+    args.devices = parse_devices(args.devices,
+                                 any(backend_named(b).accelerator for b in set(backends)))
 
 
 def tier_flag(p: argparse.ArgumentParser, default: str = DEFAULT_TIER) -> None:
@@ -344,7 +345,7 @@ def tier_flag(p: argparse.ArgumentParser, default: str = DEFAULT_TIER) -> None:
                         "(cases/tiers.py; default: %(default)s)")
 
 
-def _seed(p: argparse.ArgumentParser) -> None:
+def add_seed_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="fresh data: add N to every generated case's seed (sources give 0, so it "
                         "becomes N), which changes each case's id and inputs; 0 (default) keeps "

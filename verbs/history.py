@@ -16,7 +16,7 @@ Heavy imports (DuckDB) happen inside the verbs: none of this is on the GPU impor
 
 from __future__ import annotations
 
-from verbs.common import UsageError, _filters, _split, console, unknown
+from verbs.common import UsageError, add_filter_args, split_csv, console, unknown
 
 ORDER = 3  # after the timing verbs in `kparity --help`
 
@@ -29,7 +29,7 @@ def add_parsers(sub) -> None:
     cmp.add_argument("run_b", nargs="?", help="run B, the contender (default: the newest)")
     cmp.add_argument("--baseline", type=int, default=None, metavar="N",
                      help="compare the contender with the last N runs as history")
-    _filters(cmp)
+    add_filter_args(cmp)
     cmp.add_argument("--format", choices=("table", "json", "markdown"), default="table",
                      help="table (terminal), json (results/compare.schema.json, for bots) or "
                           "markdown (a PR comment)")
@@ -74,7 +74,7 @@ def cmd_compare(args) -> int:
 
     thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump,
                             new_may_fail=args.new_may_fail)
-    filters = {k: _split(getattr(args, k)) for k in FILTERS}
+    filters = {k: split_csv(getattr(args, k)) for k in FILTERS}
     try:
         report = compare(Store(args.store), args.run_a, args.run_b, baseline=args.baseline,
                          filters=filters, thresholds=thresholds)

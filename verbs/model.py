@@ -24,7 +24,7 @@ from rich.table import Table
 
 from results.runinfo import new_run_id, run_row
 from results.store import Store
-from verbs.common import UsageError, _backend, console, global_flags, model_args
+from verbs.common import UsageError, backend_named, console, global_flags, model_args
 
 ORDER = 3  # after check, repro, bench and ab in `kparity --help`
 
@@ -99,7 +99,7 @@ def cmd_model(args) -> int:
     ceilings = []
 
     def ceiling(backend: str) -> float:
-        row = ceilings_row(run_id, backend, _backend(backend))
+        row = ceilings_row(run_id, backend, backend_named(backend))
         ceilings.append(row)
         return row["copy_gbps"]
 

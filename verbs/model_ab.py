@@ -21,7 +21,7 @@ from rich.table import Table
 
 from results.runinfo import new_run_id, run_row
 from results.store import Store
-from verbs.common import UsageError, _backend, console, global_flags, model_args
+from verbs.common import UsageError, backend_named, console, global_flags, model_args
 
 ORDER = 3  # beside `kparity model` in `kparity --help`
 
@@ -60,7 +60,7 @@ def cmd_model_ab(args) -> int:
     from models.ab import check_tokens, model_ab, parse_plan
     from models.gate import load_model, text_tokens
     from models.plan import ModelError
-    from verbs.timing import MIN_RUNS, _ab_exit
+    from verbs.timing import MIN_RUNS, ab_exit_code
 
     if args.runs < MIN_RUNS:
         raise UsageError(f"--runs {args.runs}: the verdict needs at least {MIN_RUNS} runs per "
@@ -99,7 +99,8 @@ def cmd_model_ab(args) -> int:
         return 3
     devices = {b: d for by_letter in arms.values() for arm in by_letter.values()
                for b, d in arm.devices.items()}
-    versions = {k: v for b in devices if b != "numpy" for k, v in _backend(b).versions().items()}
+    versions = {k: v for b in devices if b != "numpy"
+                for k, v in backend_named(b).versions().items()}
     filters = {k: getattr(args, k) for k in ("plan_a", "plan_b", "model", "dtype", "text",
                                              "tokens", "seed", "runs", "warmup")}
     store.write("runs", [run_row(run_id, "model-ab", devices, versions, filters)], run_id, 0)
@@ -112,7 +113,7 @@ def cmd_model_ab(args) -> int:
                           + escape(repro(args, row)), soft_wrap=True)
     console.print(f"{len(rows)} model A/B(s), {sum(r['status'] != 'ok' for r in rows)} not "
                   f"timed or failed; rows in {store.root}/")
-    return _ab_exit(rows, args.require)
+    return ab_exit_code(rows, args.require)
 
 
 def repro(args, row: dict) -> str:

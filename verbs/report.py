@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verbs.common import UsageError, _backend, _filters, console, select_impls, tier_flag
+from verbs.common import (UsageError, add_filter_args, backend_named, console, select_impls,
+                          tier_flag)
 
 ORDER = 4  # last in `kparity --help`
 FILTERS = ("op", "impl", "backend", "dtype", "preset")
@@ -22,7 +23,7 @@ def add_parsers(sub) -> None:
     rep.add_argument("--baseline", type=int, default=20,
                      help="runs of history for the regression page (20)")
     nightly = sub.add_parser("nightly", help="check + bench + compare + report")
-    _filters(nightly)
+    add_filter_args(nightly)
     nightly.add_argument("--out", required=True, help="report folder")
     nightly.add_argument("--baseline", type=int, default=10, help="runs of history (10)")
     nightly.add_argument("--no-bench", action="store_true", help="correctness only")
@@ -75,7 +76,7 @@ def _accelerated_backends(args) -> tuple[list[str], list[str]]:
     does not."""
     fast, slow = [], []
     for name in sorted({i.backend for i in select_impls(args, need_available=False)}):
-        be = _backend(name)
+        be = backend_named(name)
         ok, why = be.available()
         if ok and be.accelerator:
             fast.append(name)

@@ -28,8 +28,9 @@ from runners.bench import bench_one, ceilings_row, timed_mode
 from runners.stopping import StdRel, shortfall
 from runners.timing import MODES
 from verbs import outputs
-from verbs.common import (SweepProgress, UsageError, _backend, _filters, _impls, _split,
-                          check_presets, console, devices_flag, pick_devices, select_impls, unknown)
+from verbs.common import (SweepProgress, UsageError, add_filter_args, backend_named,
+                          check_presets, console, devices_flag, pick_devices, registered_impls,
+                          select_impls, split_csv, unknown)
 
 ORDER = 2  # after check and repro in `kparity --help`
 
@@ -75,7 +76,7 @@ def check_mode(mode: str | None, impls) -> None:
         return
     if mode not in MODES:
         raise unknown("mode", mode, (*MODES, "all", "primary"))
-    timers = {_backend(i.backend).timer() for i in impls}
+    timers = {backend_named(i.backend).timer() for i in impls}
     if timers and not any(mode in t.modes for t in timers):
         offered = "; ".join(f"{t.kind}: {', '.join(t.modes)}" for t in
                             sorted(timers, key=lambda t: t.kind))
@@ -111,8 +112,8 @@ def _start(args, verb: str, backends) -> tuple[Store, str, dict]:
     store = Store(args.store)
     store.ensure_writable()
     run_id = new_run_id()
-    devices = {b: _backend(b).device() for b in backends}
-    versions = {k: v for b in backends for k, v in _backend(b).versions().items()}
+    devices = {b: backend_named(b).device() for b in backends}
+    versions = {k: v for b in backends for k, v in backend_named(b).versions().items()}
     # the stopping rule's settings too: whether a row met the noise target is judged by them
     filters = {k: getattr(args, k, None) for k in ("op", "impl", "backend", "dtype", "preset",
                                                    "mode", "max_noise", "min_time",
@@ -121,7 +122,7 @@ def _start(args, verb: str, backends) -> tuple[Store, str, dict]:
     ceilings, rows = {}, []
     with console.status("measuring ceilings (copy, GEMM)"):
         for b in backends:
-            row = ceilings_row(run_id, b, _backend(b))
+            row = ceilings_row(run_id, b, backend_named(b))
             ceilings[b] = row
             rows.append(row)
     store.write("ceilings", rows, run_id, 0)
@@ -158,8 +159,8 @@ def _presets(args, impls) -> tuple[list[str] | None, bool]:
         return None, False
     if presets:
         return presets, False
-    on_cpu = bool(impls) and all(_backend(i.backend).device() == "cpu" for i in impls)
-    if on_cpu and not _split(args.op) and not _split(args.impl):
+    on_cpu = bool(impls) and all(backend_named(i.backend).device() == "cpu" for i in impls)
+    if on_cpu and not split_csv(args.op) and not split_csv(args.impl):
         return [CPU_DEFAULT_PRESET], True
     return None, False
 
@@ -207,7 +208,7 @@ def why_not_benched(impl, dtypes, presets, mode=None) -> str:
     why = why_no_cases(impl, bench_cases(impl.op), dtypes, presets, "bench")
     if why:
         return why
-    timer = _backend(impl.backend).timer()
+    timer = backend_named(impl.backend).timer()
     return (f"{impl.id}: its timer ({timer.kind}) has no mode {mode!r}; its modes: "
             f"{', '.join(timer.modes)}")
 
@@ -219,11 +220,11 @@ def cmd_bench(args) -> int:
     impls = select_impls(args, need_available=True)
     check_mode(args.mode, impls)
     presets, default = _presets(args, impls)
-    dtypes = _split(args.dtype) or None
+    dtypes = split_csv(args.dtype) or None
     work = bench_plan(impls, dtypes=dtypes, presets=presets)
     ordered = sorted(work, key=lambda w: ((w.base or w.case).id, w.impl.id))
     items, fallbacks = _timed_items([(w, mode) for w in ordered
-                                     for mode in _modes(args, _backend(w.impl.backend))])
+                                     for mode in _modes(args, backend_named(w.impl.backend))])
     idle = [i for i in impls if not any(w.impl is i for w, _ in items)]
     if not impls:
         console.print("[red]nothing to bench: no impl matches the --op, --impl and --backend "
@@ -277,7 +278,7 @@ def cmd_bench(args) -> int:
 
                 def tell(n, noise):
                     progress.update(task, detail=f"{n} samples, noise {100 * noise:.2f}%")
-                backend = _backend(w.impl.backend)
+                backend = backend_named(w.impl.backend)
                 row = bench_one(w.impl, backend, w.case, mode, stop, ceilings[w.impl.backend],
                                 run_id, host_inputs=inputs[drawn.id], verify=not args.no_verify,
                                 progress=tell, copy_same=args.copy_same_bytes)
@@ -406,7 +407,7 @@ def print_bench_presets(impls, dtypes=None) -> None:
 
 
 def _resolve(name: str):
-    impls = _impls()
+    impls = registered_impls()
     if name in impls:
         return impls[name]
     matches = [i for i in impls.values() if i.name == name]
@@ -432,7 +433,7 @@ def _ab_impls(args) -> list:
             raise UsageError(f"{a.id} implements {a.op} and {x.id} implements {x.op}: an A/B "
                              f"needs two impls of one op")
     for impl in impls:
-        ok, why = impl.available(_backend(impl.backend))
+        ok, why = impl.available(backend_named(impl.backend))
         if not ok:
             console.print(f"[red]{impl.id} cannot run here[/]: {escape(why)}")
             raise SystemExit(3)
@@ -442,7 +443,7 @@ def _ab_impls(args) -> list:
 def _ab_mode(args, impls) -> str:
     """The one mode every arm is timed in, on one kind of timer."""
     check_mode(args.mode, impls)
-    timers = [_backend(i.backend).timer() for i in impls]
+    timers = [backend_named(i.backend).timer() for i in impls]
     mode = args.mode if args.mode not in (None, "primary") else timers[0].modes[0]
     if mode == "all" or any(mode not in t.modes or t.kind != timers[0].kind for t in timers):
         shown = ", ".join(f"{i.id} times with {t.kind} {t.modes}" for i, t in zip(impls, timers))
@@ -461,14 +462,14 @@ def cmd_ab(args) -> int:
     letters = _letters(len(impls))
     args.impl = [i.id for i in impls]  # the runs row's filters
     presets = [p for p in check_presets(args, bench_cases, extra=("all",)) if p != "all"]
-    dtypes = _split(args.dtype) or None
+    dtypes = split_csv(args.dtype) or None
     # (case, arms): the baseline and the other impls, each on the bench case under a rounding
     # convention it admits (`admitted_variant`: the same shapes and inputs)
     groups = []
     for c in bench_cases(a.op):
         if not selected(c, dtypes, presets):
             continue
-        arms = [(letters[k], x, _backend(x.backend), admitted_variant(x, c))
+        arms = [(letters[k], x, backend_named(x.backend), admitted_variant(x, c))
                 for k, x in enumerate(impls)]
         if arms[0][3] is not None and sum(v is not None for *_, v in arms) > 1:
             groups.append((arms[0][3], [arm for arm in arms if arm[3] is not None]))
@@ -521,7 +522,7 @@ def cmd_ab(args) -> int:
     short = convergence_summary([note(r, args.max_noise) for r in runs], args)
     if short:  # a run's median still counts: the verdict's delta follows the run-to-run noise
         console.print(f"of {len(runs)} runs: {short[2:]}")
-    return _ab_exit(results, args.require)
+    return ab_exit_code(results, args.require)
 
 
 def _median_us(values) -> float:
@@ -589,7 +590,7 @@ def ab_table_n(rows: list[dict], ids: list[str], mode: str, run_id: str) -> None
     console.print(table)
 
 
-def _ab_exit(rows: list[dict], require: str | None) -> int:
+def ab_exit_code(rows: list[dict], require: str | None) -> int:
     if any(r["status"] != "ok" for r in rows):
         return 1
     allowed = {"faster": {"FASTER"}, "not-slower": {"FASTER", "SAME"},
@@ -628,7 +629,7 @@ def add_parsers(sub) -> None:
                                        "lists the bench presets). With no --preset, --op or "
                                        "--impl on a CPU: the decode presets (--preset all: "
                                        "every bench case).")
-    _filters(bench)
+    add_filter_args(bench)
     timing_flags(bench)
     bench.add_argument("--no-verify", action="store_true",
                        help="skip the oracle check before timing")

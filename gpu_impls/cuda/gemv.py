@@ -100,7 +100,7 @@ def _scalar_geometry(dims, params):
     return {"tpg": SCALAR_TPG}, Launch(grid=(dims["out"], 1, 1), block=(SCALAR_TPG, 1, 1))
 
 
-def _fast_geometry(dims, params):
+def fast_geometry(dims, params):
     return {"tpg": 64}, Launch(grid=(max(dims["out"] // FAST_ROWS, 1), 1, 1), block=(64, 1, 1))
 
 
@@ -160,7 +160,7 @@ def _mma_waves(dims, tiles: int, parts: int, stages: int) -> int:
     return -(-blocks // (MMA_SMS * per_sm)) if per_sm else 1 << 30
 
 
-def _mma_geometry(dims, params, stages: int | None = None, parts: int | None = None,
+def mma_geometry(dims, params, stages: int | None = None, parts: int | None = None,
                   tiles: int | None = None):
     """A warp owns 16 rows (an m16 tile) and one of `parts` contiguous K runs (whole chunks of
     max(4 blocks, a super-block of 8 groups)); a block is `tiles` tiles x `parts` (block
@@ -176,7 +176,7 @@ def _mma_geometry(dims, params, stages: int | None = None, parts: int | None = N
     llama3-8b-up 7 tiles x 2 parts, 3 stages; llama3-8b-down 2 x 7, 3; qwen2.5-32b-up 7 x 1, 2."""
     if stages is None:  # 3 where that grid is still one round of resident blocks, else 2
         more = max(MMA_STAGE_CHOICES)
-        pick, launch = _mma_geometry(dims, params, more, parts, tiles)
+        pick, launch = mma_geometry(dims, params, more, parts, tiles)
         if _mma_waves(dims, pick["tiles"], pick["parts"], more) == 1:
             return pick, launch
         stages = MMA_STAGES
@@ -205,14 +205,15 @@ def _mma_geometry(dims, params, stages: int | None = None, parts: int | None = N
 GEMV_FALLBACK = "cuda:dequant_gemv (any MLX layout)"
 
 
-def _is(name: str, value: int, why: str, bad: int, fallback: str = GEMV_FALLBACK) -> Invariant:
+def equals_invariant(name: str, value: int, why: str, bad: int,
+                     fallback: str = GEMV_FALLBACK) -> Invariant:
     """`name == value`; the fix names `fallback`, an impl without the rule."""
     return Invariant(f"{name} == {value}", lambda ns: ns[name] == value, why,
                      lambda ns: f"{name} = {value}, or use {fallback}", {name: bad}, (name,))
 
 
-def _multiple(name: str, m: int, why: str, bad: int,
-              fallback: str = GEMV_FALLBACK) -> Invariant:
+def multiple_invariant(name: str, m: int, why: str, bad: int,
+                       fallback: str = GEMV_FALLBACK) -> Invariant:
     """`name % m == 0`; the fix names `fallback`, an impl without the rule."""
     return Invariant(f"{name} % {m} == 0", lambda ns: ns[name] % m == 0, why,
                      lambda ns: f"{name} = {nearest_multiples(ns[name], m, m)}, or use "
@@ -223,15 +224,15 @@ def _multiple(name: str, m: int, why: str, bad: int,
 SCALAR = Contract(invariants=LAYOUT, geometry=_scalar_geometry)
 FAST = Contract(
     invariants=(*LAYOUT,
-                _is("bits", 4, "the kernel unpacks 8 nibbles per word: other widths misread "
-                    "every code", 8),
-                _is("group_size", 64, "a lane's 16 codes take one scale and bias, located as "
-                    "k0 / 64", 32),
-                _multiple("in", FAST_BLOCK_K, "a warp steps over 512 codes with no bounds check: "
-                          "a partial step reads past the row", 576),
-                _multiple("out", FAST_ROWS, "a block writes 8 rows with no bounds check: a "
-                          "partial block writes past the output", 12)),
-    geometry=_fast_geometry)
+                equals_invariant("bits", 4, "the kernel unpacks 8 nibbles per word: other "
+                                 "widths misread every code", 8),
+                equals_invariant("group_size", 64, "a lane's 16 codes take one scale and bias, "
+                                 "located as k0 / 64", 32),
+                multiple_invariant("in", FAST_BLOCK_K, "a warp steps over 512 codes with no "
+                                   "bounds check: a partial step reads past the row", 576),
+                multiple_invariant("out", FAST_ROWS, "a block writes 8 rows with no bounds "
+                                   "check: a partial block writes past the output", 12)),
+    geometry=fast_geometry)
 EXPERT = Contract(
     invariants=(*LAYOUT, EXPERT_IN_RANGE,
                 Invariant("bits == 4", lambda ns: ns["bits"] == 4,
@@ -245,14 +246,14 @@ MMA_CONTRACT = Contract(
                           "the A fragments are built from nibble pairs (LOP3 0x000F000F)",
                           lambda ns: "bits = 4, or use cuda:kp_qgemv (int4/int8)", {"bits": 8},
                           ("bits",)),
-                _multiple("in", 128, "a warp walks K in blocks of 128 codes (64 bytes per row, "
-                          "16 per quad thread) with no bounds check", 1568),
+                multiple_invariant("in", 128, "a warp walks K in blocks of 128 codes (64 bytes "
+                                   "per row, 16 per quad thread) with no bounds check", 1568),
                 Invariant(f"in <= {MMA_MAX_IN}", lambda ns: ns["in"] <= MMA_MAX_IN,
                           "x and the group sums of x are staged in shared memory",
                           lambda ns: f"in <= {MMA_MAX_IN}, or use cuda:kp_qgemv",
                           {"in": MMA_MAX_IN + 128}, ("in",))),
     dtypes=("f16", "bf16"),
-    geometry=_mma_geometry)
+    geometry=mma_geometry)
 KP_CONTRACT = Contract(
     invariants=(*LAYOUT,
                 Invariant("bits in (4, 8)", lambda ns: ns["bits"] in KP_BITS,

@@ -21,8 +21,8 @@ Llama-3.1-8B (8 kv heads) at B=1 takes 30 splits on 132 SMs, at B=32 one (256 bl
 contract tests run without a GPU.
 
 Numerics (`oracle.numerics.Numerics`): scores as dot(q·scale, k_t), q scaled in f32 first (the
-form "scaled_q"), the dot's order declared (`score_order`); the softmax sums in any order; expf (CUDA's, 2 ULP; CuPy adds -ftz, not fast
-math), one divide at the end. Rescales: a term's weight is rescaled only when a container it is
+form "scaled_q"), the dot's order declared (`score_order`); the softmax sums in any order;
+expf (CUDA's, 2 ULP; CuPy adds -ftz, not fast math), one divide at the end. Rescales: a term's weight is rescaled only when a container it is
 in (a key group's step, a group, a warp, a split) meets one with a higher max, once per other
 run of U keys at most, and the split combine once: at most ceil(n / U) + 1 = `rescales(n)` with
 softmax_block = U.

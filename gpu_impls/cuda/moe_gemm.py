@@ -42,7 +42,7 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
-from gpu_impls.cuda.gemv import MMA, MMA_MAX_IN, MMA_STAGE_CHOICES, _mma_geometry
+from gpu_impls.cuda.gemv import MMA, MMA_MAX_IN, MMA_STAGE_CHOICES, mma_geometry
 from oracle.moe_gemm import GROUP
 
 SOURCE = "kp_moe_gemm.cu"
@@ -95,7 +95,7 @@ def _qgemv_geometry(dims, stages=QGEMV_STAGES, parts=None, tiles=QGEMV_TILES):
     """kp_qgemv_mma's geometry for the M GEMVs as one of M x N rows: its parts (the K split)
     for the whole grid's warps; stages and tiles as measured (QGEMV_*;
     scripts/moe_qgemv_variants.py times others); grid (row blocks of one GEMV, M)."""
-    pick, launch = _mma_geometry({"out": dims["rows"] * dims["out"], "in": dims["in"],
+    pick, launch = mma_geometry({"out": dims["rows"] * dims["out"], "in": dims["in"],
                                   "group_size": GROUP}, {}, stages, parts, tiles)
     row_tiles = -(-dims["out"] // 16)  # a warp's m16 tile of output columns
     blocks = -(-row_tiles // pick["tiles"])

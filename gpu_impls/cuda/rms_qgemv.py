@@ -26,7 +26,8 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch
 from gpu_impls.cuda._module import cuda_impl, kernel
-from gpu_impls.cuda.gemv import FAST_BLOCK_K, FAST_ROWS, _fast_geometry, _is, _multiple
+from gpu_impls.cuda.gemv import (FAST_BLOCK_K, FAST_ROWS, equals_invariant, fast_geometry,
+                                 multiple_invariant)
 from gpu_impls.quant_layout import LAYOUT
 
 SOURCE = "ffai_rms_norm_qgemv.cu"
@@ -49,26 +50,26 @@ def _scalar_geometry(dims, params):
 
 def _fast_rules(fallback: str) -> tuple[Invariant, ...]:
     return (
-        _is("group_size", 64, "a lane's 16 codes take one scale and bias, located as k0 / 64",
-            32, fallback),
-        _multiple("in", FAST_BLOCK_K, "a warp steps over 512 codes with no bounds check: a "
-                  "partial step reads past the row and past x", 576, fallback),
-        _multiple("out", FAST_ROWS, "a block writes 8 rows with no bounds check: a partial "
-                  "block writes past the output", 12, fallback))
+        equals_invariant("group_size", 64, "a lane's 16 codes take one scale and bias, located "
+                         "as k0 / 64", 32, fallback),
+        multiple_invariant("in", FAST_BLOCK_K, "a warp steps over 512 codes with no bounds "
+                           "check: a partial step reads past the row and past x", 576, fallback),
+        multiple_invariant("out", FAST_ROWS, "a block writes 8 rows with no bounds check: a "
+                           "partial block writes past the output", 12, fallback))
 
 
 NIBBLES = "the kernel unpacks 8 nibbles per word: other widths misread every code"
-SCALAR = Contract(invariants=(*LAYOUT, _is("bits", 4, NIBBLES, 8, INT8_FAST_FALLBACK)),
+SCALAR = Contract(invariants=(*LAYOUT, equals_invariant("bits", 4, NIBBLES, 8, INT8_FAST_FALLBACK)),
                   geometry=_scalar_geometry)
-FAST = Contract(invariants=(*LAYOUT, _is("bits", 4, NIBBLES, 8, INT8_FAST_FALLBACK),
+FAST = Contract(invariants=(*LAYOUT, equals_invariant("bits", 4, NIBBLES, 8, INT8_FAST_FALLBACK),
                             *_fast_rules(INT4_FALLBACK)),
-                geometry=_fast_geometry)
+                geometry=fast_geometry)
 INT8_FAST = Contract(
     invariants=(*LAYOUT,
-                _is("bits", 8, "the kernel extracts 4 bytes per word: other widths misread "
-                    "every code", 4, INT4_FALLBACK),
+                equals_invariant("bits", 8, "the kernel extracts 4 bytes per word: other "
+                                 "widths misread every code", 4, INT4_FALLBACK),
                 *_fast_rules(ANY_FALLBACK)),
-    geometry=_fast_geometry)
+    geometry=fast_geometry)
 
 
 def _launcher(name: str):

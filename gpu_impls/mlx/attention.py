@@ -95,11 +95,11 @@ def _fast_sdpa_varlen(launch, inputs, outputs, case):
     there is no window, a boolean mask otherwise."""
     import mlx.core as mx
 
-    from oracle.attention import _varlen
+    from oracle.attention import varlen_spans
 
     q, k, v = (inputs[n].astype(mx.float32) for n in ("q", "k", "v"))
     rows = []
-    for qo, q_len, ko, k_len in _varlen(case):
+    for qo, q_len, ko, k_len in varlen_spans(case):
         mask = None
         if case.params["window"]:
             i = mx.arange(q_len)[:, None] + (k_len - q_len)

@@ -299,9 +299,9 @@ def prefill_mask(q_len: int, k_len: int, params: dict, device=None):
 
 def segments(case):
     """(q offset, q_len, k offset, k_len) per sequence, from the case's lengths."""
-    from oracle.attention import _varlen
+    from oracle.attention import varlen_spans
 
-    return _varlen(case)
+    return varlen_spans(case)
 
 
 def _sdpa_varlen(launch, inputs, outputs, case):

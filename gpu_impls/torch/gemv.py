@@ -33,7 +33,7 @@ def dequantize_f32(w, scales, biases, case):
     return q * s + b
 
 
-def _dequant_linear(launch, inputs, outputs, case):
+def dequant_linear_run(launch, inputs, outputs, case):
     import torch.nn.functional as F
 
     x = inputs["x"]
@@ -43,13 +43,13 @@ def _dequant_linear(launch, inputs, outputs, case):
 
 def _dequant_linear_expert(launch, inputs, outputs, case):
     """The selected slab by index_select on the device index (no host read: graph-capturable),
-    then exactly `_dequant_linear`."""
+    then exactly `dequant_linear_run`."""
     e = inputs["expert_index"].long()
     slab = {k: inputs[k].index_select(0, e)[0] for k in ("w", "scales", "biases")}
-    return _dequant_linear(launch, {**slab, "x": inputs["x"]}, outputs, case)
+    return dequant_linear_run(launch, {**slab, "x": inputs["x"]}, outputs, case)
 
 
-register(Impl("dequant_gemv", "torch", "dequant_linear", _dequant_linear,
+register(Impl("dequant_gemv", "torch", "dequant_linear", dequant_linear_run,
               Contract(invariants=LAYOUT),
               doc="unpack + dequantize in f32, then F.linear in f32, rounded to T"),
          Impl("dequant_gemv_expert_indexed", "torch", "dequant_linear_expert",

@@ -30,7 +30,7 @@ from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, param_is
 from gpu_impls.impl import Impl
 from gpu_impls.torch.extras import needs
-from gpu_impls.torch.norms import _eps
+from gpu_impls.torch.norms import eps_f32
 from gpu_impls.torch.rope import device_hf_inv_freq, rope_contract
 from oracle.rope import attention_factor, rotary_dim
 
@@ -51,7 +51,7 @@ def _rms_norm(mode: str):
 
         x = inputs["x"]
         rows = x.reshape(-1, x.shape[-1])
-        y = LigerRMSNormFunction.apply(rows, inputs["w"], _eps(case),
+        y = LigerRMSNormFunction.apply(rows, inputs["w"], eps_f32(case),
                                        float(case.params["weight_offset"]), mode, False)
         return {"out": y.reshape(x.shape)}
     return run

@@ -22,7 +22,7 @@ from gpu_impls.contract import Contract, param_is, rounding_once
 from gpu_impls.impl import Impl
 
 
-def _eps(case) -> float:
+def eps_f32(case) -> float:
     return float(np.float32(case.params["eps"]))
 
 
@@ -51,16 +51,16 @@ def add_fn(a, b, w, eps: float, offset: float):
 
 
 def _rms_norm(launch, inputs, outputs, case, fn=rms_norm_fn):
-    return {"out": fn(inputs["x"], inputs["w"], _eps(case), case.params["weight_offset"])}
+    return {"out": fn(inputs["x"], inputs["w"], eps_f32(case), case.params["weight_offset"])}
 
 
 def _rms_norm_residual(launch, inputs, outputs, case, fn=residual_fn):
-    return {"out": fn(inputs["x"], inputs["residual"], inputs["w"], _eps(case),
+    return {"out": fn(inputs["x"], inputs["residual"], inputs["w"], eps_f32(case),
                       case.params["weight_offset"])}
 
 
 def _add_rms_norm(launch, inputs, outputs, case, fn=add_fn):
-    s, normed = fn(inputs["a"], inputs["b"], inputs["w"], _eps(case),
+    s, normed = fn(inputs["a"], inputs["b"], inputs["w"], eps_f32(case),
                    case.params["weight_offset"])
     return {"residual_out": s, "normed_out": normed}
 
@@ -68,7 +68,7 @@ def _add_rms_norm(launch, inputs, outputs, case, fn=add_fn):
 COMPILED_GATE_CASES = 9  # compiling once per shape costs seconds: see Impl.gate_cases_max
 
 
-def _needs_gpu_and_triton() -> tuple[bool, str]:
+def needs_gpu_and_triton() -> tuple[bool, str]:
     import importlib.util
 
     import torch
@@ -96,7 +96,7 @@ def _compiled(run, fn):
 
 def _rms_norm_llama(launch, inputs, outputs, case):
     x, w = inputs["x"], inputs["w"]
-    normed = (x.float() * _inv(x.float(), _eps(case))).to(x.dtype)
+    normed = (x.float() * _inv(x.float(), eps_f32(case))).to(x.dtype)
     weight = w + case.params["weight_offset"] if case.params["weight_offset"] else w
     outputs["out"].copy_(weight * normed)
 
@@ -106,11 +106,11 @@ def _gated_mixer_norm(launch, inputs, outputs, case):
 
     y = inputs["y"].float()
     w = inputs["w"].float() + case.params["weight_offset"]
-    outputs["out"].copy_(y * _inv(y, _eps(case)) * w * F.silu(inputs["z"].float()))
+    outputs["out"].copy_(y * _inv(y, eps_f32(case)) * w * F.silu(inputs["z"].float()))
 
 
 def _rms_inv(launch, inputs, outputs, case):
-    outputs["inv"].copy_(_inv(inputs["x"].float(), _eps(case))[..., 0])
+    outputs["inv"].copy_(_inv(inputs["x"].float(), eps_f32(case))[..., 0])
 
 
 _ONCE = Contract(invariants=rounding_once("torch:rms_norm_llama for rounding='normed'"))
@@ -132,7 +132,7 @@ def compiled_twin(eager: Impl, fn) -> Impl:
     return dataclasses.replace(eager, name=f"{eager.name}_compiled",
                                run=_compiled(eager.run, fn),
                                doc=f"torch.compile of {eager.id} ({eager.doc}), static shapes",
-                               requires=_needs_gpu_and_triton,
+                               requires=needs_gpu_and_triton,
                                gate_cases_max=COMPILED_GATE_CASES)
 
 
