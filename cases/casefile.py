@@ -15,7 +15,7 @@ oracle's, against what is available here);
 a bad one is named with the file, the case's index and the field, and what would be valid. A
 param's value must be one of the op's declared values (`OpSpec.param_values`, e.g. rounding
 "once" or "normed") or else of its default's kind. `kparity check` also refuses, before it runs
-anything, a case that no selected impl would check (`verbs.common.case_file_work`).
+anything, a case that no selected impl would check (`verbs.selection.case_file_work`).
 """
 
 from __future__ import annotations

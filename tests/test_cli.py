@@ -242,7 +242,7 @@ def test_repro_dump_writes_npy_and_a_script_that_reruns_the_case(tmp_path, capsy
 
 def test_a_sweep_without_a_terminal_prints_progress_lines(capsys):
     """CI and nightly logs get no progress bar: a plain line every `every` seconds instead."""
-    from verbs.common import SweepProgress
+    from verbs.console import SweepProgress
 
     with SweepProgress("check", "failed", " failed", every=0.0) as progress:
         task = progress.add_task("cuda:kp_rms_norm bf16", total=10, failed=0)
@@ -261,7 +261,7 @@ def test_a_sweep_samples_a_compile_per_shape_baseline_unless_it_is_named(capsys)
 
     import gpu_impls
     from cases.generate import plan, sampled
-    from verbs.common import sample_slow_compilers
+    from verbs.selection import sample_slow_compilers
 
     compiled, eager = (gpu_impls.impls()[i] for i in ("torch:rms_norm_compiled",
                                                        "torch:rms_norm"))

@@ -400,7 +400,7 @@ def test_the_long_tests_table_names_tests_that_exist():
 
 
 def test_the_time_line_splits_the_wall_time_and_sums_each_devices_rows(monkeypatch):
-    from verbs import common
+    from verbs import console as common
 
     monkeypatch.setattr(common, "COMMAND_STARTED", 100.0)
     monkeypatch.setattr(common.time, "monotonic", lambda: 290.0)

@@ -14,7 +14,9 @@ from rich.table import Table
 
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
-from verbs.common import split_csv, console, op_and_backend_filters, unknown
+from verbs.console import console
+from verbs.selection import op_and_backend_filters
+from verbs.usage import split_csv, unknown
 
 ORDER = 1.5  # a correctness verb: after check and repro, before the timing verbs
 

@@ -9,7 +9,8 @@ import time
 from rich.markup import escape
 from rich.table import Table
 
-from verbs.common import UsageError, console, unknown
+from verbs.console import console
+from verbs.usage import UsageError, unknown
 
 ORDER = 5  # housekeeping: last in `kparity --help`
 

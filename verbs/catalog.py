@@ -11,8 +11,10 @@ from rich.table import Table
 from cases.generate import gate_cases
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
-from verbs.common import (add_filter_args, add_seed_arg, backend_named, console,
-                          registered_impls, select_impls, split_csv, tier_flag, work_list)
+from verbs.console import console
+from verbs.selection import (add_filter_args, add_seed_arg, backend_named, registered_impls,
+                             select_impls, tier_flag, work_list)
+from verbs.usage import split_csv
 
 ORDER = 0  # `kparity --help` lists the verb groups by ORDER: what is here comes first
 

@@ -25,10 +25,12 @@ from runners.isolation import MODES as ISOLATION_MODES
 from runners.sweep import runner_for
 from runners.item import run_one  # noqa: F401 (run_work calls it by this module's name)
 from runners.verdicts import failure_kind, is_failure, outcome
-from verbs.common import (FILTERS, SweepProgress, UsageError, add_filter_args, add_seed_arg,
-                          backend_named, check_presets, console, devices_flag, global_flags,
-                          pick_devices, registered_impls, repro_line, select_impls, split_csv,
-                          tier_flag, time_line, unknown, work_for, work_list)
+from verbs.console import SweepProgress, console, time_line
+from verbs.selection import (FILTERS, add_filter_args, add_seed_arg, backend_named, check_presets,
+                             devices_flag, global_flags, open_store, pick_devices,
+                             registered_impls, repro_line, select_impls, tier_flag, work_for,
+                             work_list)
+from verbs.usage import UsageError, split_csv, unknown
 from verbs.outputs import add_flags as add_output_flags, write_check
 
 ORDER = 1  # after ops and cases in `kparity --help`
@@ -116,7 +118,7 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
     for entry in known_issues.unmatched(ledger, registered_impls()):
         console.print(escape(f"ledger: {entry.source} names impl {entry.impl!r}, which matches "
                              "no impl here (stale entry, or a typo)"), style="yellow")
-    store = Store(args.store)
+    store = open_store(args)
     store.ensure_writable()
     run_id = resume or new_run_id()
     if not resume:
@@ -416,7 +418,7 @@ def cmd_check(args) -> int:
         changed = changed_files(args.since, ROOT, "--since")
     impls = select_impls(args, need_available=True)
     if args.since:  # one more filter: the impls the changes since REF can affect
-        from verbs.common import since_filter
+        from verbs.selection import since_filter
         if not (impls := since_filter(args, impls, changed)):
             return 0
     work = work_list(args, impls)
@@ -456,7 +458,7 @@ def resume_check(args) -> int:
     `--resume last`: the store's newest check run."""
     import pyarrow.compute as pc
 
-    store = Store(args.store)
+    store = open_store(args)
     checks = {r["run_id"]: r for r in store.read("runs").to_pylist() if r["verb"] == "check"}
     if args.resume == "last":
         if not checks:
@@ -511,7 +513,7 @@ def find_case(case_id: str, store: Store) -> tuple[Case, list[str]]:
 
 @interruptible
 def cmd_repro(args) -> int:
-    store = Store(args.store)
+    store = open_store(args)
     case, ran = find_case(args.case_id, store)
     ids = split_csv(args.impl) or ran or sorted(
         i.id for i in registered_impls().values() if i.op == case.op)

@@ -44,8 +44,9 @@ from cases.casefile import CaseFileError
 from gpu_impls import known_issues
 from results.store import StoreError
 from runners.limits import BadInput, DeviceUnusable
-from verbs import common
-from verbs.common import UsageError, console
+from verbs import console as verbs_console
+from verbs.console import console
+from verbs.usage import UsageError
 
 
 def verb_modules() -> list:
@@ -107,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    common.COMMAND_STARTED = time.monotonic()
+    verbs_console.COMMAND_STARTED = time.monotonic()
     args = parse_args(argv)
     try:
         with plugin_warnings_in_yellow():

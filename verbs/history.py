@@ -16,7 +16,9 @@ Heavy imports (DuckDB) happen inside the verbs: none of this is on the GPU impor
 
 from __future__ import annotations
 
-from verbs.common import UsageError, add_filter_args, split_csv, console, unknown
+from verbs.console import console
+from verbs.selection import add_filter_args, open_store
+from verbs.usage import UsageError, split_csv, unknown
 
 ORDER = 3  # after the timing verbs in `kparity --help`
 
@@ -70,13 +72,12 @@ def cmd_compare(args) -> int:
 
     from results.compare import (FILTERS, CompareError, Thresholds, compare, render_markdown,
                                  render_table)
-    from results.store import Store
 
     thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump,
                             new_may_fail=args.new_may_fail)
     filters = {k: split_csv(getattr(args, k)) for k in FILTERS}
     try:
-        report = compare(Store(args.store), args.run_a, args.run_b, baseline=args.baseline,
+        report = compare(open_store(args), args.run_a, args.run_b, baseline=args.baseline,
                          filters=filters, thresholds=thresholds)
     except CompareError as e:
         if e.given is not None:
@@ -139,9 +140,8 @@ def cmd_accept(args) -> int:
     from rich.markup import escape
 
     from results.runinfo import new_run_id
-    from results.store import Store
 
-    store = Store(args.store)
+    store = open_store(args)
     runs_of: dict[str, set[str]] = {}  # target -> runs with rows of it (in the metric's tables)
     targets: set[str] = set()
     for table in ("correctness", "bench"):
@@ -192,7 +192,6 @@ def cmd_sql(args) -> int:
     from rich.table import Table
 
     from results.query import query
-    from results.store import Store
 
     try:
         import duckdb
@@ -203,7 +202,7 @@ def cmd_sql(args) -> int:
     if not args.query.strip():
         raise empty
     try:
-        answer = query(Store(args.store), args.query)
+        answer = query(open_store(args), args.query)
     except duckdb.Error as e:
         raise UsageError(f"query failed: {e}".splitlines()[0] + " (views: runs, correctness, "
                          "bench, ab, ceilings, annotations, latest, history)") from None

@@ -18,15 +18,32 @@ Exit 0 when every row passes its gate (the reference plan is report-only), 1 whe
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from rich.table import Table
 
 from results.runinfo import new_run_id, run_row
-from results.store import Store
-from verbs.common import UsageError, backend_named, console, global_flags, model_args
+from verbs.console import console
+from verbs.selection import backend_named, global_flags, open_store
+from verbs.usage import UsageError
 
 ORDER = 3  # after check, repro, bench and ab in `kparity --help`
+
+
+def model_args(p: argparse.ArgumentParser) -> None:
+    """The model under test and the gate's limits, shared by `model` and `model-ab`."""
+    p.add_argument("--model", default="smollm2",
+                   help="smollm2 (SmolLM2-135M-Instruct Q4_1, downloaded once and cached) or "
+                        "synthetic:CONFIG (tiny, smollm2-135m, llama3-8b: random int4 weights)")
+    p.add_argument("--dtype", default="f16",
+                   help="activation dtype T (f16 keeps a Q4_1 file's f16 scales exact; bf16 "
+                        "would round them and is refused for it)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic weights' and ids' seed")
+    p.add_argument("--max-mean-kld", type=float, default=1e-4, metavar="X",
+                   help="the gate's mean KLD limit (1e-4: models.metrics.gate says why)")
+    p.add_argument("--min-same-top", type=float, default=0.99, metavar="P",
+                   help="the gate's same-top-token fraction (0.99)")
 
 
 def add_parsers(sub) -> None:
@@ -93,7 +110,7 @@ def cmd_model(args) -> int:
         tokens = text_tokens(model, args.text, args.tokens)
     except ModelError as e:
         raise UsageError(str(e)) from e
-    store = Store(args.store)
+    store = open_store(args)
     store.ensure_writable()
     run_id = new_run_id()
     ceilings = []

@@ -20,8 +20,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from results.runinfo import new_run_id, run_row
-from results.store import Store
-from verbs.common import UsageError, backend_named, console, global_flags, model_args
+from verbs.console import console
+from verbs.model import model_args
+from verbs.selection import backend_named, global_flags, open_store
+from verbs.usage import UsageError
 
 ORDER = 3  # beside `kparity model` in `kparity --help`
 
@@ -76,7 +78,7 @@ def cmd_model_ab(args) -> int:
             check_tokens(text, len(ids), args.warmup)
     except ModelError as e:
         raise UsageError(str(e)) from e
-    store = Store(args.store)
+    store = open_store(args)
     store.ensure_writable()
     run_id = new_run_id()
     rows, arms = [], {}

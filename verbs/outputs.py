@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from cases.model import Case
-from verbs.common import global_flags, repro_line
+from verbs.selection import global_flags, repro_line
 
 CHECK_METRICS = ("budget", "max_abs", "max_rel", "nmse", "cosine", "max_ulp", "frac_within",
                  "nonfinite_mismatch", "worst_output")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verbs.common import (UsageError, add_filter_args, backend_named, console, select_impls,
-                          tier_flag)
+from verbs.console import console
+from verbs.selection import add_filter_args, backend_named, open_store, select_impls, tier_flag
+from verbs.usage import UsageError
 
 ORDER = 4  # last in `kparity --help`
 FILTERS = ("op", "impl", "backend", "dtype", "preset")
@@ -45,13 +46,12 @@ def need_plotly(verb: str) -> None:
 def cmd_report(args) -> int:
     """Writes the site (`results/report.py` lists the pages) and says where it is."""
     from results.report import write_report
-    from results.store import Store
 
     need_plotly("report")
     if args.baseline < 1:
         raise UsageError(f"--baseline {args.baseline}: needs at least 1 run of history")
     try:
-        pages = write_report(Store(args.store), args.out, baseline=args.baseline)
+        pages = write_report(open_store(args), args.out, baseline=args.baseline)
     except OSError as e:
         raise UsageError(f"cannot write the report to {args.out} ({e.strerror or e})") from None
     console.print(f"report: {len(pages)} pages in {Path(args.out)}/; open {pages[0]}",
@@ -111,13 +111,12 @@ def cmd_nightly(args) -> int:
 
         17 3 * * * cd /path/to/kparity && . .venv/bin/activate && kparity nightly --out /var/www/kparity >> .kparity/nightly.log 2>&1
     """
-    from results.store import Store
     from verbs.cli import main  # a composite verb: each step runs through the CLI, in-process
 
     need_plotly("nightly")  # its last step is the report: say so before an hour of checks
     if args.baseline < 2:
         raise UsageError(f"--baseline {args.baseline}: compare needs at least 2 runs of history")
-    store = Store(args.store)
+    store = open_store(args)
     head, filters = _global_options(args), _filter_options(args)
     console.rule("nightly: check")
     before = _run_ids(store)

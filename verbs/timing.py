@@ -28,9 +28,10 @@ from runners.bench import bench_one, ceilings_row, timed_mode
 from runners.stopping import StdRel, shortfall
 from runners.timing import MODES
 from verbs import outputs
-from verbs.common import (SweepProgress, UsageError, add_filter_args, backend_named,
-                          check_presets, console, devices_flag, pick_devices, registered_impls,
-                          select_impls, split_csv, unknown)
+from verbs.console import SweepProgress, console
+from verbs.selection import (add_filter_args, backend_named, check_presets, devices_flag,
+                             open_store, pick_devices, registered_impls, select_impls)
+from verbs.usage import UsageError, split_csv, unknown
 
 ORDER = 2  # after check and repro in `kparity --help`
 
@@ -109,7 +110,7 @@ def _timed_items(items: list) -> tuple[list, dict[str, str]]:
 
 def _start(args, verb: str, backends) -> tuple[Store, str, dict]:
     """Store, run id and per-backend ceilings (measured now, written at once)."""
-    store = Store(args.store)
+    store = open_store(args)
     store.ensure_writable()
     run_id = new_run_id()
     devices = {b: backend_named(b).device() for b in backends}

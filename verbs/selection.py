@@ -1,21 +1,17 @@
-"""What the verb modules share: the console, bad input (UsageError, `unknown`), the impl and
-case selection every verb filters with (--op/--impl/--backend/--dtype/--preset, --seed, a
---cases file), and the printed repro and resume lines.
+"""What every verb selects with: the impl and case filters (--op/--impl/--backend/--dtype/
+--preset, --seed, --tier, --devices, a --cases file), the work list they give, and the printed
+repro line that runs one of its cases again.
 
-It imports only the layers below the verbs (oracle, cases, gpu_impls, runners, results), never
-another verbs module: each verb module imports it, and the CLI (`verbs/cli.py`) discovers them.
+It imports only the layers below the verbs (oracle, cases, gpu_impls, runners, results) and the
+verbs' console and usage modules, never a verb module.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from collections import defaultdict
 
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cases.casefile import closest
 from cases.generate import Work, bench_cases, gate_cases, plan, sampled
@@ -23,78 +19,9 @@ from cases.model import Case
 from cases.tiers import DEFAULT_TIER, TIERS
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
+from verbs.console import console
+from verbs.usage import UsageError, split_csv, unknown
 
-# Wide enough for impl ids when output is not a terminal (CI logs, pipes).
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-
-
-# When this command started (`verbs/cli.py`'s `main`): a sweep's time line counts from it.
-COMMAND_STARTED = time.monotonic()
-
-
-def time_line(first_row: float | None, last_row: float | None, rows: list[dict]) -> str:
-    """Where a sweep's wall time went: until its first row (imports, planning, the workers'
-    start), from the first row to the last, after it (the summary), and the seconds the rows
-    took inside their workers, per device under --devices (summed over more devices than the
-    row span: the workers did not keep pace; short of it: time between rows, outside them)."""
-    def secs(x: float) -> str:
-        return f"{x:.1f} s" if x < 10 else f"{x:.0f} s"
-    now = time.monotonic()
-    if first_row is None:
-        return f"time: {secs(now - COMMAND_STARTED)}, no row"
-    from runners.devices import seconds_by_device
-
-    per = ", ".join(f"{'device ' + str(d) + ': ' if d is not None else ''}{secs(sum(s))}"
-                    for d, s in seconds_by_device(rows))
-    return (f"time: {secs(now - COMMAND_STARTED)}: {secs(first_row - COMMAND_STARTED)} until the "
-            f"first row, {secs(last_row - first_row)} of rows ({per} inside the workers), "
-            f"{secs(now - last_row)} after the last")
-
-
-class SweepProgress(Progress):
-    """A sweep's progress: rich's bar on a terminal; where the console is no terminal (CI, a
-    nightly's log, a pipe) the bar draws nothing, so one plain line every `every` seconds
-    says how far the sweep is (`check: 1200/14717 done, 0 failed, 310 s; now cuda:x bf16`).
-    The task's field `field`, followed by `suffix`, is shown after the count."""
-
-    def __init__(self, verb: str, field: str, suffix: str = "", every: float = 30.0):
-        super().__init__(TextColumn("[bold]{task.description}"), BarColumn(),
-                         MofNCompleteColumn(), TextColumn(f"{{task.fields[{field}]}}{suffix}"),
-                         TimeElapsedColumn(), console=console, transient=True)
-        self.verb, self.field, self.suffix, self.every = verb, field, suffix, every
-        self.started = self.last_line = time.monotonic()
-
-    def update(self, task_id, **changes) -> None:
-        super().update(task_id, **changes)
-        if self.console.is_terminal:
-            return
-        with self._lock:  # --devices threads update it too: one line per period
-            now = time.monotonic()
-            if now - self.last_line < self.every:
-                return
-            self.last_line = now
-            task = self._tasks[task_id]
-            detail = f"{task.fields.get(self.field, '')}{self.suffix}".strip()
-            line = (f"{self.verb}: {task.completed:.0f}/{task.total:.0f} done, "
-                    + (f"{detail}, " if detail else "")
-                    + f"{now - self.started:.0f} s; now {task.description}")
-        self.console.print(escape(line), soft_wrap=True)
-
-
-class UsageError(Exception):
-    """Bad input: printed as one message, exit code 2."""
-
-
-def unknown(kind: str, given: str, valid) -> UsageError:
-    return UsageError(f"unknown {kind} {given!r}. Valid {kind}s (closest first): "
-                      + closest(given, valid))
-
-
-def split_csv(values) -> list[str]:
-    return [v for item in values or [] for v in item.split(",") if v]
-
-
-# --- selection ---------------------------------------------------------------------------------
 
 def registered_impls():
     import gpu_impls
@@ -291,6 +218,14 @@ def refusal(impl, case: Case) -> str:
     return ""
 
 
+def open_store(args):
+    """The store the command reads and writes: `--store DIR`, else the default
+    (`results.store.default_root`). Every verb opens it here."""
+    from results.store import Store
+
+    return Store(getattr(args, "store", None))
+
+
 def global_flags(args) -> str:
     """The global options a printed command needs to run again as this one did: the store
     (where it is not the default) and every plugin."""
@@ -350,20 +285,3 @@ def add_seed_arg(p: argparse.ArgumentParser) -> None:
                    help="fresh data: add N to every generated case's seed (sources give 0, so it "
                         "becomes N), which changes each case's id and inputs; 0 (default) keeps "
                         "the usual ids. Not with --cases (a file's cases keep their seeds)")
-
-
-# --- the model verbs (`kparity model`, `kparity model-ab`) --------------------------------------
-
-def model_args(p: argparse.ArgumentParser) -> None:
-    """The model under test and the gate's limits, shared by `model` and `model-ab`."""
-    p.add_argument("--model", default="smollm2",
-                   help="smollm2 (SmolLM2-135M-Instruct Q4_1, downloaded once and cached) or "
-                        "synthetic:CONFIG (tiny, smollm2-135m, llama3-8b: random int4 weights)")
-    p.add_argument("--dtype", default="f16",
-                   help="activation dtype T (f16 keeps a Q4_1 file's f16 scales exact; bf16 "
-                        "would round them and is refused for it)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic weights' and ids' seed")
-    p.add_argument("--max-mean-kld", type=float, default=1e-4, metavar="X",
-                   help="the gate's mean KLD limit (1e-4: models.metrics.gate says why)")
-    p.add_argument("--min-same-top", type=float, default=0.99, metavar="P",
-                   help="the gate's same-top-token fraction (0.99)")
