@@ -33,8 +33,7 @@ import numpy as np
 
 from oracle.fp4 import (BLOCK, F32, PARAMS, PARAM_VALUES, dequantize, e2m1_values, fp4_domain,
                         fp4_quantize, plant, scale_values, unpack)
-from oracle.gemv import CHUNK_TERMS, gemv_kernel_on
-from oracle.numerics import product_into
+from oracle.gemv import gemv_kernel_on
 from oracle.norms import kernel_view
 from oracle.spec import OpSpec, TensorSpec, register
 
@@ -57,9 +56,8 @@ def fp4_gemv_kernel(A, inputs: dict, case) -> dict:
     zero = A.load(np.zeros_like(sf))
     x = A.load(kernel_view({"x": inputs["x"]}, case)["x"])
     ts = float(np.asarray(inputs["tensor_scale"], dtype=np.float64).reshape(-1)[0])
-    if A.m.numerics.form == "block_split":
-        s_block = A.load(scale_values(inputs["scales"], fmt))
-        y = _block_split(A, q, s_block, x, block)
+    if A.m.numerics.form == "block_split":  # `oracle.gemv`'s form; the tensor scale after
+        y = gemv_kernel_on(A, q, A.load(sf), zero, x, block)
         return {"y": y if fmt == "mxfp4" else y * A.load(np.full((1, sf.shape[0]), ts))}
     if fmt == "mxfp4":  # ts = 1: s is exact
         return {"y": gemv_kernel_on(A, q, A.load(sf), zero, x, block)}
@@ -67,24 +65,6 @@ def fp4_gemv_kernel(A, inputs: dict, case) -> dict:
     after = gemv_kernel_on(A, q, A.load(sf), zero, x, block) * A.load(np.full(
         (1, sf.shape[0]), ts))
     return {"y": A.either(folded, after)}
-
-
-def _block_split(A, q, s_block, x, block: int):
-    """The form "block_split" (cuda:kp_fp4_gemv): per block of `block` codes its dot
-    dot_b = sum q x (sum "block_dot"), then y = sum over b of s_b dot_b (sum "row"), products
-    fused where the declared order says so; nvfp4's tensor scale after (the caller). Over
-    blocks of output rows, as `gemv_kernel_on` (the arrays stay in cache)."""
-    out, n = q.shape
-    blocks = n // block
-    xb = x.reshape(*x.shape[:-1], 1, blocks, block)
-    rows = max(1, CHUNK_TERMS // int(np.prod(x.shape)))
-    parts = []
-    for r in range(0, out, rows):
-        blk = slice(r, min(r + rows, out))
-        dot = A.sum(product_into(A, q.at(blk).reshape(-1, blocks, block), xb, "block_dot"),
-                    site="block_dot")
-        parts.append(A.sum(product_into(A, s_block.at(blk), dot, "row"), site="row"))
-    return parts[0] if len(parts) == 1 else A.concat(parts)
 
 
 def _from_w(case, raw: dict) -> dict:

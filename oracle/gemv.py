@@ -23,7 +23,9 @@ An impl may declare which form it computes (`Numerics.form`) and the order of ea
                         and the row's sum over c of b_c xs_c and s_c dot_c ("row"), products
                         fused into FMAs where the declared order says so (cuda:kp_qgemv);
   dequantized_fma       w = fma(q, s, b) (one rounding), then the dot over `in` ("dot"), its
-                        products fused where the declared order says so (cuda:kp_qmm).
+                        products fused where the declared order says so (cuda:kp_qmm);
+  block_split           no biases: per group its dot ("block_dot"), then the sum of the scaled
+                        group dots ("row") (cuda:kp_fp4_gemv, a group being an FP4 block).
 Each rounding is charged half an f32 ULP at the largest magnitude its result can have (2^-150 in
 the subnormal range, the magnitude itself under FTZ, param `ftz`, where f32-subnormal x also reads
 as 0: `oracle.norms.kernel_view`), and the store the farther of T(y - e), T(y + e). An order an
@@ -97,6 +99,8 @@ def _gemv_rows(A, q, s, b, x, group: int):
     xr = x.reshape(*x.shape[:-1], 1, x.shape[-1])  # [..., 1, in] against W [out, in]
     if A.m.numerics.form == "dequantized_fma":  # w = fma(q, s, b): one rounding
         return A.sum(product_into(A, A.fused(q, s) + b, xr, "dot"), site="dot")
+    if A.m.numerics.form == "block_split":
+        return _block_split_rows(A, q, s, x, group)
     dequantized = A.sum((q * s + b) * xr)
     out, n = q.shape[0], q.shape[-1]
     g = n // group
@@ -130,6 +134,18 @@ def _chunk_split_rows(A, q, s, b, x):
     scale_terms = product_into(A, s.at(first), dot, "row").reshape(*lead, out, chunks, 1)
     terms = A.concat([bias_terms, scale_terms], axis=-1)
     return A.sum(terms.reshape(*lead, out, 2 * chunks), site="row")
+
+
+def _block_split_rows(A, q, s, x, group: int):
+    """The form "block_split" (no biases: cuda:kp_fp4_gemv): per group of codes its dot
+    dot_g = sum q x (sum "block_dot"), then sum over g of s_g dot_g (sum "row"), products fused
+    where the declared order says so."""
+    out, n = q.shape[0], q.shape[-1]
+    g = n // group
+    dot = A.sum(product_into(A, q.reshape(out, g, group), x.reshape(*x.shape[:-1], 1, g, group),
+                             "block_dot"), site="block_dot")  # [..., out, groups]
+    s_g = s.at((slice(None), slice(None, None, group)))
+    return A.sum(product_into(A, s_g, dot, "row"), site="row")
 
 
 def gemv_kernel(A, inputs: dict, case) -> dict:

@@ -412,3 +412,57 @@ def test_under_ftz_correct_and_worst_admissible_kernels_pass(op):
                 for f in _over_budget(_ftz_corners(op, dtype))]
     assert not failures, "\n".join(failures[:8])
 
+
+
+# --- the orders kparity's own kernels declare (`Impl.numerics`: plans, forms, overflow) ----------
+
+def _declaring_impls() -> list[str]:
+    import gpu_impls
+
+    return sorted(i.id for i in gpu_impls.impls().values()
+                  if i.id.startswith("cuda:kp_") and i.declares_order and i.op in MODELLED)
+
+
+def _admitted_corners(impl, dtype: str):
+    """The op's corners the impl's contract admits; where it admits none (kp_ssm_step: N a
+    multiple of 32), its cheapest admitted gate case of each distribution instead."""
+    from cases.generate import gate_cases
+    from cases.tiers import case_cost
+
+    admitted = [c for c in corners(impl.op, dtype) if impl.contract.admits(c[1])]
+    if admitted:
+        yield from admitted
+        return
+    cheapest = {}
+    for case in gate_cases(impl.op):
+        if case.dtype == dtype and impl.contract.admits(case):
+            key = (case.dist, repr(case.param_items))
+            if key not in cheapest or case_cost(case) < case_cost(cheapest[key]):
+                cheapest[key] = case
+    for case in cheapest.values():
+        yield f"gate {case.dist}", case, make_inputs(case)
+
+
+@pytest.mark.parametrize("impl_id", _declaring_impls())
+def test_declared_orders_keep_the_correct_and_worst_kernels_within_bound(impl_id):
+    """For each corner of its op that the impl's contract admits, the bound under what the impl
+    declares for that case (its plans, its form, its overflow: the oracle case the runner would
+    use) holds the correctly rounded answer and the worst admissible kernel in that order."""
+    import gpu_impls
+    from runners.oracle_cache import _oracle_case
+
+    impl = gpu_impls.impls()[impl_id]
+    failures, checked = [], 0
+    for dtype in FLOAT_DTYPES:
+        for label, case, inputs in _admitted_corners(impl, dtype):
+            numerics = impl.numerics_for(case)
+            judged = _oracle_case(case, False, numerics)
+            exact = judged.spec.reference(inputs, judged)[0]
+            bound = _bound(judged, inputs, exact, numerics)
+            for name, budget in _candidates(judged, inputs, exact, bound, numerics):
+                if not budget <= 1.0:
+                    failures.append(f"{label} {dtype} {name}: budget {budget:.4f} "
+                                    f"({case.to_json()})")
+            checked += 1
+    assert checked, f"no corner of {impl.op} is admitted by {impl_id}"
+    assert not failures, "\n".join(failures[:8])

@@ -113,6 +113,24 @@ def test_kp_rms_norms_plan_is_its_source_order_bit_for_bit(items, tpr, dtype):
         assert declared == emulate_kp.kp_rms_norm_sum_of_squares(x, items, tpr, vec), seed
 
 
+def _admitted(impl, keep=lambda case: True) -> list:
+    """(case, launch) for each gate case of the impl's op that `keep` takes and its contract
+    admits; at least one."""
+    from cases.generate import gate_cases
+    from gpu_impls.contract import ContractError
+
+    admitted = []
+    for case in gate_cases(impl.op):
+        if not keep(case):
+            continue
+        try:
+            admitted.append((case, impl.contract.check(impl.id, case)))
+        except ContractError:
+            continue
+    assert admitted, impl.id
+    return admitted
+
+
 KP_NORMS = ["cuda:kp_rms_norm", "cuda:kp_rms_norm_residual", "cuda:kp_add_rms_norm",
             "cuda:kp_rms_norm_per_head"]
 
@@ -121,23 +139,13 @@ KP_NORMS = ["cuda:kp_rms_norm", "cuda:kp_rms_norm_residual", "cuda:kp_add_rms_no
 def test_each_kp_norm_declares_the_geometry_its_launch_uses(impl_id):
     """For every gate case its contract admits, the declared plan's threads per row and items
     per thread are the launch's, and the plan covers the row."""
-    from cases.generate import gate_cases
-    from gpu_impls.contract import ContractError
-
     impl = gpu_impls.impls()[impl_id]
-    checked = 0
-    for case in gate_cases(impl.op):
-        try:
-            launch = impl.contract.check(impl.id, case)
-        except ContractError:
-            continue
+    for case, launch in _admitted(impl):
         digits = dict(impl.numerics_for(case).reduction.layout)
         assert (digits["item"], digits["warp"] * digits["lane"]) == \
             (launch.extra["items"], launch.extra["tpr"]), case.short()
         row = case.dims.get("n", case.dims.get("head_dim"))
         assert digits["item"] * digits["warp"] * digits["lane"] * digits["half"] * 4 >= row
-        checked += 1
-    assert checked > 0
 
 
 def test_the_declared_order_tightens_kp_rms_norms_f32_bound():
@@ -211,16 +219,8 @@ def test_one_code_off_fails_kp_qgemvs_f32_bound_and_passed_the_any_order_one(n):
 def test_the_gemvs_declare_the_warps_their_launch_uses(impl_id):
     """The row's plan has the launch's warps and covers the row's chunks (16 bytes of codes:
     128 / bits of them, 32 FP4 codes) with its steps, the last one partly."""
-    from cases.generate import gate_cases
-    from gpu_impls.contract import ContractError
-
     impl = gpu_impls.impls()[impl_id]
-    checked = 0
-    for case in gate_cases(impl.op):
-        try:
-            launch = impl.contract.check(impl.id, case)
-        except ContractError:
-            continue
+    for case, launch in _admitted(impl):
         numerics = impl.numerics_for(case)
         row = dict(numerics.order("row").layout)
         chunks = case.dims["in"] * case.dims.get("bits", 4) // 128
@@ -228,8 +228,6 @@ def test_the_gemvs_declare_the_warps_their_launch_uses(impl_id):
         assert row["step"] * row["warp"] * 32 >= chunks > (row["step"] - 1) * row["warp"] * 32
         first = "chunk_dot" if impl_id == "cuda:kp_qgemv" else "block_dot"
         assert numerics.order(first).terms in (128 // case.dims.get("bits", 4), 16)
-        checked += 1
-    assert checked > 0
 
 
 # --- the warp-dot kernels and the conv chain -----------------------------------------------------
@@ -268,16 +266,10 @@ def test_ssm_hnp_order_is_its_source_order_bit_for_bit(npl):
 @pytest.mark.parametrize("op, impl_id, share", [("gdn_step", "cuda:kp_gdn_step", "kpl"),
                                                 ("ssm_step", "cuda:kp_ssm_step", "npl")])
 def test_the_warp_dot_kernels_declare_their_launchs_share(op, impl_id, share):
-    from cases.generate import gate_cases
-    from gpu_impls.contract import ContractError
-
     impl = gpu_impls.impls()[impl_id]
+    assert impl.op == op
     layouts = set()
-    for case in gate_cases(op):
-        try:
-            launch = impl.contract.check(impl.id, case)
-        except ContractError:
-            continue
+    for case, launch in _admitted(impl):
         order = impl.numerics_for(case).reduction
         assert order.terms == 32 * launch.extra[share], case.short()
         layouts.add(case.params.get("layout"))
@@ -418,19 +410,13 @@ def test_kp_sdpa_decode_declares_the_scaled_q_form_and_passes_its_bound_on_gate_
 def test_kp_ssd_chunked_declares_its_kernel_path_and_its_bound_is_never_wider():
     """The form "kernel" drops the listing's path and declares three dots' FMA chains: on its
     admitted f32 gate cases the bound is nowhere wider than the any-order, either-form one."""
-    from cases.generate import gate_cases
     from cases.model import make_inputs
-    from gpu_impls.contract import ContractError
 
     impl = gpu_impls.impls()["cuda:kp_ssd_chunked"]
-    checked = 0
-    for case in gate_cases("ssd_chunked"):
-        if case.dtype != "f32" or case.dist != "normal" or case.dims["tokens"] > 300:
-            continue
-        try:
-            impl.contract.check(impl.id, case)
-        except ContractError:
-            continue
+    cases = _admitted(impl, lambda c: c.dtype == "f32" and c.dist == "normal"
+                      and c.dims["tokens"] <= 300)
+    assert len(cases) >= 2
+    for case, _ in cases:
         numerics = impl.numerics_for(case)
         assert numerics.form == "kernel" and numerics.order("chunk_state").terms == \
             case.params["chunk"]
@@ -440,8 +426,6 @@ def test_kp_ssd_chunked_declares_its_kernel_path_and_its_bound_is_never_wider():
         wide = case.spec.bounds(inputs, exact, case, Numerics().on("cuda"))
         for name in own:
             assert np.all(own[name] <= wide[name] * (1 + 1e-12)), (name, case.short())
-        checked += 1
-    assert checked >= 2
 
 
 # --- a declared overflow: kp_rms_norm's f32 sum of squares ---------------------------------------
