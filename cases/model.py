@@ -89,8 +89,15 @@ class Case:
 
     @property
     def id(self) -> str:
-        blob = json.dumps(self.key(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        # Kept on the instance beside the oracle version it hashed (a sweep asks for a case's
+        # id many times; JSON and SHA-256 each time cost seconds over a fuzz test's draws)
+        version = self.spec.version
+        held = self.__dict__.get("_id")
+        if held is None or held[0] != version:
+            blob = json.dumps(self.key(), sort_keys=True, separators=(",", ":"))
+            held = version, hashlib.sha256(blob.encode()).hexdigest()[:12]
+            object.__setattr__(self, "_id", held)
+        return held[1]
 
     def to_json(self) -> str:
         return json.dumps({**self.key(), "label": self.label}, sort_keys=True)

@@ -189,6 +189,44 @@ def _round_rne(x: np.ndarray, fmt: FloatFormat, saturate: bool) -> np.ndarray:
     return np.copysign(r, x)  # keeps -0.0 and the sign of an overflowed value
 
 
+def _round_rne_bits(x: np.ndarray, fmt: FloatFormat, saturate: bool) -> np.ndarray:
+    """`_round_rne` for a signed format with a mantissa, on float64's bits (~5x faster: the
+    bounds round every interval end to bf16 this way).
+
+    Where |x| is a normal of `fmt`, its quantum is float64's last kept bit once the low
+    s = 52 - m bits go: adding 2^(s-1) - 1 plus the kept part's lowest bit, then clearing the
+    low s bits, is RNE (a tie goes up exactly when the kept part is odd; a carry out of the
+    mantissa steps the exponent, as the next binade's first value). Below fmt's tiny the quantum
+    is its smallest subnormal (a power of two), so rint(x / sub) * sub is exact RNE. Infinity's
+    low bits are 0 (nothing carries); NaN and overflow are set as `_round_rne` sets them.
+    """
+    shape = np.shape(x)
+    x = np.asarray(x, dtype=np.float64, order="C").reshape(-1)  # 1-D: 0-d ops give scalars
+    s = np.uint64(52 - fmt.mantissa_bits)
+    bits = x.view(np.uint64)
+    kept = bits >> s
+    kept &= np.uint64(1)
+    kept += bits
+    kept += (np.uint64(1) << (s - np.uint64(1))) - np.uint64(1)
+    kept >>= s
+    kept <<= s
+    r = kept.view(np.float64)  # a fresh array: written in place below
+    mag = np.abs(x)
+    small = mag < fmt.tiny
+    if small.any():
+        r[small] = np.rint(x[small] / fmt.smallest_subnormal) * fmt.smallest_subnormal
+    with np.errstate(invalid="ignore"):
+        over = np.abs(r) > fmt.max_finite
+    if over.any():
+        overflow_to = {"inf": np.inf, "nan": np.nan, "saturate": fmt.max_finite}[
+            "saturate" if saturate else fmt.overflow]
+        r[over] = np.copysign(overflow_to, x[over])
+    nan = np.isnan(mag)
+    if nan.any():
+        r[nan] = x[nan]
+    return r.reshape(shape)
+
+
 def round_to(x: np.ndarray, name: str, *, saturate: bool = False) -> np.ndarray:
     """Round values (taken as float64) to dtype `name`, RNE in one step, returned in that dtype.
 
@@ -206,7 +244,8 @@ def round_to(x: np.ndarray, name: str, *, saturate: bool = False) -> np.ndarray:
     if name in _NUMPY_ROUNDS_ONCE and not saturate:
         with np.errstate(over="ignore"):  # finite -> inf is the IEEE overflow result
             return x.astype(fmt.dtype)
-    return _round_rne(x, fmt, saturate).astype(fmt.dtype)  # exact: values are representable
+    rne = _round_rne_bits if fmt.signed and fmt.mantissa_bits > 0 else _round_rne
+    return rne(x, fmt, saturate).astype(fmt.dtype)  # exact: values are representable
 
 
 def eps(name: str) -> float:

@@ -349,7 +349,9 @@ def registry() -> dict[str, OpSpec]:
 
 
 def get_op(name: str) -> OpSpec:
-    ops = registry()
-    if name not in ops:
+    spec = _REGISTRY.get(name)  # every `case.spec` asks: no copy of the registry for a known op
+    if spec is None:
+        spec = registry().get(name)
+    if spec is None:
         raise KeyError(name)
-    return ops[name]
+    return spec
