@@ -182,6 +182,28 @@ def tier(config) -> str:
     return "nightly" if "nightly" in (config.getoption("markexpr", "") or "") else "commit"
 
 
+# A gate case this cheap (elements + flops, `cases.tiers.case_cost`) stays in the commit tier's
+# seed-tolerance guards whatever it covers: a guard binds at the longest reductions, which the
+# cheap 1-2k-term cases reach, while the model-sized presets above it cost seconds each.
+GUARD_COST = 1 << 18
+
+
+@pytest.fixture
+def tier_cases(pytestconfig):
+    """The run's tier applied to the gate cases a CPU test walks (the seed-tolerance guards):
+    commit, their `commit_subset` (every dtype, distribution, param value and edge) and every
+    case within GUARD_COST; nightly, all of them."""
+    from cases.tiers import case_cost, commit_subset
+
+    def pick(cases) -> list:
+        cases = list(cases)
+        if tier(pytestconfig) == "nightly":
+            return cases
+        kept = {c.id for c in commit_subset(cases)}
+        return [c for c in cases if c.id in kept or case_cost(c) <= GUARD_COST]
+    return pick
+
+
 def tier_deselect(config, items) -> None:
     """In the commit tier, the tests marked `nightly` are deselected (counted in pytest's
     summary line as deselected)."""

@@ -340,12 +340,14 @@ def _guard_ratio(case: Case, scale_key: str | None = None) -> float:
 
 
 @pytest.mark.parametrize("op, dtype, ftz", list(_guard_params()))
-def test_derived_bounds_never_looser_than_seed(op, dtype, ftz):
-    """For every gate case (and under FTZ, as on CuPy), the derived bound of a kernel of the
-    seeds' class (32 lanes or more) at each element is at most the seed's absolute tolerance
-    scaled to the output's magnitude, max(1, |exact|)."""
+def test_derived_bounds_never_looser_than_seed(op, dtype, ftz, tier_cases):
+    """For every gate case of the run's tier (and under FTZ, as on CuPy), the derived bound of
+    a kernel of the seeds' class (32 lanes or more) at each element is at most the seed's
+    absolute tolerance scaled to the output's magnitude, max(1, |exact|). Measured over every
+    gate case: the largest ratio is 0.22 (rms_norm_per_head bf16); the commit tier's cases
+    reach 0.19 there, at 60 % of the cost."""
     # past the f32 domain (`f32_overflow`) the contract admits 0 as well as y: no seed tolerance
-    cases = [c for c in gate_cases(op) if c.dtype == dtype and c.dist not in DOMAIN]
+    cases = tier_cases(c for c in gate_cases(op) if c.dtype == dtype and c.dist not in DOMAIN)
     assert cases
     offenders = []
     for case in cases:
