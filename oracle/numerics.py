@@ -17,7 +17,8 @@ have, m = |v| + e:
     half an f32 ULP at m            + - * and a correctly rounded divide (u = 2^-24 relative,
                                     2^-150 absolute in the subnormal range; an exact 0 costs 0)
     m itself where m < 2^-126       under FTZ (param `ftz`): the result may flush to zero
-    k ULPs at m                     a function with a documented error (`FUNCTION_ULPS`)
+    k ULPs at m                     a function with a documented error (`FUNCTION_ULPS`; one
+                                    an op declares: `oracle/functions.py`)
     k ULPs of 1 (k 2^-23)           sin and cos, whose range-reduced implementations hold an
                                     absolute error, not a relative one near their zeros
 
@@ -81,6 +82,7 @@ from typing import Mapping
 import numpy as np
 
 from oracle.dtypes import round_to, spacing
+from oracle.functions import FUNCTIONS, Function, function, register_function
 
 U = 2.0 ** -24  # unit roundoff of f32: the relative error of one round-to-nearest
 TINY32 = 2.0 ** -126  # smallest normal f32
@@ -273,8 +275,11 @@ class Numerics:
         """These numerics with the backend's function ULPs where the impl declares none."""
         if self.ulps is not None:
             return self
+        table = dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS))
+        table.update({name: f.ulps_on(backend) for name, f in FUNCTIONS.items()
+                      if name not in table})  # the functions ops registered (`functions.py`)
         return dataclasses.replace(
-            self, ulps=dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS)),
+            self, ulps=table,
             flushes=self.flushes if self.flushes is not None
             else BACKEND_FLUSHES.get(backend, ()),
             overflows=self.overflows if self.overflows is not None
@@ -359,7 +364,9 @@ class Model:
         subnormal range, ULPs of 2^-149; under FTZ a subnormal result may flush: its whole
         magnitude)."""
         m = np.abs(np.asarray(m, dtype=np.float64))
-        ulps = (self.numerics.ulps or FUNCTION_ULPS).get(name, FUNCTION_ULPS[name])
+        ulps = (self.numerics.ulps or FUNCTION_ULPS).get(name)
+        if ulps is None:  # a function an op registered (`oracle/functions.py`)
+            ulps = FUNCTION_ULPS[name] if name in FUNCTION_ULPS else function(name).ulps
         err = self.k("func") * ulps * 2.0 * half_ulp32(m)
         if self.ftz or name in (self.numerics.flushes or ()):
             err = np.where(m < TINY32, np.maximum(err, self.k("sub") * m), err)
@@ -429,38 +436,39 @@ class Val:
         e = np.where(overflow, e + np.maximum(np.abs(v), np.abs(self.v) / MAX32), e)
         return _finite(Val(v, e + self.m.func("div", np.abs(v) + e, np.abs(v) - e), self.m))
 
-    def rsqrt(self) -> "Val":
-        """1/sqrt(a): decreasing, so the worst input is the interval's low end. An input past
-        f32's range is inf in the kernel (a sum of squares of |x| > 1.8e19), and rsqrt(inf) = 0:
-        the result may be anything from 0 up."""
-        v = 1.0 / np.sqrt(self.v)
-        low = self.v - self.e
-        e = np.where(low > 0, 1.0 / np.sqrt(np.where(low > 0, low, 1.0)) - v, np.inf)
-        e = np.where(self.v + self.e > MAX32, np.maximum(e, v), e)
-        return _finite(Val(v, np.where(self.v == np.inf, 0.0, e + self.m.func("rsqrt", v + e)),
-                           self.m))
+    def call(self, name: str) -> "Val":
+        """The registered function `name` of this interval (`oracle/functions.py`): its own
+        form, or a monotone function's image of [v - e, v + e] plus its ULPs at the result's
+        largest magnitude (a backend's overflow past f32's range, `Model.overflow`)."""
+        f = function(name)
+        if f.interval is not None:
+            return f.interval(self)
+        low_arg, high_arg = self.v - self.e, self.v + self.e
+        inside = (low_arg > f.domain[0]) & (high_arg < f.domain[1])
+        with np.errstate(all="ignore"):
+            v = f.exact(self.v)
+            lo, hi = (f.exact(np.where(inside, arg, self.v)) for arg in (low_arg, high_arg))
+            e = np.where(inside, np.maximum(np.abs(lo - v), np.abs(hi - v)), np.inf)
+            # the least magnitude the result has (0 where the image holds 0): under FTZ a
+            # result whose interval straddles 2^-126 may flush (`Model.func`)
+            least = np.where(lo * hi > 0, np.minimum(np.abs(lo), np.abs(hi)), 0.0)
+            e = e + self.m.func(name, np.abs(v) + e, least)
+        return _finite(Val(v, self.m.overflow(name, high_arg, v, e), self.m))
 
     def exp(self) -> "Val":
-        """exp(a): increasing and convex, so the worst input is the interval's high end."""
-        v = np.exp(self.v)
-        e = np.exp(self.v + self.e) - v
-        e = e + self.m.func("exp", v + e, np.exp(self.v - self.e))
-        return _finite(Val(v, self.m.overflow("exp", self.v + self.e, v, e), self.m))
+        return self.call("exp")
+
+    def log(self) -> "Val":
+        return self.call("log")
+
+    def rsqrt(self) -> "Val":
+        return self.call("rsqrt")
 
     def cos(self) -> "Val":
-        return self._trig(np.cos, np.sin, "cos")
+        return self.call("cos")
 
     def sin(self) -> "Val":
-        return self._trig(np.sin, np.cos, "sin")
-
-    def _trig(self, f, other, name: str) -> "Val":
-        """f(a) for f = sin or cos (`other` the other one): the operand's error through Taylor's
-        bound |f(a + d) - f(a)| <= |other(a)| |d| + d^2 / 2, at most |d| (1-Lipschitz); then f's
-        ULPs of 1. A point 0 is exact (sin 0 = 0, cos 0 = 1 everywhere)."""
-        v = f(self.v)
-        e = np.minimum(self.e, np.abs(other(self.v)) * self.e + self.e * self.e / 2)
-        e = e + self.m.func(name, np.maximum(np.abs(v) + e, 1.0))
-        return _finite(Val(v, np.where((self.v == 0) & (self.e == 0), 0.0, e), self.m))
+        return self.call("sin")
 
     def may_round(self, dtype: str) -> "Val":
         """The kernel may hold this value in `dtype` here, or keep it in f32 (the oracle does
@@ -472,14 +480,6 @@ class Val:
             hi = round_to(self.v + self.e, dtype).astype(np.float64)
             e = np.maximum(self.e, np.maximum(np.abs(hi - self.v), np.abs(self.v - lo)))
         return _finite(Val(self.v, e, self.m))
-    def log(self) -> "Val":
-        """log(a): increasing and concave, so the worst input is the interval's low end (an
-        interval reaching 0 or below: unbounded)."""
-        v = np.log(self.v)
-        low = self.v - self.e
-        e = np.where(low > 0, v - np.log(np.where(low > 0, low, 1.0)), np.inf)
-        return _finite(Val(v, e + self.m.func("log", np.abs(v) + e), self.m))
-
     def max(self) -> "Val":
         """The maximum along the last axis: exact in f32 (no rounding), and 1-Lipschitz in the
         largest error, |max a' - max a| <= max e."""
@@ -757,32 +757,34 @@ class Adverse:
         v = self.x / o.x
         return self._r(v, self.m.func("div", v))
 
+    def call(self, name: str):
+        """The registered function `name` (`oracle/functions.py`): its own form, or its exact
+        value off by its ULPs at the result in this site's direction."""
+        f = function(name)
+        if f.adverse is not None:
+            return f.adverse(self)
+        with np.errstate(all="ignore"):
+            v = f.exact(self.x)
+        return self._r(v, self.m.func(name, v))
+
     def rsqrt(self):
-        v = 1.0 / np.sqrt(self.x)
-        return self._r(v, self.m.func("rsqrt", v))
+        return self.call("rsqrt")
 
     def exp(self):
-        v = np.exp(self.x)
-        return self._r(v, self.m.func("exp", v))
+        return self.call("exp")
 
     def cos(self):
-        return self._trig(np.cos, "cos")
+        return self.call("cos")
 
     def sin(self):
-        return self._trig(np.sin, "sin")
-
-    def _trig(self, f, name: str):
-        v = f(self.x)
-        err = np.where(self.x == 0, 0.0, self.m.func(name, np.maximum(np.abs(v), 1.0)))
-        return self._r(v, err)
+        return self.call("sin")
 
     def may_round(self, dtype: str):
         """The kernel that holds the value in T (where the contract admits it; in f32 the
         emulated f32 value is itself, as `Val.may_round` has it)."""
         return self if dtype == "f32" else self.round_to(dtype)
     def log(self):
-        v = np.log(self.x)
-        return self._r(v, self.m.func("log", v))
+        return self.call("log")
 
     def max(self):
         return Adverse(self.x.max(axis=-1), self.m, self.ch)
@@ -960,3 +962,64 @@ class Worst:
 
     def store(self, y: Adverse, dtype: str) -> np.ndarray:
         return adverse_store(y, dtype)
+
+
+# --- the built-in functions (`oracle/functions.py`: an op registers any other) ------------------
+# Their ULPs are `FUNCTION_ULPS`'s; a backend's own are `BACKEND_ULPS`'s (`Numerics.on`).
+
+def _rsqrt_interval(a: Val) -> Val:
+    """1/sqrt(a): decreasing, so the worst input is the interval's low end. An input past
+    f32's range is inf in the kernel (a sum of squares of |x| > 1.8e19), and rsqrt(inf) = 0:
+    the result may be anything from 0 up."""
+    v = 1.0 / np.sqrt(a.v)
+    low = a.v - a.e
+    e = np.where(low > 0, 1.0 / np.sqrt(np.where(low > 0, low, 1.0)) - v, np.inf)
+    e = np.where(a.v + a.e > MAX32, np.maximum(e, v), e)
+    return _finite(Val(v, np.where(a.v == np.inf, 0.0, e + a.m.func("rsqrt", v + e)), a.m))
+
+
+def _trig_interval(a: Val, f, other, name: str) -> Val:
+    """f(a) for f = sin or cos (`other` the other one): the operand's error through Taylor's
+    bound |f(a + d) - f(a)| <= |other(a)| |d| + d^2 / 2, at most |d| (1-Lipschitz); then f's
+    ULPs of 1. A point 0 is exact (sin 0 = 0, cos 0 = 1 everywhere)."""
+    v = f(a.v)
+    e = np.minimum(a.e, np.abs(other(a.v)) * a.e + a.e * a.e / 2)
+    e = e + a.m.func(name, np.maximum(np.abs(v) + e, 1.0))
+    return _finite(Val(v, np.where((a.v == 0) & (a.e == 0), 0.0, e), a.m))
+
+
+def _trig_adverse(k: Adverse, f, name: str) -> Adverse:
+    v = f(k.x)
+    return k._r(v, np.where(k.x == 0, 0.0, k.m.func(name, np.maximum(np.abs(v), 1.0))))
+
+
+def _sin_interval(a: Val) -> Val:
+    return _trig_interval(a, np.sin, np.cos, "sin")
+
+
+def _cos_interval(a: Val) -> Val:
+    return _trig_interval(a, np.cos, np.sin, "cos")
+
+
+def _sin_adverse(k: Adverse) -> Adverse:
+    return _trig_adverse(k, np.sin, "sin")
+
+
+def _cos_adverse(k: Adverse) -> Adverse:
+    return _trig_adverse(k, np.cos, "cos")
+
+
+def _rsqrt(x):
+    return 1.0 / np.sqrt(x)
+
+
+# exp: increasing and convex (its image's high end is the worst); a backend's exp may return
+# inf before f32's range ends (`BACKEND_OVERFLOWS`). log: increasing and concave, on (0, inf).
+register_function(Function("exp", np.exp, FUNCTION_ULPS["exp"]))
+register_function(Function("log", np.log, FUNCTION_ULPS["log"], domain=(0.0, np.inf)))
+register_function(Function("rsqrt", _rsqrt, FUNCTION_ULPS["rsqrt"], "decreasing",
+                           domain=(0.0, np.inf), interval=_rsqrt_interval))
+register_function(Function("sin", np.sin, FUNCTION_ULPS["sin"], "custom",
+                           interval=_sin_interval, adverse=_sin_adverse))
+register_function(Function("cos", np.cos, FUNCTION_ULPS["cos"], "custom",
+                           interval=_cos_interval, adverse=_cos_adverse))
