@@ -89,9 +89,17 @@ def register_function(f: Function) -> Function:
     return f
 
 
+def functions() -> dict[str, Function]:
+    """Every declared function, the ops' own included (their modules loaded first)."""
+    from oracle import load_all
+
+    load_all()
+    return dict(FUNCTIONS)
+
+
 def function(name: str) -> Function:
     try:
-        return FUNCTIONS[name]
+        return FUNCTIONS[name] if name in FUNCTIONS else functions()[name]
     except KeyError:
         raise KeyError(f"no function {name!r} in the kernel models' vocabulary (known: "
                        f"{', '.join(sorted(FUNCTIONS))}); declare it in the op's module: "

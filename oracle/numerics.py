@@ -82,7 +82,7 @@ from typing import Mapping
 import numpy as np
 
 from oracle.dtypes import round_to, spacing
-from oracle.functions import FUNCTIONS, Function, function, register_function
+from oracle.functions import Function, function, functions, register_function
 
 U = 2.0 ** -24  # unit roundoff of f32: the relative error of one round-to-nearest
 TINY32 = 2.0 ** -126  # smallest normal f32
@@ -276,7 +276,7 @@ class Numerics:
         if self.ulps is not None:
             return self
         table = dict(BACKEND_ULPS.get(backend, FUNCTION_ULPS))
-        table.update({name: f.ulps_on(backend) for name, f in FUNCTIONS.items()
+        table.update({name: f.ulps_on(backend) for name, f in functions().items()
                       if name not in table})  # the functions ops registered (`functions.py`)
         return dataclasses.replace(
             self, ulps=table,
