@@ -30,6 +30,12 @@ def add_parsers(sub) -> None:
                           "parameter values, dispatch edges, cases and contract invariants "
                           "(commit / nightly); exit 1 if an (impl, dtype, distribution) is "
                           "nightly-only")
+    ops.add_argument("--family", metavar="NAME",
+                     help="only the ops of family NAME (the `family` column)")
+    ops.add_argument("--files", action="store_true",
+                     help="with --family: where the family lives, read from the code: its "
+                          "oracle, cases, each backend's impl modules, CUDA kernels and headers, "
+                          "and the tests naming its ops")
     cases = sub.add_parser("cases", help="what would run: (impl, case) pairs, per impl")
     add_filter_args(cases)
     cases.add_argument("--invalid", action="store_true",
@@ -51,10 +57,19 @@ def cmd_ops(args) -> int:
         return support_matrix(impls)
     if args.coverage:
         return coverage_table(impls)
+    if args.files:
+        return family_files_table(args.family, impls)
+    families = {spec.family for spec in op_registry().values()}
+    if args.family is not None and args.family not in families:
+        console.print(f"[red]--family {args.family!r}: no op has it; families: "
+                      f"{', '.join(sorted(families))}[/red]")
+        return 2
     table = Table(title="ops and impls (impls from plugins: see below)")
     for col in ("op", "family", "dims", "impls"):
         table.add_column(col)
     for name, spec in sorted(op_registry().items()):
+        if args.family is not None and spec.family != args.family:
+            continue
         ids = sorted(i.id for i in impls.values() if i.op == name)
         table.add_row(name, spec.family, ", ".join(spec.dims), ", ".join(ids))
     console.print(table)
@@ -73,6 +88,30 @@ def cmd_ops(args) -> int:
                   f"{len(impls) - len(builtin)} from plugins (--plugin, or a `kparity.plugins` "
                   "entry point)")
     console.print(backends_table())
+    return 0
+
+
+def family_files_table(family: str | None, impls: dict) -> int:
+    """`ops --family NAME --files` (`verbs/family_files.py`)."""
+    from verbs.family_files import family_files
+
+    if family is None:
+        console.print("[red]--files lists one family's files: add --family NAME (`kparity ops` "
+                      "shows each op's family)[/red]")
+        return 2
+    try:
+        parts = family_files(family, impls)
+    except ValueError as e:
+        console.print(f"[red]{escape(str(e))}[/red]")
+        return 2
+    table = Table(title=f"family {family}: where it lives")
+    table.add_column("part")
+    table.add_column("files")
+    order = ["ops", "oracle", "cases", *sorted(p for p in parts if p.startswith("impls")),
+             "kernels", "tests"]
+    for part in order:
+        table.add_row(part, "\n".join(parts[part]) or "-")
+    console.print(table)
     return 0
 
 
