@@ -25,7 +25,8 @@ from oracle.attention import attended, cache_len
 from oracle.dtypes import FLOAT_DTYPES
 
 # (preset, model, params): the decode attention of each model; GPT-OSS's sliding-window layers
-# with their learned sinks and 128-key window (`math.md` §7.3).
+# with their learned sinks and 128-key window (openai/gpt-oss `torch/model.py`, HF
+# `modeling_gpt_oss.py`: even layers attend keys i-128 < j <= i).
 GPT_OSS_SWA = {"sinks": 1, "window": 128}
 PRESETS = (("llama-3.1-8b", {}), ("llama-3.2-1b", {}), ("qwen3-0.6b", {}), ("gemma-3-1b", {}),
            ("gpt-oss-20b", GPT_OSS_SWA), ("qwen3-next-80b-a3b", {}))

@@ -1,8 +1,8 @@
 """One table of model configs: every family's presets and the model runner read their shapes here.
 
-Values from `reference/ops.md` §4 (model shape presets: the metaltile/FFAI repos where marked
-there, the models' public `config.json` otherwise). A family's presets pick models by name and
-take the fields they need (`config("qwen3-8b").intermediate`), so a shape is written once.
+Values from the models' public `config.json` and, where they state a shape, the metaltile/FFAI
+seed repos: `docs/model_shapes.md` gives each value's source. A family's presets pick models by
+name and take the fields they need (`config("qwen3-8b").intermediate`), so a shape is written once.
 """
 
 from __future__ import annotations

@@ -84,7 +84,9 @@ def gdn_state(shape, dtype, rng, case, drawn):
 
 # The fused prep's parameters as Qwen3-Next initialises them (HF `Qwen3NextGatedDeltaNet`):
 # A = U(0, 16) (here U(1, 16)), dt log-uniform on [1e-3, 0.1] through dt_bias = softplus⁻¹(dt);
-# the norm weights fold the scale (ops.md §2.9: K^-1 for q, K^-0.5 for k), so k̂ has norm ~1.
+# the norm weights fold the scale (metaltile's `mt_gated_delta_prep_chunk` doc,
+# `src/ffai/gated_delta_prep_chunk.rs`: invKeyScale² = K^-1 for q, invKeyScale = K^-0.5 for k),
+# so k̂ has norm ~1.
 
 @init("gdn_q_norm_weight")
 def gdn_q_norm_weight(shape, dtype, rng, case, drawn):

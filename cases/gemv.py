@@ -1,5 +1,5 @@
 """Quantized GEMV cases: every bit width and group size at small shapes (correctness), and the
-issue's model shapes at int4 g64 (timing). `reference/ops.md` §4 for the model shapes.
+issue's model shapes at int4 g64 (timing). `docs/model_shapes.md` for the model shapes.
 
 Gate shapes are small (out 8 and 24, in 512 and 1536): correctness depends on the layout (bits,
 group size, where groups and words fall), not on the matrix size. Distributions apply to x:
@@ -8,7 +8,7 @@ normal, outlier (one x element 1000x), zero (x all zero: out must be exactly 0),
 
 Expert-indexed: a stack of E = 4 experts at the gate shapes, the first, a middle and the last
 expert selected (an impl reading the wrong slab, or slab 0 always, fails); bench at the MoE slabs
-of Qwen3-30B-A3B (E = 128, gate/up 768 x 2048 and down 2048 x 768, `reference/ops.md` §4).
+of Qwen3-30B-A3B (E = 128, gate/up 768 x 2048 and down 2048 x 768, `docs/model_shapes.md`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ every routing layout (`oracle.moe_gemm.expert_counts`: balanced, hot, sparse, ra
 weight forms (dense, affine4 int4 g64) and both activations (relu2, silu_mul), every dtype; M = 1
 and 7 (a decode step's k rows); the adversarial x distributions on the hot layout.
 
-Bench (timing), `reference/ops.md` §4: the experts' up projections and whole MLPs of
+Bench (timing), `docs/model_shapes.md`: the experts' up projections and whole MLPs of
 Nemotron-3-Nano (E 128, k 6, hidden 2688, expert FFN 1856, relu2), Qwen3-30B-A3B (E 128, k 8,
 hidden 2048, moe_inter 768, silu_mul) and GPT-OSS-20B (E 32, k 4, hidden 2880, inter 2880; its
 clipped SwiGLU is not an `act` here, so its up projection only) at T = 1 (T·k rows on k distinct
@@ -64,7 +64,7 @@ def experts_cases():
     return main + small + adversarial
 
 
-# (model, experts, top_k, hidden, inter, act): `reference/ops.md` §4
+# (model, experts, top_k, hidden, inter, act): `docs/model_shapes.md`
 MODELS = (("nemotron3-nano", 128, 6, 2688, 1856, "relu2"),
           ("qwen3-30b-a3b", 128, 8, 2048, 768, "silu_mul"),
           ("gpt-oss-20b", 32, 4, 2880, 2880, "silu_mul"))

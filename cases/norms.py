@@ -1,4 +1,4 @@
-"""RMSNorm family cases: model presets (`reference/ops.md` §4), tile-window edges, distributions.
+"""RMSNorm family cases: model presets (`docs/model_shapes.md`), tile-window edges, distributions.
 
 Rows are kept small and odd (7) for hidden-size presets: correctness depends on the row length and
 the per-row geometry, not on the row count, and an odd count catches multi-row blocking bugs.

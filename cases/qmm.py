@@ -9,7 +9,7 @@ Shapes are small: (8, 512), and (40, 1536) whose 40 rows are one whole and one p
 32 rows, with in = 1536 not a power of two.
 
 Bench (timing): Llama-3-8B's MLP up projection (14336 x 4096) at int4 g64 for M in
-{1, 4, 16, 32} (`reference/ops.md` §4).
+{1, 4, 16, 32} (`docs/model_shapes.md`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Fused RMSNorm + quantized GEMV cases (`reference/ops.md` §2.2, §4).
+"""Fused RMSNorm + quantized GEMV cases (the seed: metaltile-std `src/ffai/rms_norm_qgemv.rs`,
+`docs/seed_kernels.md`; model shapes: `docs/model_shapes.md`).
 
 Gate shapes (out, in) are small: correctness depends on the layout and the kernels' tiles, not
 on the matrix size. (8, 512) and (16, 1024) meet the fast kernels' contract (in % 512 == 0,
@@ -12,8 +13,8 @@ gives NaN), constant, and f16_overflow (x^2 overflows f16: squares must be f32).
 `tiny` runs in f16 only: there it is what makes eps decide inv (mean(x^2) ~ 6e-8 << eps). In f32
 and bf16 its normalised values (~5e-35) times the fast kernels' mask-without-shift pre-scale
 (1/4096) fall below the smallest f32 normal, where FTZ (every CuPy kernel) flushes them: the
-seed's trick assumes no subnormals (`reference/math.md` §5), a value range that no dims
-contract can state.
+seed's trick assumes no subnormals (MLX `quantized.h`'s `load_vector` / `qdot`: (q·16^j)·(x/16^j)
+= q·x exactly only while x/16^j stays normal), a value range that no dims contract can state.
 
 Bench: the seed's bench shape (in = out = 4096, Qwen3-8B class) and Llama-3-8B's MLP up
 projection after post_attention_layernorm (out 14336, in 4096), at int4 and int8, g64.

@@ -2,12 +2,13 @@
 chunked SSD, the packed-sequence scan and the decode step.
 
 Shapes (label, heads H, head dim P, groups G, state N): Nemotron-3-Nano's Mamba-2 layers (H 64,
-P 64, G 8, N 128; ops.md §4), a Mamba-2-2.7B-like layer (H 80, P 64, G 1, N 128), the seed's
-`ssm_replay` production cell (H 32, P 128, G 2, N 128; ops.md §2.12), and edge shapes: `edge`
-(H 4, P 8, G 2, N 16: two heads per group, so h % G and h // (H / G) differ), `edge-odd` (H 6,
-P 3, G 3, N 5) and `edge-min` (H 1, P 1, G 1, N 1). The CPU gate stays on the edge shapes over
-T in {1, 2, 4, 5, 63, 64, 65} (a chunk of 64 and its neighbours), the model shapes at T <= 2
-(the scan) or one step; T in {2048, 16384} are bench presets only (labels `bench:...`).
+P 64, G 8, N 128; `docs/model_shapes.md`), a Mamba-2-2.7B-like layer (H 80, P 64, G 1, N 128),
+the seed's `ssm_replay` production cell (H 32, P 128, G 2, N 128; metaltile-std
+`src/ffai/ssm_replay.rs`), and edge shapes: `edge` (H 4, P 8, G 2, N 16: two heads per group, so
+h % G and h // (H / G) differ), `edge-odd` (H 6, P 3, G 3, N 5) and `edge-min` (H 1, P 1, G 1,
+N 1). The CPU gate stays on the edge shapes over T in {1, 2, 4, 5, 63, 64, 65} (a chunk of 64
+and its neighbours), the model shapes at T <= 2 (the scan) or one step; T in {2048, 16384} are
+bench presets only (labels `bench:...`).
 
 Distributions (params, each an input init below): dt by param `dt`, through dt_bias =
 softplus⁻¹(dt0) with dt0 log-uniform per head on `mixed` [1e-3, 1] (decays exp(dt A) from 1e-7

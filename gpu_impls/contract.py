@@ -6,7 +6,8 @@ one from the case dims with `Contract.geometry`, then `Contract.check` evaluates
 on the dims, params and derived geometry together, before any launch. A broken invariant raises
 `ContractError` naming it, saying what it would have done, and the nearest valid choice. Why this
 matters: the 2026-05-19 GPU freeze came from a reduction kernel launched with 4 threads, where
-`n_simd = TPG/32 = 0` turned a strided loop into an infinite one (`reference/ops.md` §5).
+`n_simd = TPG/32 = 0` turned a strided loop into an infinite one (thewafflehaus/FFAI
+`papers/post-mortem-2026-05-19-dispatch-shape-gpu-freeze.md`).
 
 Each invariant also carries `violation`, dims that break it (and, where possible, only it): the
 case generator turns those into the "violating case per invariant" that tests and sweeps run.

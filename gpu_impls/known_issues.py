@@ -1,5 +1,5 @@
 """The ledger of known bugs: which (impl, case) pairs fail for a tracked reason, and which must
-never launch. After FlashInfer's fuzz ledger (`reference/anchors.md`).
+never launch. After FlashInfer's fuzz ledger (`tests/test_helpers/fuzz_ledger.py`).
 
 Entries live next to the impls, one JSON list per backend package
 (`gpu_impls/<backend>/known_issues.json`); a plugin adds its own with `register`. An entry:

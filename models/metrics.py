@@ -1,7 +1,8 @@
 """The model gate's logit metrics (issue 28): per-position comparisons of a test plan's logits
 with the reference plan's, their summary under llama-perplexity's names and formulas
-(`llama-perplexity --kl-divergence`, `reference/math.md` §6), FFAI's one-line summary
-(`reference/ops.md` §3.1), near-tie aware top-token flips and the gate.
+(`llama-perplexity --kl-divergence`, llama.cpp `tools/perplexity/perplexity.cpp`), FFAI's
+one-line summary (thewafflehaus/FFAI `Sources/FFAI/Quality/KLDivergence.swift`), near-tie aware
+top-token flips and the gate.
 
 Pure NumPy in float64, independent of the rest of kparity, so the decode loop and the CLI can
 both use it.

@@ -1,5 +1,5 @@
-"""Activations (`reference/ops.md` §2.8): SwiGLU's gate, `silu_mul`, and GPT-OSS's clipped
-SwiGLU, `clipped_swiglu`.
+"""Activations (seeds: metaltile-std `src/mlx/swiglu.rs`, `src/mlx/fused_gate_activation.rs`):
+SwiGLU's gate, `silu_mul`, and GPT-OSS's clipped SwiGLU, `clipped_swiglu`.
 
     out = silu(gate) · up,   silu(g) = g · sigmoid(g) = g / (1 + exp(-g))
 

@@ -1,5 +1,6 @@
 """Mamba-2's causal depthwise conv1d: the prefill over T tokens and the decode step (issue 30;
-`reference/math.md` §2.4, `ops.md` §2.12).
+Dao-AILab/causal-conv1d's `causal_conv1d_ref` / `causal_conv1d_update_ref`; the seed's
+`conv1d_causal_step`, metaltile-std `src/ffai/ssm.rs`).
 
 Layouts (channels last, the seed's `w[K, C]`): x [B, T, D]; weight [W, D], w[W-1] multiplying
 the current token; bias [D]; the conv state [B, W-1, D]: the W-1 previous raw inputs, oldest
@@ -34,10 +35,10 @@ bias summed in any order (W additions, each charged at the partial sums' caterpi
 then silu as y · (1 / (1 + exp(-y))): exp's ULPs, the add, the divide at 2 ULP, the product;
 then T's store. At W = 4, |y| ~ 1: about 4 f32 ULPs before silu, so the f32 bound is ~5e-7 and
 the f16/bf16 bounds are T's half ULP at the output (the store dominates). The seeds' tolerances
-[f32, f16, bf16] (ops.md §2.12, absolute at outputs of magnitude ~1; the loosest acceptable):
+[f32, f16, bf16] (`docs/seed_kernels.md`, absolute at outputs ~1; the loosest acceptable):
 `conv1d_causal_step` [1e-5, 5e-3, 5e-2] (no SiLU), `ffai_conv1d_causal_step_silu_cast_many`
 [1e-3, 8e-3, 4e-2] (SiLU, f32 output); causal-conv1d's own tests rtol/atol fp32 3e-4/1e-3,
-fp16 3e-3/5e-3, bf16 1e-2/5e-2 (math.md §2.5). The derived bounds are below the seeds' on every
+fp16 3e-3/5e-3, bf16 1e-2/5e-2 (conv and update). The derived bounds are below the seeds' on every
 normal-data gate case, under CUDA's function ULPs and MLX's (tests/test_conv1d.py): f32 ~1e-6
 (CUDA) and ~3e-6 (MLX's 96-ULP exp in the silu) at |y| ~ 2, f16 1e-3 and bf16 8e-3 at |y| ~ 3.
 Measured (CPU, the gate cases): the torch and MLX f32 impls use at most 66 % of the bound; f16

@@ -1,4 +1,6 @@
-"""NVFP4 and MXFP4 block quantization (`reference/math.md` §4): `fp4_quantize`, `fp4_dequantize`.
+"""NVFP4 and MXFP4 block quantization (vLLM `tests/kernels/quantization/test_nvfp4_quant.py`,
+TE `quantization_nvfp4.py`, MLX `ops.cpp` `fp_quantize`, llama.cpp `ggml-quants.c`, the OCP MX
+v1.0 spec): `fp4_quantize`, `fp4_dequantize`.
 
 E2M1 (FP4) magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6} for codes 0-7, code = sign << 3 | magnitude;
 two codes per byte, element 2j in the low nibble (vLLM, TE, CUDA's `__nv_fp4x2_e2m1`).
@@ -21,8 +23,8 @@ step is an f32 operation, as the reference computes it):
     mxfp4 "ocp" (OCP MX v1.0, llama.cpp): e = floor(log2 amax) - 2; q = e2m1(x / 2^e) RNE
     mxfp4 "ceil" (TE `cast_to_e8`, vLLM/TRT CUDA's cudaRoundPosInf): e = ceil(log2(f32(amax / 6)))
     mxfp4 "mlx" (`mx.quantize(mode="mxfp4")`, MLX 0.32.4 CPU): e = ceil(log2(f32(amax / 6))) as
-          "ceil" (not the round() math.md §4.3 reads in its source: measured bit for bit,
-          tests/test_fp4.py), with nearest-low E2M1
+          "ceil" (not the round(log2(amax / 6)) its ops.cpp fallback reads as: measured bit for
+          bit, tests/test_fp4.py), with nearest-low E2M1
     (mxfp4: e clamped to [-127, 127]; an all-zero block gets e = -127, scale byte 0, except
     under "mlx", where it gets e = 0, byte 127, as MLX 0.32.4 stores it.)
 

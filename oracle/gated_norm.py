@@ -1,7 +1,8 @@
-"""Mamba-2's gated group RMSNorm (issue 30; `reference/math.md` §2.3, ops.md's
-`ffai_gated_group_rmsnorm`): Nemotron-H's output norm, the gate applied before the norm
-(`norm_before_gate=False`), normalised per group of E/G channels. A sibling of `oracle/norms.py`'s
-`gated_mixer_norm` (which gates after the norm, over the whole row).
+"""Mamba-2's gated group RMSNorm (issue 30; HF `Zamba2RMSNormGated` as Nemotron-H uses it, the
+metaltile fork's `ffai_gated_group_rmsnorm`, `src/ffai/gemv_q8.rs`): Nemotron-H's output norm,
+the gate applied before the norm (`norm_before_gate=False`), normalised per group of E/G
+channels. A sibling of `oracle/norms.py`'s `gated_mixer_norm` (which gates after the norm, over
+the whole row).
 
 y [R, E] (T, the scan's output), z [R, E] (T, the gate), weight [E] (T); per row, per group g of
 n = E/G channels:
@@ -24,7 +25,7 @@ association (two roundings: covers z / (1 + exp(-z)) · y, one rounding fewer); 
 squares and their sum in the impl's declared order, the divide by n (2 ULP: covers the multiply
 by f32(1/n)), the add of eps, rsqrt at its ULPs (1/sqrt's two roundings are less); then
 x · inv · w in the worst association, or with "hf" T(x · inv) as a declared rounding point and
-the product by w; then T's store. ops.md gives the seed no tolerance: the loosest acceptable is
+the product by w; then T's store. The seed states no tolerance: the loosest acceptable is
 its gate-after-norm sibling `ffai_gated_rmsnorm`'s [1e-4, 2e-2, 8e-2] (f32, f16, bf16; absolute at
 outputs ~1; `oracle.norms.SEED_TOL`). The norms' seed guard (tests/test_norms_oracle.py: a
 32-lane kernel's bound, the seeds' class, at most the tolerance times max(1, |out|) on every

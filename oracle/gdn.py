@@ -1,5 +1,6 @@
-"""Gated DeltaNet, the recurrent form and the decode step (issue 29; `reference/math.md` §1.1,
-`ops.md` §2.9). The float64 recurrence is `oracle/gdn_math.py`; this module wraps it as ops.
+"""Gated DeltaNet, the recurrent form and the decode step (issue 29; FLA's naive recurrence, the
+seeds' `src/ffai/gated_delta*.rs` in metaltile-std). The float64 recurrence is
+`oracle/gdn_math.py`; this module wraps it as ops.
 
 Layouts (mlx-native / vLLM; `gdn_math`): q, k [B, T, Hk, K]; v, o [B, T, Hv, V]; g (the
 log-decay, <= 0) and beta [B, T, Hv]; states [B, Hv, V, K] (V-major). Value head h reads q/k
@@ -15,12 +16,12 @@ Ops (dtypes: q, k, v, o in T, the case dtype; g, beta and every state f32):
 * `gdn_step`: one token, the decode kernel: q, k [B, Hk, K], v [B, Hv, V], g, beta [B, Hv],
   state_in [B, Hv, V, K] -> o [B, Hv, V], state_out (a plain output: an impl that updates in
   place writes it as a copy).
-* `gdn_step_prep`: metaltile's `mt_gated_delta_prep_step` (ops.md §2.9): conv_out [B, 2·Hk·K +
-  Hv·V] (q | k | v slabs, T), q_norm_weight, k_norm_weight [K] (T), A_log, dt_bias [Hv] (f32),
-  a_raw, b_raw [B, Hv] (T), state_in -> o, state_out. Per Hk head q̂ = q·rsqrt(mean(q²) + 1e-6)·
-  q_norm_weight (an RMS norm, not L2; the weights fold the scale, so there is no scale), k̂
-  likewise; the log-decay g = −exp(A_log)·softplus(a_raw + dt_bias) (`gdn_math.gate`, softplus
-  unclamped), beta = sigmoid(b_raw); then one step of the recurrence.
+* `gdn_step_prep`: metaltile's `mt_gated_delta_prep_step` (`gated_delta_prep.rs`): conv_out
+  [B, 2·Hk·K + Hv·V] (q | k | v slabs, T), q_norm_weight, k_norm_weight [K] (T), A_log,
+  dt_bias [Hv] (f32), a_raw, b_raw [B, Hv] (T), state_in -> o, state_out. Per Hk head
+  q̂ = q·rsqrt(mean(q²) + 1e-6)·q_norm_weight (an RMS norm, not L2; the weights fold the scale,
+  so there is no scale), k̂ likewise; the log-decay g = −exp(A_log)·softplus(a_raw + dt_bias)
+  (`gdn_math.gate`, softplus unclamped), beta = sigmoid(b_raw); then one step of the recurrence.
 
 Params: `scale` (None: K^-0.5; held in f32 as the kernel holds it), `l2norm` (True: q and k are
 first x·rsqrt(Σx² + eps), eps = f32(1e-6), FLA's `use_qk_l2norm_in_kernel`), `initial_state`
@@ -77,12 +78,12 @@ admissible kernels of `recurrent_kernel` (each rounding off by its whole charge,
 every token) up to 55 % at K = 16, 7-25 % at K = 128; bf16 and f16 outputs are dominated by the
 store's rounding (budget up to 1, the half-ULP floor). A state stored in bf16 between tokens
 exceeds it > 10x; a decay applied after the update, or beta on k instead of the delta, by
-10-10^5 (`tests/test_gdn.py`, `tests/mutants.py`). Against ops.md §2.9's tolerances [5e-5 f32,
-5e-2 f16, 2e-1 bf16] on the seed tests' shapes (Hk 2, Hv 4, K = V = 128), under CUDA's (and
-Metal's) function ULPs: the step's outputs and the o of a 64-token recurrence are bounded below
-them (tested); the recurrence's f32 state is not (2.6e-4 at |S| ~ 1 after 64 tokens from an
-N(0, 1) state: 64 x 128 same-signed roundings of the S k dot, which a sound bound must admit),
-nor is o under MLX CPU's exp (96 ULPs: 1.1e-4).
+10-10^5 (`tests/test_gdn.py`, `tests/mutants.py`). Against the seed's tolerances [5e-5 f32,
+5e-2 f16, 2e-1 bf16] (`docs/seed_kernels.md`) on the seed tests' shapes (Hk 2, Hv 4,
+K = V = 128), under CUDA's (and Metal's) function ULPs: the step's outputs and the o of a
+64-token recurrence are bounded below them (tested); the recurrence's f32 state is not (2.6e-4 at
+|S| ~ 1 after 64 tokens from an N(0, 1) state: 64 x 128 same-signed roundings of the S k dot,
+which a sound bound must admit), nor is o under MLX CPU's exp (96 ULPs: 1.1e-4).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ from oracle.numerics import (DEFAULT, FUNCTION_ULPS, SUB32, TINY32, U, Val, mode
 from oracle.spec import BatchDim, OpSpec, TensorSpec, register
 
 EPS = gdn_math.L2NORM_EPS  # the normalisations' eps, f32(1e-6) as the kernel holds it
-RMS_EPS = EPS  # gdn_step_prep's RMS norm: mean(x²) + 1e-6 (ops.md §2.9)
+RMS_EPS = EPS  # gdn_step_prep's RMS norm: mean(x²) + 1e-6 (mt_gated_delta_prep_step)
 INITIAL_STATES = ("zero", "given", "large")
 PARAMS = {"scale": None, "l2norm": True, "initial_state": "zero", "decay": "mixed",
           "beta": "uniform", "ftz": 0}
@@ -250,7 +251,7 @@ def prep_kernel(A, inputs: dict, case) -> dict:
     heads = gdn_math.gqa_index(case.dims["heads_v"], case.dims["heads_k"])
     q = _rms_kernel(A, A.load(q), x["q_norm_weight"]).at((slice(None), heads))
     k = _rms_kernel(A, A.load(k), x["k_norm_weight"]).at((slice(None), heads))
-    # g = −exp(A_log)·softplus(a + dt_bias), softplus unclamped: log(1 + exp(z)) (ops.md)
+    # g = −exp(A_log)·softplus(a + dt_bias), softplus unclamped: log(1 + exp(z)) (the seed's)
     one = A.load(1.0)
     z = A.load(x["a_raw"]) + A.load(x["dt_bias"])
     g = (A.load(x["A_log"]).exp() * (one + z.exp()).log()).neg()

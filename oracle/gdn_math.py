@@ -1,4 +1,4 @@
-"""Gated DeltaNet's recurrence in float64 (`reference/math.md` §1.1, FLA's
+"""Gated DeltaNet's recurrence in float64 (FLA's `fla/ops/gated_delta_rule/naive.py`,
 `naive_recurrent_gated_delta_rule`): the ground truth every GDN op's oracle and property is
 checked against (`oracle/gdn.py`: the recurrent op and the decode step; `oracle/gdn_chunked.py`:
 the chunked pipeline's stages).

@@ -1,4 +1,5 @@
-"""Quantized GEMV oracles over MLX's affine layout (`oracle/quant.py`; `reference/ops.md` §2.3).
+"""Quantized GEMV oracles over MLX's affine layout (`oracle/quant.py`; the seeds: metaltile-std
+`src/ffai/dequant_gemv.rs`).
 
 `dequant_gemv`: W [out, in] quantized in groups of G along `in` (bits per code, packed LSB-first
 into uint32 words), scales and biases [out, in/G] in T, x [in] in T:
@@ -36,8 +37,9 @@ NaN and inf inputs (the `nonfinite` distribution): the float64 oracle's IEEE pro
 that the split form may turn an oracle ±inf into NaN (inf - inf between s * sum(q x) and
 b * sum(x)), so an output NaN where the oracle has ±inf passes (`OpSpec.inf_may_be_nan`); the
 same holds for qmm and the fused rms_norm_qgemv, which allow the same split.
-Against the seed (`ops.md` §2.3: abs [5e-3, 5e-2, 2e-1] for f32/f16/bf16 at outputs ~1): the
-bound relative to the output RMS stays under it on every gate case (tests/test_gemv_oracle.py).
+Against the seed (its `#[test_kernel]` tolerance, abs [5e-3, 5e-2, 2e-1] for f32/f16/bf16 at
+outputs ~1; `docs/seed_kernels.md`): the bound relative to the output RMS stays under it on every
+gate case (tests/test_gemv_oracle.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""KV cache update, `kv_cache_update` (`reference/ops.md` §2.13): a step's new k and v rows
-written into the cache at their slots; every other element of the cache keeps its bits.
+"""KV cache update, `kv_cache_update` (the seed: metaltile-std `src/ffai/kv_cache.rs`, tol 0): a
+step's new k and v rows written into the cache at their slots; every other element of the cache
+keeps its bits.
 Exact: a copy (`Exact()` comparator, tolerance 0).
 
     k, v [tokens + pad, Hkv, D] in T     the sequences' new rows, packed (vLLM's varlen

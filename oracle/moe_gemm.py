@@ -1,5 +1,6 @@
-"""MoE grouped GEMM and the expert MLP over rows sorted by expert (`reference/math.md` §3, the
-counting-sort layout; `ops.md` §2.10).
+"""MoE grouped GEMM and the expert MLP over rows sorted by expert (the counting-sort layout of
+`oracle/moe_route.py`'s `moe_dispatch`; seeds: metaltile-std `src/ffai/moe.rs`,
+`moe_down_swiglu_accum.rs`).
 
 Rows arrive sorted by expert (`moe_dispatch`'s layout): `offsets` [E+1] i32, the rows of expert e
 are x[offsets[e]:offsets[e+1]]; an expert may own no row, or more rows than one 64-row tile.
@@ -30,8 +31,9 @@ U = 2I, rows [0, I) of W_up the gate and [I, 2I) the up: a = silu(h_gate) h_up).
 (derived): the two GEMMs as above, relu exact (1-Lipschitz: the interval passes through) and its
 square one rounding, silu_mul as the `silu_mul` op's kernel model, the declared rounding point
 as an interval (`Val.round_to`: the kernel may round a neighbour of the exact value to the other
-side), then the second GEMM over the rounded interval. Against the seed (`ops.md` §2.10): the
-bound relative to the output RMS stays below bf16's loosest, tests/test_moe_gemm.py.
+side), then the second GEMM over the rounded interval. Against the seeds (the GEMV's
+[5e-3, 5e-2, 2e-1], `docs/seed_kernels.md`): the bound relative to the output RMS stays below
+bf16's loosest, tests/test_moe_gemm.py.
 """
 
 from __future__ import annotations

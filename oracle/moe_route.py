@@ -1,6 +1,7 @@
-"""MoE routing and dispatch (`reference/math.md` §3.1, §3.3): the router's top-k choice and
-weights, the counting-sort layout of the chosen (token, expert) slots, and the gather / weighted
-combine around the experts.
+"""MoE routing and dispatch (the sigmoid router as HF `NemotronHMoE.route_tokens_to_experts`
+and DeepSeek-V3's `inference/model.py::Gate` compute it; the dispatch a stable counting sort by
+expert): the router's top-k choice and weights, the counting-sort layout of the chosen (token,
+expert) slots, and the gather / weighted combine around the experts.
 
     moe_router     logits [T, E] (T), correction_bias [E] f32 -> ids [T, k] i32, weights [T, k] f32
     moe_dispatch   ids [T, k] i32 -> counts [E], offsets [E+1], perm [T*k], inv_perm [T*k] (i32)

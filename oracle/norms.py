@@ -1,4 +1,6 @@
-"""RMSNorm family oracles (`reference/ops.md` §2.1, `math.md` §8).
+"""RMSNorm family oracles (seeds: metaltile-std `src/mlx/rms_norm.rs`, `src/mlx/unary.rs`'s
+`mt_add_rms_norm`, `src/ffai/rms_norm_residual.rs`, `gated_rmsnorm.rs`; conventions: HF's Llama
+and Gemma RMSNorms).
 
 Common math, per row r of length n (the last axis):
 
@@ -29,7 +31,7 @@ input as the kernel does after widening to f32, subnormals as 0). Where the kern
 land on either side of a midpoint of T (rounding "normed"), the declared rounding point carries
 the distance to the other neighbour. All-zero rows give bound 0: out must be exactly 0.
 
-Against the seeds (`ops.md` §2.1, absolute tolerances for outputs of magnitude ~1: mt_rms_norm
+Against the seeds (`docs/seed_kernels.md`, absolute tolerances for outputs ~1: mt_rms_norm
 f32 1e-4 / f16 2e-2 / bf16 1e-1, per-head 1e-4 / 5e-3 / 5e-2): for a kernel reducing over 32
 lanes or more (every seed kernel: a SIMD group is 32 wide) the f32 bound at n = 8192 is ~1e-5;
 an impl that declares no order is held to the any-order bound, (n/4) u relative at inv, 1.2e-4
@@ -88,7 +90,7 @@ EPS32 = dtype_eps("f32")
 # the same GPU) is below one ULP of f16/bf16 at 1.0, which no rounded output can meet against an
 # exact oracle; for f16/bf16 it takes the bounds of its TPG = n/4 siblings. gated_mixer_norm
 # takes ffai_gated_rmsnorm's (identical math); rms_inv has none and takes mt_rms_norm's f32 bound;
-# gated_group_rmsnorm (`oracle/gated_norm.py`: ffai_gated_group_rmsnorm, no tolerance in ops.md)
+# gated_group_rmsnorm (`oracle/gated_norm.py`: ffai_gated_group_rmsnorm, which states none)
 # takes its gate-after-norm sibling ffai_gated_rmsnorm's.
 SEED_TOL = {
     "rms_norm": {"f32": 1e-4, "f16": 2e-2, "bf16": 1e-1},

@@ -1,5 +1,5 @@
-"""Quantized matmul over M activation rows (`reference/ops.md` §2.4, the mt_qmm family in its
-"qmm_t" form; layout `oracle/quant.py`, `math.md` §5).
+"""Quantized matmul over M activation rows (metaltile-std's mt_qmm family, `src/mlx/quantized.rs`,
+in its "qmm_t" form; layout `oracle/quant.py`).
 
 `qmm`: W [out, in] quantized in groups of G along `in` (codes packed LSB-first into uint32
 words), scales and biases [out, in/G] in T, x [m, in] in T, m = 1..32 (decode batches,
@@ -15,7 +15,7 @@ Tolerance (derived): out[i, r] is one dot of `in` terms, accumulated in f32 exac
 row is (dequantize-then-dot or the algebraic split, in the impl's declared order), so the kernel
 model is dequant_gemv's (`oracle.gemv.gemv_kernel`) with x's M rows as a leading axis. M does not enter:
 rows never meet in a sum, and a kernel that reads the weight once for all M rows still sums each
-(i, r) over `in` terms only. Against the seed (`ops.md` §2.4: mt_qmm's test tolerance
+(i, r) over `in` terms only. Against the seed (mt_qmm's test tolerance
 [5e-3, 5e-2, 2e-1] abs for f32/f16/bf16 at O(1) outputs, the same as dequant_gemv's), the bound
 relative to the output RMS stays below it on every gate case (tests/test_qmm.py).
 
@@ -31,7 +31,7 @@ import numpy as np
 from oracle.gemv import GROUPS, SEED_TOL, W_WORDS, dequant_gemv, gemv_kernel
 from oracle.spec import BatchDim, OpSpec, TensorSpec, register
 
-# ops.md §2.4: mt_qmm's test_kernel tolerance is dequant_gemv's [5e-3, 5e-2, 2e-1].
+# mt_qmm's test_kernel tolerance (`src/mlx/quantized.rs`) is dequant_gemv's [5e-3, 5e-2, 2e-1].
 SEED_TOL_QMM = SEED_TOL["dequant_gemv"]
 
 

@@ -1,5 +1,6 @@
-"""Affine quantization as MLX lays it out (`reference/ops.md` §2.0, `math.md` §5): quantizers,
-packing, dequantization. The ground every quantized-GEMV oracle stands on.
+"""Affine quantization as MLX lays it out (MLX `mlx/ops.cpp`: `affine_quantize`,
+`pack_and_quantize`; `mlx/backend/cpu/quantized.cpp`): quantizers, packing, dequantization. The
+ground every quantized-GEMV oracle stands on.
 
 Layout. W [..., K] is quantized in groups of G consecutive elements along K (G in {32, 64, 128});
 each group has a scale s and a bias b stored in T (the activation dtype), and codes
@@ -19,8 +20,9 @@ Quantizers (the seeds use two; a kernel that only *consumes* codes does not care
       s = max((max - min) / n_bins, 1e-7); edge = min if |min| > |max| else max (s negated)
       q0 = rint(edge / s); if q0 != 0: s = edge / q0, b = edge; else b = 0
       q = clip(rint((w - b) / s), 0, n_bins); s and b rounded to T after q is computed.
-* `quantize_minmax`: metaltile's `mt_affine_quantize_int*`: s = (max - min) / n_bins (1 when
-  below 1e-7), b = min, q = trunc(clip((w - b) * (1/s) + 0.5, 0, n_bins)) (round half up).
+* `quantize_minmax`: metaltile's `mt_affine_quantize_int*` (`src/mlx/quantized.rs`):
+  s = (max - min) / n_bins (1 when below 1e-7), b = min,
+  q = trunc(clip((w - b) * (1/s) + 0.5, 0, n_bins)) (round half up).
 """
 
 from __future__ import annotations

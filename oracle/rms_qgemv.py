@@ -1,5 +1,5 @@
-"""Fused RMSNorm + quantized GEMV (`reference/ops.md` §2.0, §2.2; the seed
-`metaltile-std_rms_norm_qgemv.rs`): one decode token's input norm feeding a quantized projection.
+"""Fused RMSNorm + quantized GEMV (the seed: metaltile-std `src/ffai/rms_norm_qgemv.rs`; layout
+`oracle/quant.py`): one decode token's input norm feeding a quantized projection.
 
 `rms_norm_qgemv`: x [in] and norm_weight [in] in T, W [out, in] in MLX's affine layout
 (`oracle/quant.py`: codes packed LSB-first in uint32 words, scales and biases [out, in/G] in T):

@@ -1,5 +1,6 @@
-"""Rotary position embedding, `rope` (`reference/ops.md` §2.6): q and k of one attention layer
-rotated in one op, each token at its own position.
+"""Rotary position embedding, `rope` (seeds: metaltile-std `src/ffai/rope_llama*.rs`,
+`rope_yarn.rs`, `src/mlx/rope.rs`): q and k of one attention layer rotated in one op, each token
+at its own position.
 
     q [tokens, Hq, D], k [tokens, Hkv, D] in T; positions [tokens] i32 (param `positions`: a
     decode batch at arbitrary positions, or packed prefill rows with their own positions)

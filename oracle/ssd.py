@@ -1,6 +1,7 @@
-"""Mamba-2's state-space scan, sequential (issue 30; `reference/math.md` §2.1, §2.3, `ops.md`
-§2.12): the scan, its packed-sequence form and the decode step. The float64 recurrence is
-`oracle/ssd_math.py`; the chunked form is `oracle/ssd_chunked.py`.
+"""Mamba-2's state-space scan, sequential (issue 30; mamba_ssm's `selective_state_update_ref`,
+HF Nemotron-H, the seed's `ssm_step` in metaltile-std `src/ffai/ssm.rs`): the scan, its
+packed-sequence form and the decode step. The float64 recurrence is `oracle/ssd_math.py`; the
+chunked form is `oracle/ssd_chunked.py`.
 
 Layouts (mamba_ssm / HF Mamba2 / Nemotron-H): x, z, y [B, T, H, P]; dt_raw [B, T, H]; A_log,
 dt_bias, D [H]; Bm, Cm [B, T, G, N]; states [B, H, P, N]. Head h reads B/C group
@@ -55,8 +56,8 @@ Measured (CPU, the gate cases): torch's and MLX's f32 impls use 5-45 % of the bo
 the state; where dt is small (`dt="slow"`, 1e-4 to 1e-3) the state's bound is set by softplus's
 admitted log(1 + exp(z)) form (an absolute error ~2^-24 in dt, 1e-4 of dt relative), and the
 impls (log1p forms) use ~0.3 % of it. Against the tolerances that are the loosest acceptable
-(math.md §2.5, ops.md §2.12; `tests/test_ssd.py` tests the first), max over the elements of
-bound / (atol + rtol |y|), under CUDA's function ULPs, any summation order, N = 128:
+(mamba_ssm's tests and the seed's, below; `tests/test_ssd.py` tests the first), max over the
+elements of bound / (atol + rtol |y|), under CUDA's function ULPs, any summation order, N = 128:
 
     ssm_step, Nemotron (H 64, P 64, G 8) and the seed cell (H 32, P 128, G 2), one token:
       mamba_ssm selective_state_update (f32 3e-4/1e-3, f16 5e-3/1e-2, bf16 1e-2/5e-2):

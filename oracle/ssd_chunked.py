@@ -1,8 +1,7 @@
-"""Mamba-2's chunked SSD, the state-space-duality form of the scan (issue 30; `reference/math.md`
-§2.2, mamba_ssm's `ssd_minimal_discrete` and `mamba_chunk_scan_combined`), as its own op with its
-own oracle: the chunk-level math, so a chunked impl is judged on its contract; that it equals the
-recurrence (`oracle/ssd_math.py`) is a property (`tests/test_ssd.py`).
-
+"""Mamba-2's chunked SSD, the state-space-duality form of the scan (issue 30; mamba_ssm's
+`ssd_minimal_discrete` and `mamba_chunk_scan_combined`), as its own op with its own oracle: the
+chunk-level math, so a chunked impl is judged on its contract; that it equals the recurrence
+(`oracle/ssd_math.py`) is a property (`tests/test_ssd.py`).
 `ssd_chunked`: the inputs and outputs of `ssd_scan` (`oracle/ssd.py`: x, dt_raw, A_log, dt_bias,
 Bm, Cm, D, z, h0 -> y, state; same dtypes, params and domain) plus param `chunk` in {64, 128,
 256} (T need not be a multiple: the chunks are zero-padded inside). With a_t = dt_t A and, in
@@ -78,7 +77,7 @@ bound is what the contract admits; the listing's random-signed errors use 6 %). 
 worst kernel reaches 0.1 past T = 4096, where its terms have both signs and one rounding
 direction per site cancels (the search's limit, not the bound's slack alone).
 
-Against the loosest acceptable tolerances (math.md §2.5; the fork's chunked scan has only a
+Against the loosest acceptable tolerances (mamba_ssm's tests; the fork's chunked scan has only a
 cosine), H 8, P 64, G 1, N 128, T = 256 in chunks of 64, CUDA's ULPs, any summation order, max
 over the elements of bound / (atol + rtol |y|): mamba's selective_scan (f32 6e-4/2e-3, bf16
 3e-2/5e-2): f32 1.3x (NOT within: the chunk-local f32 cumsum's worst case in the decays'

@@ -1,4 +1,4 @@
-"""Mamba-2's selective state-space scan in float64 (`reference/math.md` §2.1-2.2): the ground
+"""Mamba-2's selective state-space scan in float64 (mamba_ssm, HF Nemotron-H): the ground
 truth every SSD op's oracle and property is checked against (`oracle/ssd.py`: the sequential
 scan, its packed-sequence form and the decode step; `oracle/ssd_chunked.py`: the chunked SSD).
 
@@ -7,16 +7,17 @@ Layouts (mamba_ssm / HF Mamba2 / Nemotron-H):
     x, y, z  [B, T, H, P]     dt [B, T, H]     A, D, dt_bias [H]     Bm, Cm [B, T, G, N]
     state    [B, H, P, N]     head h reads group g = h // (H / G)  (NOT h % G)
 
-Per (b, h), the state S [P, N] starting at the initial state, for t = 0..T-1 (math.md §2.1):
+Per (b, h), the state S [P, N] starting at the initial state, for t = 0..T-1 (mamba_ssm's
+`selective_state_update_ref`, HF `modeling_nemotron_h.py`'s `torch_forward`):
 
     dt_t = softplus(dt_raw_t + dt_bias)      clamped to [dt_min, dt_max] where the model does
     S    = exp(dt_t A) S + dt_t x_t ⊗ B_t[g]  A = −exp(A_log) < 0: the decay exp(dt A) in (0, 1]
     y_t  = S C_t[g] + D x_t                  then y_t *= silu(z_t) with a gate
 
-The chunked form (math.md §2.2, `ssd_minimal_discrete`) regroups the same sums by chunks of Q
-tokens: with a_t = dt_t A and, inside a chunk, the segment sums seg(l, s) = Σ_{s<m<=l} a_m (the
-*stable* segsum: a masked cumulative sum, never cs_l − cs_s) and the chunk-local prefix
-cs_l = Σ_{m<=l} a_m,
+The chunked form (`mamba_ssm/modules/ssd_minimal.py::ssd_minimal_discrete`, Listing 1 of the
+Mamba-2 paper) regroups the same sums by chunks of Q tokens: with a_t = dt_t A and, inside a
+chunk, the segment sums seg(l, s) = Σ_{s<m<=l} a_m (the *stable* segsum: a masked cumulative
+sum, never cs_l − cs_s) and the chunk-local prefix cs_l = Σ_{m<=l} a_m,
 
     Y_diag[l] = Σ_{s<=l} (C_l·B_s) exp(seg(l, s)) dt_s x_s           (inside the chunk)
     st_n      = Σ_s exp(seg(Q−1, s)) dt_s x_s ⊗ B_s                   (the chunk's own state)

@@ -1,4 +1,5 @@
-"""When to stop sampling: nvbench's `stdrel` criterion (`reference/measurement.md` §1.2).
+"""When to stop sampling: nvbench's `stdrel` criterion (NVIDIA/nvbench
+`nvbench/detail/stdrel_criterion.cxx`; its defaults in `docs/cli_help.md`).
 
 Samples are per-call times. After each one:
 

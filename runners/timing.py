@@ -1,4 +1,4 @@
-"""Timing modes, written once over `gpu_impls.timer.Timer` (`reference/measurement.md` §9).
+"""Timing modes, written once over `gpu_impls.timer.Timer` (the protocol: `README.md`, "Timing").
 
 `measure(timer, mode, calls, stop)` turns a list of zero-argument calls (one per rotating input
 set, all computing the same case) into per-call samples:
@@ -9,7 +9,8 @@ set, all computing the same case) into per-call samples:
 * one sample per iteration of the mode (see the table in `gpu_impls/timer.py`), until the
   stopping rule (`runners/stopping.py`) says stop;
 * after each sample the SM clock is read; a sample taken under the throttle floor (75 % of the
-  default SM clock) is dropped and counted, and sampling pauses 50 ms to let the clock recover.
+  default SM clock) is dropped and counted, and sampling pauses 50 ms to let the clock recover
+  (nvbench's `--throttle-threshold` and `--throttle-recovery-delay` defaults).
 
 Rotating sets: `rotation_sets` picks k input sets so that k * bytes >= 4 x the cache, within the
 timer's memory budget (and its `max_sets`); a rotating sample of R calls runs set i % k on

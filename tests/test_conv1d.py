@@ -124,7 +124,8 @@ def test_state_carries_across_two_prefill_calls(backend):
 
 # --- tolerances ----------------------------------------------------------------------------------
 
-# ops.md §2.12 [f32, f16, bf16]: conv1d_causal_step (the caller applies SiLU) and
+# The seeds' test_kernel tolerances [f32, f16, bf16] (docs/seed_kernels.md): conv1d_causal_step
+# (the caller applies SiLU) and
 # ffai_conv1d_causal_step_silu_cast_many (SiLU in the kernel)
 SEED_TOLERANCE = {False: {"f32": 1e-5, "f16": 5e-3, "bf16": 5e-2},
                   True: {"f32": 1e-3, "f16": 8e-3, "bf16": 4e-2}}

@@ -19,8 +19,9 @@ TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 
 
 def test_e2m1_ties_rne_and_nearest_low():
-    """math.md §4.1: RNE sends 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; MLX's
-    argmin sends every tie to the lower magnitude; half-away to the upper."""
+    """E2M1 RNE (vLLM's `cast_to_fp4`, TE's `cast_to_fp4x2`, PTX `cvt.rn.satfinite.e2m1x2.f32`)
+    sends 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; MLX's argmin sends every tie
+    to the lower magnitude; half-away to the upper."""
     values = lambda c: fp4.e2m1_values(c)  # noqa: E731
     assert list(values(fp4.e2m1_codes(TIES, "rne"))) == [0, 1, 1, 2, 2, 4, 4]
     assert list(values(fp4.e2m1_codes(TIES, "nearest_low"))) == [0, .5, 1, 1.5, 2, 3, 4]

@@ -153,7 +153,8 @@ def test_a_state_kept_in_bf16_between_tokens_fails_the_bound():
     assert _budget(outs, exact, bound) > 10
 
 
-# ops.md §2.9: mt_gated_delta_step and mt_gated_delta_chunk, [f32, f16, bf16]
+# The seed's test_kernel tolerance (docs/seed_kernels.md): mt_gated_delta_step and
+# mt_gated_delta_chunk, [f32, f16, bf16]
 SEED_TOLERANCE = {"f32": 5e-5, "f16": 5e-2, "bf16": 2e-1}
 
 

@@ -1,6 +1,7 @@
-"""A Mamba-2 mixer slice as Nemotron-H wires it (issue 30's layer-level property; math.md §2.3),
-built from the registered impls: xBC = silu(conv1d_causal(xBC_raw) + bias), split into
-x [H·P] | B [G·N] | C [G·N], then ssd_scan over x, dt_raw, B, C with D and the z gate.
+"""A Mamba-2 mixer slice as Nemotron-H wires it (issue 30's layer-level property; HF
+`modeling_nemotron_h.py`), built from the registered impls: xBC = silu(conv1d_causal(xBC_raw) +
+bias), split into x [H·P] | B [G·N] | C [G·N], then ssd_scan over x, dt_raw, B, C with D and the
+z gate.
 
 The property: a prefill over [0, T1) and then T − T1 decode steps (conv1d_causal_step and
 ssm_step, carrying both states) equal one prefill over [0, T), for T1 in {0, 1, 3, 4, 5, T−1}

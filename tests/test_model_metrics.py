@@ -1,6 +1,7 @@
 """models/metrics.py: the model gate's logit metrics against hand computations and
-llama-perplexity's formulas (reference/math.md §6). Expected values are computed here
-independently (pure Python math / statistics), never by calling the module under test."""
+llama-perplexity's formulas (llama.cpp `tools/perplexity/perplexity.cpp`). Expected values are
+computed here independently (pure Python math / statistics), never by calling the module under
+test."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from runners.verdicts import is_failure
 
 SMALL = {"rows": 70, "experts": 4, "in": 64, "out": 32}
 SMALL_MLP = {"rows": 70, "experts": 4, "hidden": 64, "inter": 32}
-# ops.md §2.10: mt_moe_gather_qmm_int4 and the down_swiglu_accum kernel test at the GEMV's
+# The seeds (docs/seed_kernels.md): mt_moe_gather_qmm_int4 and the down_swiglu_accum kernel test
+# at the GEMV's
 SEED = SEED_TOL["dequant_gemv"]
 
 

@@ -1,6 +1,6 @@
 """MoE router and dispatch (`oracle/moe_route.py`): the oracles against hand-worked rows and the
-counting sort written as math.md §3.3 states it, the torch and MLX impls green on every gate
-case, the dispatch properties, and the router mutants red."""
+counting sort written out (a stable scatter by expert), the torch and MLX impls green on every
+gate case, the dispatch properties, and the router mutants red."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_softmax_weights_renormalise_over_the_chosen_k_only_when_asked():
 
 
 def test_dispatch_is_the_counting_sort_of_math_md():
-    """The stable scatter of §3.3 written as its loop: pos = offsets[e_i] + fill[e_i]++."""
+    """The stable counting-sort scatter written as its loop: pos = offsets[e_i] + fill[e_i]++."""
     case = Case.make("moe_dispatch", {"tokens": 7, "experts": 16, "top_k": 4}, "f32",
                      "hot_expert", seed=3)
     inputs = make_inputs(case)

@@ -247,7 +247,7 @@ def test_chunked_state_carries_across_two_calls(split):
 
 # --- the seed's and upstream's tolerances ------------------------------------------------------
 
-# math.md §2.5: mamba_ssm's selective_state_update tests, (rtol, atol) per dtype
+# mamba_ssm's `tests/ops/triton/test_selective_state_update.py`, (rtol, atol) per dtype
 SSU_TOLERANCE = {"f32": (3e-4, 1e-3), "f16": (5e-3, 1e-2), "bf16": (1e-2, 5e-2)}
 
 

@@ -1,8 +1,9 @@
-"""FFAI's decode attention on CUDA: the seed kernels (`reference/ops.md` §2.5) ported to
-`kernels/ffai_sdpa_decode.cu` and `kernels/ffai_sdpa_decode_2pass.cu` (shared pieces in
-`kernels/ffai_attention.cuh`), batched (the seeds take one sequence: the batch is grid.y or
-grid.z, each sequence with its own length, kv_stride = max_len), for the ops `sdpa_decode`
-(contiguous cache) and `attn_combine` (`oracle/attention.py`).
+"""FFAI's decode attention on CUDA: the seed kernels (metaltile-std `src/ffai/sdpa_decode*.rs`,
+`sdpa_decode_2pass.rs`; `docs/seed_kernels.md`) ported to `kernels/ffai_sdpa_decode.cu` and
+`kernels/ffai_sdpa_decode_2pass.cu` (shared pieces in `kernels/ffai_attention.cuh`), batched (the
+seeds take one sequence: the batch is grid.y or grid.z, each sequence with its own length,
+kv_stride = max_len), for the ops `sdpa_decode` (contiguous cache) and `attn_combine`
+(`oracle/attention.py`).
 
 | impl                            | op           | what                                          |
 |---------------------------------|--------------|-----------------------------------------------|

@@ -1,5 +1,6 @@
 """Quantized GEMV on CUDA: the FFAI / metaltile seed kernels ported (`kernels/dequant_gemv.cu`),
-and kparity's own bandwidth-first kernel (`kernels/kp_qgemv.cu`). `reference/ops.md` §2.3.
+and kparity's own bandwidth-first kernel (`kernels/kp_qgemv.cu`). The seeds: metaltile-std
+`src/ffai/dequant_gemv.rs`, `dequant_gemv_expert_indexed.rs` (`docs/seed_kernels.md`).
 
     out[r] = sum_d (q[r,d] * s[r, d // G] + b[r, d // G]) * x[d]     f32 inside, one rounding
 

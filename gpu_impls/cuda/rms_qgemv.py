@@ -1,5 +1,6 @@
 """Fused RMSNorm + quantized GEMV on CUDA: the seed's three kernels ported with their geometry
-(`kernels/ffai_rms_norm_qgemv.cu`; `reference/ops.md` §2.2; math in `oracle/rms_qgemv.py`):
+(`kernels/ffai_rms_norm_qgemv.cu`; metaltile-std `src/ffai/rms_norm_qgemv.rs`; math in
+`oracle/rms_qgemv.py`):
 
     out[r] = sum_d (q[r,d] * s[r, d // G] + b[r, d // G]) * x_d * nw_d * rsqrt(mean(x^2) + eps)
 

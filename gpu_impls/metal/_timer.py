@@ -1,13 +1,14 @@
 """Device time for Metal kernels dispatched from Python through PyObjC: command-buffer GPU
-timestamps (`reference/measurement.md` §5), mode `metal_ts`.
+timestamps (`MTLCommandBuffer.GPUStartTime` / `GPUEndTime`), mode `metal_ts`.
 
 A Metal impl that dispatches its own pipeline returns the committed `MTLCommandBuffer` (or a
 list of them), one dispatch per command buffer so each buffer's window is one kernel. A sample
 waits on every buffer and sums `GPUEndTime() - GPUStartTime()` (seconds, on the
-mach_absolute_time base); `kernelStartTime` is not used (unreliable on Apple silicon). Kernels
-dispatched inside MLX (`mx.fast.metal_kernel`) expose no command buffer: the `metal` backend,
-which runs through MLX, times with the MLX timer (`wall_eval`). This path needs macOS and an
-Apple GPU; here it is exercised only with stand-in command buffers (tests/test_timing.py).
+mach_absolute_time base); `kernelStartTime` is not used (unreliable on Apple silicon: TornadoVM
+PR #908 saw it inflate times up to ~1700x). Kernels dispatched inside MLX (`mx.fast.metal_kernel`)
+expose no command buffer: the `metal` backend, which runs through MLX, times with the MLX timer
+(`wall_eval`). This path needs macOS and an Apple GPU; here it is exercised only with stand-in
+command buffers (tests/test_timing.py).
 """
 
 from __future__ import annotations

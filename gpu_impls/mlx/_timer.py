@@ -1,8 +1,10 @@
 """The MLX timer: host wall time around `mx.eval` of many queued calls (`wall_eval`).
 
-MLX exposes no device timestamps (`reference/measurement.md` §5), and one `mx.eval` costs a
-synchronisation (~0.25 ms on Apple GPUs): a sample therefore queues R >= 64 calls over rotating
-input sets and evaluates all their outputs at once, so the sync is amortised over R.
+MLX exposes no device timestamps (`mx.metal` has no GPU-timestamp API; MLX's own benchmarks,
+`benchmarks/python/time_utils.py`, time `mx.eval` with `time.perf_counter`), and one `mx.eval`
+costs a synchronisation (~0.25 ms on Apple GPUs, ml-explore/mlx#4265): a sample therefore queues
+R >= 64 calls over rotating input sets and evaluates all their outputs at once, so the sync is
+amortised over R.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """PyTorch Mamba-2 conv1d (`oracle/conv1d.py`) as users write it: causal-conv1d's reference
-functions (`causal_conv1d_ref`, `causal_conv1d_update_ref`, math.md §2.4), channels last.
+functions (`causal_conv1d_ref`, `causal_conv1d_update_ref` in Dao-AILab/causal-conv1d
+`causal_conv1d/causal_conv1d_interface.py`), channels last.
 
 `torch:conv1d_causal` is `F.conv1d(x, w, bias, padding=W-1, groups=D)[..., :T]` (a fresh
 sequence, param initial_state "zero": no `initial_states`) or, with a given state,

@@ -73,9 +73,10 @@ def _unpermute(launch, inputs, outputs, case):
 
 
 def _scatter_add(launch, inputs, outputs, case):
-    """HF's combine (math.md §3.2): each sorted row's weighted product in f32, `index_add_` into
-    an f32 buffer at its token, one cast. On a CPU index_add_ adds the rows in index order: the
-    op's declared order (oracle/moe_route.py), the same bits on every run."""
+    """HF's combine (`modeling_nemotron_h.py`'s MoE): each sorted row's weighted
+    product in f32, `index_add_` into an f32 buffer at its token, one cast. On a CPU index_add_
+    adds the rows in index order: the op's declared order (oracle/moe_route.py), the same bits
+    on every run."""
     import torch
 
     t, k = case.dims["tokens"], case.dims["top_k"]

@@ -1,4 +1,5 @@
-// The seeds' quantized GEMVs over MLX's affine layout (`reference/ops.md` §2.0, §2.3), ported:
+// The seeds' quantized GEMVs over MLX's affine layout (metaltile-std `src/ffai/dequant_gemv.rs`,
+// `dequant_gemv_expert_indexed.rs`; the layout: `oracle/quant.py`), ported:
 //   dequant_gemv<T, BITS>               ffai dequant_gemv_int{2,4,8} (pack-strided) and
 //                                       _int{3,5,6} (element-strided bit stream)
 //   dequant_gemv_int4_expert_indexed<T> the int4 scalar kernel on slab `expert_index` of stacked

@@ -1,5 +1,5 @@
-// The seed's fused RMSNorm + quantized GEMV kernels (`reference/ops.md` §2.2; metaltile-std
-// `ffai/rms_norm_qgemv.rs`), ported with their geometry:
+// The seed's fused RMSNorm + quantized GEMV kernels (metaltile-std `src/ffai/rms_norm_qgemv.rs`),
+// ported with their geometry:
 //   ffai_rms_norm_qgemv<T>            int4, one block per output row (grid out, TPG 128)
 //   ffai_rms_norm_qgemv_fast<T>       int4, 8 rows per block of 64 threads, mask without shift
 //   ffai_rms_norm_qgemv_int8_fast<T>  int8, the same geometry, bytes extracted by shifts

@@ -1,6 +1,6 @@
 // ffai_rms_norm_residual<T>: residual + RMSNorm(x), one row per block, 4 elements per thread.
 //
-// Ported from FFAI `ffai_rms_norm_residual` (metaltile-std src/ffai/; reference/ops.md 2.1): the
+// Ported from FFAI `ffai_rms_norm_residual` (metaltile-std src/ffai/rms_norm_residual.rs): the
 // norm and the residual add fused, with no rounding to T in between.
 //
 //   inv    = rsqrt(sum_i x_i^2 / n + eps)                          (f32)

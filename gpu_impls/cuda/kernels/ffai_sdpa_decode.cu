@@ -1,7 +1,8 @@
 // ffai_sdpa_decode<T, D>: the FFAI single-pass decode attention (`ffai_sdpa_decode`, `_d64`,
-// `_d96`, `_d256`; reference/ops.md §2.5) ported to CUDA, batched: one query token per sequence
-// against its contiguous KV cache, GQA, an optional learned sink per query head (GPT-OSS), a
-// sliding window with StreamingLLM sink tokens (oracle/attention.py `sdpa_decode`).
+// `_d96`, `_d256`; metaltile-std src/ffai/sdpa_decode*.rs) ported to CUDA, batched: one query
+// token per sequence against its contiguous KV cache, GQA, an optional learned sink per query
+// head (GPT-OSS), a sliding window with StreamingLLM sink tokens (oracle/attention.py
+// `sdpa_decode`).
 //
 //   q [B, Hq, D], k, v [B, Hkv, max_len, D] (kv_stride = max_len), lengths [B] i32, sinks [Hq]
 //   f32 (read only when has_sink), out [B, Hq, D]; T = f32 / f16 / bf16 storage, f32 inside.

@@ -1,8 +1,8 @@
 // ffai_sdpa_2pass_pass1<T, D>, ffai_sdpa_2pass_pass2<T, D>: the FFAI two-pass (split-KV) decode
-// attention (`sdpa_decode_2pass_pass1/pass2` and their _d64/_d96/_d256 variants; reference/
-// ops.md §2.5) ported to CUDA, batched, with the op's GQA, window, sink tokens and learned sinks
-// (oracle/attention.py `sdpa_decode`); pass 2 alone is also the `attn_combine` op with
-// unnormalised partials in T (FFAI's `partial_o`).
+// attention (`sdpa_decode_2pass_pass1/pass2` and their _d64/_d96/_d256 variants; metaltile-std
+// src/ffai/sdpa_decode_2pass.rs) ported to CUDA, batched, with the op's GQA, window, sink
+// tokens and learned sinks (oracle/attention.py `sdpa_decode`); pass 2 alone is also the
+// `attn_combine` op with unnormalised partials in T (FFAI's `partial_o`).
 //
 // Pass 1: block (32, G) per (kv head, split j, sequence b): grid [Hkv, blocks, B], G = Hq / Hkv
 // warps, warp y serving query head h = kv_head * G + y (reading kv head h / G). Split j takes

@@ -1,5 +1,5 @@
 // kp_qmm<T, BITS, MT>: kparity's own quantized matmul over M = 1..32 activation rows, MLX's affine
-// layout, the "qmm_t" form (ops.md §2.4):
+// layout, the "qmm_t" form of metaltile-std's mt_qmm family (src/mlx/quantized.rs):
 //     out[m, r] = sum_d (q[r,d] * s[r,g] + b[r,g]) * x[m,d]         g = d / group_size
 // in f32, one rounding to T at the store. The weight is read from memory once for all M rows.
 //

@@ -1,7 +1,7 @@
 // mt_add_rms_norm<T>: s = a + b, then RMSNorm(s); s and the norm are both outputs. Row per block.
 //
-// Ported from metaltile-std `mt_add_rms_norm` (crates/metaltile-std/src/mlx/unary.rs;
-// reference/ops.md 2.1): the pre-norm residual add fused with the norm.
+// Ported from metaltile-std `mt_add_rms_norm` (crates/metaltile-std/src/mlx/unary.rs): the
+// pre-norm residual add fused with the norm.
 //
 //   s_i            = a_i + b_i                                      (f32, kept in registers)
 //   inv            = rsqrt(sum_i s_i^2 / n + eps)                   (f32)
