@@ -106,11 +106,15 @@ def _load_all() -> None:
     if _loaded:
         return
     _loaded = True
-    for backend in BACKENDS:
-        pkg = importlib.import_module(f"{__name__}.{backend}")
-        for mod in pkgutil.iter_modules(pkg.__path__):
-            if mod.name != "backend" and not mod.name.startswith("_"):
-                importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    try:
+        for backend in BACKENDS:
+            pkg = importlib.import_module(f"{__name__}.{backend}")
+            for mod in pkgutil.iter_modules(pkg.__path__):
+                if mod.name != "backend" and not mod.name.startswith("_"):
+                    importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    except BaseException:
+        _loaded = False  # a module that does not import fails every listing, not just the first
+        raise
     load_entry_points()
 
 

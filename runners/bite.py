@@ -1,11 +1,12 @@
 """The bite audit (`kparity bite`, issue 49 item 2): does the gate catch generic planted mistakes?
 
 For each op, one correct reference impl (`reference_impl`: the first available builtin impl of
-the op that is neither report-only, staged nor a mutant, torch before mlx) is wrapped in a
-planted mistake applied to its outputs after it ran (`planted`), and the wrapped impl is checked
-against the oracle (`runners.correctness.check`) over the op's commit-tier valid cases. A case
-the unmutated impl does not pass is left out (counted `baseline`: a mistake caught there says
-nothing). The mistakes (`MISTAKES`), each applied to every output it fits:
+the op that is neither report-only, staged nor a mutant, torch before mlx; for an op only a
+plugin registers, the plugin's impl likewise) is wrapped in a planted mistake applied to its
+outputs after it ran (`planted`), and the wrapped impl is checked against the oracle
+(`runners.correctness.check`) over the op's commit-tier valid cases. A case the unmutated impl
+does not pass is left out (counted `baseline`: a mistake caught there says nothing). The
+mistakes (`MISTAKES`), each applied to every output it fits:
 
     scale4, scale16  every element times (1 + k eps_T), rounded to T (T: the output's own dtype,
                      f32 / f16 / bf16 outputs only)
@@ -211,18 +212,20 @@ RUN_MISTAKES: dict[str, Callable] = {
 
 def reference_impl(op: str, backends=PREFERRED_BACKENDS):
     """The op's correct impl runnable here: the first registered builtin impl of the op, on the
-    first of `backends` that has one available, that is not report-only, staged or a mutant."""
+    first of `backends` that has one available, that is not report-only, staged or a mutant.
+    An op with no builtin impl (one a plugin registers) is audited through its plugin's impls
+    alike; a builtin op never through a plugin's (e.g. the test mutants' emulations)."""
     import gpu_impls
 
     impls = [i for i in gpu_impls.impls().values() if i.op == op]
+    builtin = [i for i in impls if gpu_impls.origin(i.id) == "builtin"]
     for name in backends:
         backend = gpu_impls.backend(name)
         if not backend.available()[0]:
             continue
-        for impl in impls:
+        for impl in builtin or impls:
             if (impl.backend == name and not impl.report_only and impl.stages is None
-                    and "mutant" not in impl.name and gpu_impls.origin(impl.id) == "builtin"
-                    and impl.available(backend)[0]):
+                    and "mutant" not in impl.name and impl.available(backend)[0]):
                 return impl
     return None
 

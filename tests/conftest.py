@@ -157,6 +157,15 @@ def pytest_configure(config):
         if not found:
             pytest.exit("pytest -m gpu: no accelerator backend on this machine, refusing to pass "
                         "empty. Looked for: " + "; ".join(why), returncode=3)
+    # The plugins (`kparity.plugins` entry points) load before collection: a test module that
+    # lists the registry's ops, families or impls at import lists the ops they register too. An
+    # impl module that does not import is left to fail the tests that list the impls.
+    import gpu_impls
+
+    try:
+        gpu_impls.impls()
+    except Exception:
+        pass
 
 
 def long_first(items) -> None:

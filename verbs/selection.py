@@ -40,6 +40,7 @@ def op_and_backend_filters(args) -> tuple[list[str], list[str]]:
     valid ones)."""
     import gpu_impls
 
+    gpu_impls.impls()  # loads the plugins (entry points): the ops they register are valid too
     ops = split_csv(args.op)
     for op in ops:
         if op not in op_registry():
