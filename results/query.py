@@ -1,4 +1,4 @@
-"""DuckDB over the store: one view per table, plus `latest` and `history` (README "Queries").
+"""DuckDB over the store: one view per table, plus `latest` and `history` (docs/results-schema.md).
 
     runs, correctness, bench, ab, ceilings, annotations
         every row of that table, every run (read_parquet over the table's readable parts,

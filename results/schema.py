@@ -1,6 +1,6 @@
 """Arrow schemas of the store's tables. Every row carries `schema_version`.
 
-Documented in README.md ("Store schema"); change both together and bump SCHEMA_VERSION.
+Documented in docs/results-schema.md; change both together and bump SCHEMA_VERSION.
 """
 
 from __future__ import annotations

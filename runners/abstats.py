@@ -1,4 +1,4 @@
-"""Statistics for timings: per-run summaries and the A/B verdict (`README.md`, "Timing").
+"""Statistics for timings: per-run summaries and the A/B verdict (`docs/ab.md`).
 
 The unit of replication is the *run* (one full measurement: fresh buffers, fresh graph, its own
 stopping rule), not the sample. Samples inside a run are correlated (placement, clocks, TLB), so

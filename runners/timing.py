@@ -1,4 +1,4 @@
-"""Timing modes, written once over `gpu_impls.timer.Timer` (the protocol: `README.md`, "Timing").
+"""Timing modes, written once over `gpu_impls.timer.Timer` (the protocol: `docs/ab.md`).
 
 `measure(timer, mode, calls, stop)` turns a list of zero-argument calls (one per rotating input
 set, all computing the same case) into per-call samples:

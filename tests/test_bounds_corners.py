@@ -13,7 +13,7 @@ constant rows, outliers, eps = 0, the issue's own examples):
 * with any one term of the bound shrunk by 10 % (`Model.shrink`), one of them fails: the bound has
   no term a correct kernel cannot use.
 
-A new op gets all of this by declaring `kernel` (README "Adding an op").
+A new op gets all of this by declaring `kernel` (docs/adding-an-op.md).
 """
 
 from __future__ import annotations

@@ -3,14 +3,17 @@ error, no page error and no request leaving the folder; every plot renders its s
 
 Skips only when Chromium or Playwright is missing (CI installs Debian's chromium). Full-page
 screenshots of the overview and one impl page land in tmp_path, and in $KPARITY_SCREENSHOT_DIR
-when set.
+when set. The README's pictures of the report (docs/img/) are taken by `readme_screenshots`, here
+into tmp_path and by `python -m scripts.report_screenshot` into docs/img/.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -37,6 +40,10 @@ EXPECTED = {
                                                             "int8-g64 bf16"]},
 }
 SCREENSHOTS = ["index.html", impl_page_name(BENCH_IMPL)]
+VIEWPORT = {"width": 1300, "height": 900}
+# The README's pictures (docs/img/): page -> (file, the top of the page kept, CSS px)
+README_SHOTS = {"index.html": ("report.png", 712),
+                impl_page_name(BENCH_IMPL): ("report-impl.png", 640)}
 
 PLOTS_DRAWN = """() => Array.from(document.querySelectorAll('.plot')).every(
     el => el.classList.contains('js-plotly-plot') && el.querySelector('.main-svg'))"""
@@ -45,12 +52,42 @@ PLOTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el
     drawn: el.querySelectorAll('.scatterlayer .trace').length}))"""
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    root = tmp_path_factory.mktemp("browser")
-    build_store(root / "store", impls=f"{NORM_IMPLS},{GEMV_IMPLS}", presets="qwen3-8b,int8-g64")
+def build_site(root: Path) -> Path:
+    """Two real torch CPU checks and the synthetic bench history (tests/test_report.py), then
+    the report of that store: root/site. Each run records the kparity command that made it."""
+    impls, presets = f"{NORM_IMPLS},{GEMV_IMPLS}", "qwen3-8b,int8-g64"
+    argv = ["kparity", "--store", str(root / "store"), "check", "--impl", impls,
+            "--preset", presets]
+    with mock.patch.object(sys, "argv", argv):
+        build_store(root / "store", impls=impls, presets=presets)
     assert report(root / "store", root / "site") == 0
     return root / "site"
+
+
+def launch(playwright):
+    """Chromium as the test drives it (CHROMIUM, ARGS)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+
+
+def readme_screenshots(context, site: Path, folder: Path) -> list[Path]:
+    """The README's pictures of the report: the top of each README_SHOTS page, once its plots
+    are drawn, as a PNG in folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (png, height) in README_SHOTS.items():
+        page = context.new_page()
+        page.goto((site / name).as_uri())
+        page.wait_for_function(PLOTS_DRAWN, timeout=15_000)
+        page.screenshot(path=str(folder / png),
+                        clip={"x": 0, "y": 0, "width": VIEWPORT["width"], "height": height})
+        page.close()
+        written.append(folder / png)
+    return written
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    return build_site(tmp_path_factory.mktemp("browser"))
 
 
 def test_every_page_renders_in_chromium_without_errors(site, tmp_path):
@@ -62,9 +99,9 @@ def test_every_page_renders_in_chromium_without_errors(site, tmp_path):
                           if os.environ.get("KPARITY_SCREENSHOT_DIR") else [])
     problems, outside = [], []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(p)
         try:
-            context = browser.new_context(viewport={"width": 1300, "height": 900})
+            context = browser.new_context(viewport=VIEWPORT)
 
             def only_local(route):  # the site must not reach anything outside its folder
                 if route.request.url.startswith("file://"):
@@ -91,9 +128,12 @@ def test_every_page_renders_in_chromium_without_errors(site, tmp_path):
                         page.screenshot(path=str(folder / name.replace(".html", ".png")),
                                         full_page=True)
                 page.close()
+            readme = readme_screenshots(context, site, tmp_path / "readme")
         finally:
             browser.close()
     assert not problems, problems
     assert not outside, f"requests outside the folder: {outside}"
     for name in SCREENSHOTS:
         assert (tmp_path / name.replace(".html", ".png")).stat().st_size > 10_000
+    assert [p.name for p in readme] == [png for png, _ in README_SHOTS.values()]
+    assert all(p.stat().st_size > 10_000 for p in readme)
