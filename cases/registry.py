@@ -9,7 +9,6 @@ from typing import Callable
 
 _SOURCES: dict[str, Callable[[], list]] = {}
 _BENCH: dict[str, Callable[[], list]] = {}
-_INFRA = {"registry", "model", "distributions", "inits", "generate", "strategies", "configs"}
 _loaded = False
 
 
@@ -44,7 +43,9 @@ def sources() -> dict[str, Callable[[], list]]:
         _loaded = True
         import cases
 
+        # every public module: the ones that register an op's cases are what count, so a new
+        # module (an op's, or a helper's) needs no list kept beside it
         for mod in pkgutil.iter_modules(cases.__path__):
-            if mod.name not in _INFRA and not mod.name.startswith("_"):
+            if not mod.name.startswith("_"):
                 importlib.import_module(f"cases.{mod.name}")
     return dict(_SOURCES)

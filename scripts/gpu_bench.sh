@@ -299,10 +299,13 @@ tiers)  # issue 48: the gate's tier, cold then warm (header above)
   for pass in ${PASSES:-cold warm}; do
     start=$SECONDS
     env KPARITY_CACHE=/tmp/tiers/kp CUPY_CACHE_DIR=/tmp/tiers/cupy TRITON_CACHE_DIR=/tmp/tiers/triton \
-        TORCHINDUCTOR_CACHE_DIR=/tmp/tiers/inductor timeout -s INT -k 30 ${LIMIT:-280} \
-        python3 -m pytest -m gpu -q -p no:cacheprovider -n $N --tier $TIER --durations=40 \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/tiers/inductor KPARITY_TIMELINE=$OUT/timeline-$pass \
+        timeout -s INT -k 30 ${LIMIT:-280} \
+        python3 -m pytest -m gpu -q -p no:cacheprovider -p scripts.timeline -n $N --tier $TIER \
+        --durations=40 \
         --junitxml=$OUT/$TIER-$pass.xml ${GATE:-} > $OUT/$TIER-$pass.log 2>&1
     echo "$TIER $pass -n $N: rc=$? wall $((SECONDS - start)) s; $(tail -1 $OUT/$TIER-$pass.log)" | tee -a "$LOG"
+    python3 -m scripts.timeline $OUT/timeline-$pass | head -1 | tee -a "$LOG"
   done
   ;;
 devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices), the gate under

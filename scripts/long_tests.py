@@ -1,6 +1,6 @@
 """The gate's long tests, from JUnit files: `python3 -m scripts.long_tests A.xml [B.xml ...]`
 
-Writes tests/long_tests.json: {pytest node id: seconds} for each test that took at least
+Writes tests/long_tests.json: {pytest node id (`stable_node_id`): seconds} for each test that took at least
 `--min` seconds (default 5) in any of the runs (its longest time). Under pytest-xdist the
 gate runs these first, longest first (tests/conftest.py): left at the end of a worker's
 queue, a 25 s test is taken whole by a worker that runs out of work while the others idle
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from scripts.same_tests import outcomes
@@ -33,12 +34,23 @@ def node_id(test: str) -> str:
     raise SystemExit(f"{test}: no test file for {classname!r} under {ROOT}")
 
 
+CASE_ID = re.compile(r"-[0-9a-f]{12}\]$")
+
+
+def stable_node_id(node: str) -> str:
+    """`node` with a trailing case id (`test_gate[torch:sdpa-2ce218aeca51]`) as `-*`: a case's
+    id hashes its op's oracle version (`cases/model.py`), so an oracle edit renames every such
+    test, and a table keyed by the old names would order nothing. Keyed per impl instead, each
+    of an impl's cases sorts as its longest one (its first call compiles, whichever runs it)."""
+    return CASE_ID.sub("-*]", node)
+
+
 def long_tests(paths: list[str], least: float) -> dict[str, float]:
     longest: dict[str, float] = {}
     for path in paths:
         for test, (_, seconds) in outcomes(path).items():
             if seconds >= least:
-                key = node_id(test)
+                key = stable_node_id(node_id(test))
                 longest[key] = round(max(seconds, longest.get(key, 0.0)), 1)
     return dict(sorted(longest.items(), key=lambda kv: -kv[1]))
 

@@ -178,9 +178,11 @@ def long_first(items) -> None:
     import json
     from pathlib import Path
 
+    from scripts.long_tests import stable_node_id
+
     table = Path(__file__).with_name("long_tests.json")
     seconds = json.loads(table.read_text()) if table.is_file() else {}
-    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))  # stable
+    items.sort(key=lambda item: -seconds.get(stable_node_id(item.nodeid), 0.0))  # stable
 
 
 def tier(config) -> str:

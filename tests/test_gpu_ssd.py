@@ -112,7 +112,7 @@ def test_strides_past_a_capped_grid(monkeypatch):
 def _outputs(case: Case, inputs: dict) -> tuple[dict, dict, dict]:
     """(the kernel's outputs, the oracle's exact outputs, the bound), as the runner judges."""
     impl, backend = _impl(), _cuda()
-    exact, _, bound, _ = reference_and_bounds(case, inputs, impl.numerics.on("cuda"),
+    exact, _, bound, _ = reference_and_bounds(case, inputs, impl.numerics_for(case),
                                               ftz=backend.flushes_subnormals)
     got = run_impl(impl, backend, case, inputs)
     return {k: np.asarray(v).astype(np.float64) for k, v in got.items()}, exact, bound

@@ -151,9 +151,17 @@ def _scan_case(dtype: str, **params) -> Case:
 def _chain_budgets(impl_id: str, case: Case, layout: str) -> dict:
     """Per output of ssd_scan, the budget `impl_id` applied T times uses of the scan's bound
     (the step impl's numerics on CUDA)."""
+    from gpu_impls.cuda.ssm import ssm_step_order
+    from oracle.numerics import Numerics
+    from runners.oracle_cache import reference_and_bounds
+
     backend, impl = _cuda(), _impl(impl_id)
     inputs = make_inputs(case)
-    exact, _, bound = oracle_for(impl, backend, case, inputs)
+    # the step's sum order over n for `layout` (the scan case has no layout param: the step
+    # impl's per-case numerics read it from a step case)
+    numerics = Numerics(ssm_step_order(layout, case.dims["dim_n"])).on("cuda")
+    exact, _, bound, _ = reference_and_bounds(case, inputs, numerics,
+                                              ftz=backend.flushes_subnormals)
     got = _ssm_steps(impl, backend, case, inputs, layout)
     return {name: _budget(got[name], exact[name], bound[name]) for name in ("y", "state")}
 
