@@ -7,9 +7,6 @@ time; `load_all()` imports them all, so adding an op family is adding a module h
 import importlib
 import pkgutil
 
-# helpers: no ops registered
-_INFRA = {"spec", "dtypes", "quant", "numerics", "builders", "pipeline", "diskcache",
-          "comparators", "metrics"}
 _loaded = False
 
 
@@ -18,6 +15,8 @@ def load_all() -> None:
     if _loaded:
         return
     _loaded = True
+    # every public module: a helper (numerics, spec, ...) registers nothing, which is harmless,
+    # so no list of helpers is kept beside the modules
     for mod in pkgutil.iter_modules(__path__):
-        if mod.name not in _INFRA and not mod.name.startswith("_"):
+        if not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")

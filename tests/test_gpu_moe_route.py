@@ -205,10 +205,14 @@ def _rows_case(op: str, t: int, k: int, h: int, dtype: str = "bf16",
     return Case.make(op, {"tokens": t, "top_k": k, "hidden": h}, dtype, dist, label="gpu:rows")
 
 
-# (model, tokens, dtype): every model at decode in every dtype, at prefill in bf16 (and one in
-# f32: the widest rows)
+# (model, tokens, dtype): every model at decode in every dtype and at a short prefill (67 rows:
+# many blocks, a partial last one) in bf16 on every commit; at a real prefill (2048, 3-6 s a
+# test) in bf16 (and one in f32: the widest rows) nightly
+NIGHTLY = pytest.mark.nightly
 MODEL_ROWS = ([(m, 1, dtype) for m in MODELS for dtype in ("f32", "f16", "bf16")]
-              + [(m, 2048, "bf16") for m in MODELS] + [("qwen3-30b-a3b", 2048, "f32")])
+              + [(m, 67, "bf16") for m in MODELS]
+              + [pytest.param(m, 2048, "bf16", marks=NIGHTLY) for m in MODELS]
+              + [pytest.param("qwen3-30b-a3b", 2048, "f32", marks=NIGHTLY)])
 
 
 @pytest.mark.parametrize("model, tokens, dtype", MODEL_ROWS,
@@ -278,7 +282,7 @@ def _f32_combine(y: np.ndarray, w: np.ndarray, rows: np.ndarray, dtype: str,
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("tokens", [1, 2048])
+@pytest.mark.parametrize("tokens", [1, 67, pytest.param(2048, marks=NIGHTLY)])
 def test_combines_are_their_declared_f32_orders_bit_for_bit(tokens, dtype):
     """unpermute: the products summed in j order; scatter-add: in the order of their sorted
     positions, from 0. Normal data: no subnormal product for -ftz to flush."""
