@@ -1,5 +1,7 @@
-"""Attention for decode (`reference/ops.md` §2.5, `math.md` §7): one query token per sequence
-against its KV cache, and the combine of a split-KV decode's partial results.
+"""Attention for decode (seeds: FFAI's `ffai_sdpa_decode*`, `sdpa_decode_2pass`, metaltile-std
+`src/ffai/`; references: flash-attention's `tests/test_util.py::attention_ref`, openai/gpt-oss's
+`torch/model.py` for the sinks): one query token per sequence against its KV cache, and the
+combine of a split-KV decode's partial results.
 
 `sdpa_decode`: q [B, Hq, D] in T; the cache k, v [B, Hkv, L, D] in T holding lengths[b] keys of
 sequence b (i32 [B], 1 <= n_b <= L); optional learned sink logits [Hq] in f32 (GPT-OSS; param
@@ -366,8 +368,8 @@ register(OpSpec(
 
 # --- attn_combine: the second pass of a split-KV decode ---------------------------------------
 
-COMBINE_DOC = """`attn_combine`: the second pass of a split-KV decode (`math.md` §7.4), as its own op
-so that a two-pass kernel's halves are checked apart.
+COMBINE_DOC = """`attn_combine`: the second pass of a split-KV decode (FlashAttention-2's), as its
+own op so that a two-pass kernel's halves are checked apart.
 
 Inputs per (b, h) row and split s: o [B, H, S, D] (role `partial`, f32 by default; FFAI's
 two-pass stores it in T), the split's max logit m [B, H, S] and sum of exps l [B, H, S] (f32;
@@ -513,12 +515,13 @@ def plant_scores(inputs: dict, case) -> dict:
 
 # --- sdpa_prefill_varlen: packed sequences, a cached prefix -------------------------------------
 
-PREFILL_DOC = """`sdpa_prefill_varlen`: attention over packed sequences (`math.md` §7.1-7.2,
-FlashAttention's varlen layout). Sequence b brings q_lens[b] new tokens and attends k_lens[b] keys (its cached
-prefix of k_lens[b] − q_lens[b] keys, then the new ones; q_len <= k_len): q [Σ q_len, Hq, D],
-k and v [Σ k_len, Hkv, D] in T, rows packed in sequence order; cu_seqlens_q and cu_seqlens_k
-[B + 1] i32 the exclusive prefix sums (the kernel's row offsets). The lengths are params
-(`q_lens`, `k_lens`: tuples, part of the id), so the packed shapes are static.
+PREFILL_DOC = """`sdpa_prefill_varlen`: attention over packed sequences (flash-attention's
+`tests/test_util.py::attention_ref` and varlen layout). Sequence b brings q_lens[b] new tokens
+and attends k_lens[b] keys (its cached prefix of k_lens[b] − q_lens[b] keys, then the new ones;
+q_len <= k_len): q [Σ q_len, Hq, D], k and v [Σ k_len, Hkv, D] in T, rows packed in sequence
+order; cu_seqlens_q and cu_seqlens_k [B + 1] i32 the exclusive prefix sums (the kernel's row
+offsets). The lengths are params (`q_lens`, `k_lens`: tuples, part of the id), so the packed
+shapes are static.
 
 Query i of sequence b (0-based among its new tokens) sits at key position i + k − q and attends
 key j (0-based in its sequence) where, with off = k_len − q_len (bottom-right alignment, FA2

@@ -40,9 +40,10 @@ def _columns(inputs: dict) -> dict:
     return {**inputs, "x": np.asarray(inputs["x"]).T}
 
 
-def qmm(inputs: dict, case) -> dict:
-    """out[i, r] = sum_d (q[r,d] s[r,g] + b[r,g]) x[i,d], float64: W_hat @ x^T, transposed."""
-    return {"out": dequant_gemv(_columns(inputs), case)["out"].T}
+def qmm(inputs: dict, case, w_hat: np.ndarray | None = None) -> dict:
+    """out[i, r] = sum_d (q[r,d] s[r,g] + b[r,g]) x[i,d], float64: W_hat @ x^T, transposed.
+    `w_hat`: as dequant_gemv's (the model gate's reference prefill applies every matrix)."""
+    return {"out": dequant_gemv(_columns(inputs), case, w_hat)["out"].T}
 
 
 register(OpSpec(

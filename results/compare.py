@@ -57,6 +57,9 @@ history run of that table, up to the contender); older annotations reset the his
 An annotation never accepts a correctness failure (new_failure, new_case_failure): accept is
 for speed and error-budget baselines; a known failure belongs in the known-issues ledger
 (`gpu_impls/known_issues.py`, with its tracked issue), which records it as xfail, not failing.
+
+The runs compared are chosen in `results/compare_runs.py`; the report is rendered for a reader
+in `results/compare_render.py`.
 """
 
 from __future__ import annotations
@@ -64,14 +67,15 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from results import history
+from results.compare_runs import (CompareError, devices_of, load, pick_baseline, pick_pair,
+                                  same_device_kind)
 from results.store import Store
 from runners.abstats import bootstrap_ratio, verdict as speed_verdict
 from runners.verdicts import is_failure
@@ -92,50 +96,6 @@ BENCH_FAILING = ("fail", "error")  # a bench row not timed because the kernel is
 NEW_MAY_FAIL = "new cases may fail (--new-may-fail)"
 
 
-class CompareError(Exception):
-    """Nothing to compare as asked (exit 2). For an unknown name (a run id, or a filter value
-    no row has), `kind`, `given` and `valid` say which and what exists."""
-
-    def __init__(self, message: str, kind: str | None = None, given: str | None = None,
-                 valid=()):
-        super().__init__(message)
-        self.kind, self.given, self.valid = kind, given, sorted(set(valid))
-
-
-FILTERS = ("op", "impl", "backend", "dtype", "preset")
-
-
-def _filter_values(kind: str, row: dict) -> set[str]:
-    """The values of a row that a filter of this kind can name (an impl by id or by name)."""
-    if kind == "impl":
-        return {row["impl"], row["impl"].split(":", 1)[-1]}
-    if kind == "preset":
-        return {row["label"].split(":", 1)[-1]} if row["label"] else set()
-    return {row[kind]} if row[kind] else set()
-
-
-def row_filter(filters: dict[str, list[str]], rows: list[dict]):
-    """keep(row) for the CLI filters (kinds as in FILTERS; a preset is a label substring),
-    after checking that each value names something in `rows` (else CompareError)."""
-    filters = {k: v for k, v in filters.items() if v}
-    for kind, wanted in filters.items():
-        have = set().union(*(_filter_values(kind, r) for r in rows)) if rows else set()
-        for w in wanted:
-            if not (any(w in h for h in have) if kind == "preset" else w in have):
-                raise CompareError(f"unknown {kind} {w!r}", kind, w, have)
-
-    def keep(row: dict) -> bool:
-        for kind, wanted in filters.items():
-            values = _filter_values(kind, row)
-            if kind == "preset":
-                if not any(w in (row["label"] or "") for w in wanted):
-                    return False
-            elif not values & set(wanted):
-                return False
-        return True
-    return keep
-
-
 @dataclass
 class Thresholds:
     z: float = history.Z
@@ -146,143 +106,6 @@ class Thresholds:
     level: float = LEVEL
     min_history: int | None = None   # set with --baseline: min(N, history.MIN_HISTORY)
     new_may_fail: bool = False       # new failing cases are expected (accepted, not regressions)
-
-
-CASE_COLUMNS = ["run_id", "case_id", "impl", "op", "backend", "device", "dtype", "label"]
-CORRECTNESS_COLUMNS = ["expect", "status", "budget"]
-BENCH_COLUMNS = ["mode", "arm", "status", "median_ns"]  # raw samples: only for the runs compared
-
-
-@dataclass
-class StoreRows:
-    """The store's comparable rows (filtered), without raw samples, and the runs table."""
-    runs: dict[str, dict]                       # run_id -> runs row (devices parsed)
-    rows: dict[str, list[dict]]                 # table -> rows
-    bench: pa.Table | None = None               # the whole bench table (for raw samples)
-    by_run: dict[str, set[str]] = field(default_factory=dict)  # run_id -> tables it has
-    keys: dict[str, set[tuple]] = field(default_factory=dict)  # run_id -> (table, impl, case)
-
-    def tables_of(self, run_id: str) -> set[str]:
-        return self.by_run.get(run_id, set())
-
-    def is_repro(self, run_id: str) -> bool:
-        """A `kparity repro` run: a few cases rerun, never a baseline (module docstring)."""
-        return self.runs.get(run_id, {}).get("verb") == "repro"
-
-    def newest(self) -> str | None:
-        """The newest comparable run that is not a repro."""
-        return max((r for r in self.by_run if not self.is_repro(r)), default=None)
-
-    def share_cases(self, a: str, b: str, tables: set[str]) -> bool:
-        """Whether runs a and b have an (impl, case) of one of `tables` in common: two bench
-        runs of different commands (say rms_norm, then GEMV) have nothing to compare."""
-        return any(k[0] in tables for k in self.keys.get(a, set()) & self.keys.get(b, set()))
-
-
-# --- loading and selection ---------------------------------------------------------------------
-
-def load(store: Store, filters: dict[str, list[str]] | None = None) -> StoreRows:
-    """Correctness rows and plain bench rows passing the filters (`row_filter`), every run."""
-    runs = {}
-    for r in store.read("runs").to_pylist():
-        runs[r["run_id"]] = {**r, "devices": json.loads(r["devices"] or "{}")}
-    correctness = store.read("correctness").select(CASE_COLUMNS + CORRECTNESS_COLUMNS).to_pylist()
-    bench_table = store.read("bench")
-    bench = [r for r in bench_table.select(CASE_COLUMNS + BENCH_COLUMNS).to_pylist()
-             if r["arm"] in ("", None)]
-    keep = row_filter(filters or {}, correctness + bench)
-    got = StoreRows(runs, {"correctness": [r for r in correctness if keep(r)],
-                           "bench": [r for r in bench if keep(r)]}, bench_table)
-    for table, rows in got.rows.items():
-        for r in rows:
-            got.by_run.setdefault(r["run_id"], set()).add(table)
-            got.keys.setdefault(r["run_id"], set()).add((table, r["impl"], r["case_id"]))
-    return got
-
-
-def same_device_kind(a: dict, b: dict) -> bool:
-    """Two runs' `devices` (backend -> device): a backend in common, none that differs."""
-    common = set(a) & set(b)
-    return bool(common) and all(a[k] == b[k] for k in common)
-
-
-def _devices(data: StoreRows, run_id: str) -> dict:
-    return data.runs.get(run_id, {}).get("devices", {})
-
-
-def _present(data: StoreRows) -> str:
-    """The comparable runs, for an error message: id, verb, tables, devices."""
-    lines = []
-    for run_id in sorted(data.by_run):
-        run = data.runs.get(run_id, {})
-        devices = ", ".join(f"{k}={v}" for k, v in sorted(run.get("devices", {}).items()))
-        lines.append(f"{run_id} ({run.get('verb', '?')}: "
-                     f"{'+'.join(sorted(data.tables_of(run_id)))}; {devices or 'no runs row'})")
-    return "; ".join(lines) or "none"
-
-
-def _check_run(data: StoreRows, run_id: str) -> None:
-    if run_id not in data.by_run:
-        valid = sorted(data.by_run)
-        if run_id in data.runs:
-            raise CompareError(f"run {run_id} has no correctness or plain bench rows (matching "
-                               f"the filters); comparable runs: {_present(data)}")
-        raise CompareError(f"unknown run {run_id!r}", "run", run_id, valid)
-
-
-def _peers(data: StoreRows, run_id: str, tables: set[str]) -> list[str]:
-    """Comparable runs of run_id's device kind sharing an (impl, case) of one of `tables` with
-    it, oldest first; repro runs are no one's peer."""
-    mine = _devices(data, run_id)
-    return sorted(r for r in data.by_run if r != run_id and not data.is_repro(r)
-                  and data.share_cases(r, run_id, tables)
-                  and same_device_kind(mine, _devices(data, r)))
-
-
-def pick_pair(data: StoreRows, run_a: str | None, run_b: str | None) -> tuple[str, str]:
-    """(A, B) as the module docstring says."""
-    for given in (run_a, run_b):
-        if given is not None:
-            _check_run(data, given)
-    if run_a is not None and run_b is not None:
-        return run_a, run_b
-    if run_a is not None:
-        later = [r for r in _peers(data, run_a, data.tables_of(run_a)) if r > run_a]
-        if not later:
-            raise CompareError(f"no run after {run_a} of its device kind sharing cases with it; "
-                               f"comparable runs: {_present(data)}")
-        return run_a, later[-1]
-    newest = data.newest()
-    if newest is None:
-        raise CompareError("no runs with correctness or plain bench rows (matching the filters) "
-                           "in the store, other than repro runs")
-    earlier = [r for r in _peers(data, newest, data.tables_of(newest)) if r < newest]
-    if not earlier:
-        raise CompareError(f"the newest run {newest} has no earlier run of the same device kind "
-                           f"sharing {' or '.join(sorted(data.tables_of(newest)))} cases with it; "
-                           f"comparable runs: {_present(data)}")
-    return earlier[-1], newest
-
-
-def pick_baseline(data: StoreRows, contender: str | None, n: int) -> tuple[str, dict]:
-    """(contender, table -> its last n earlier peer runs with rows of that table)."""
-    if contender is not None:
-        _check_run(data, contender)
-    elif data.newest() is None:
-        raise CompareError("no runs with correctness or plain bench rows (matching the filters) "
-                           "in the store, other than repro runs")
-    contender = contender or data.newest()
-    hist = {}
-    for table in sorted(data.tables_of(contender)):
-        runs = [r for r in _peers(data, contender, {table}) if r < contender
-                and table in data.tables_of(r)]
-        if runs:
-            hist[table] = runs[-n:]
-    if not hist:
-        raise CompareError(f"run {contender} has no earlier run of the same device kind with "
-                           f"{' or '.join(sorted(data.tables_of(contender)))} rows; comparable "
-                           f"runs: {_present(data)}")
-    return contender, hist
 
 
 # --- per-key reduction -------------------------------------------------------------------------
@@ -649,10 +472,10 @@ def compare(store: Store, run_a: str | None = None, run_b: str | None = None, *,
         "run_b": contender,
         "baseline_runs": baseline_runs,
         "tables": sorted(tables),
-        "devices": {"a": _devices(data, run_a_out) if run_a_out else None,
-                    "b": _devices(data, contender)},
-        "same_device_kind": run_a_out is None or same_device_kind(_devices(data, run_a_out),
-                                                                  _devices(data, contender)),
+        "devices": {"a": devices_of(data, run_a_out) if run_a_out else None,
+                    "b": devices_of(data, contender)},
+        "same_device_kind": run_a_out is None or same_device_kind(devices_of(data, run_a_out),
+                                                                  devices_of(data, contender)),
         "thresholds": vars(th).copy(),
         "correctness": correctness,
         "speed": speed,
@@ -670,173 +493,6 @@ def _finite(obj):
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
-
-
-# --- rendering ---------------------------------------------------------------------------------
-
-CHANGE_TEXT = {"new_case_failure": "new case failing", "new_failure": "new failure",
-               "fixed": "fixed", "budget_jump": "budget jump", "budget_drop": "budget drop",
-               "still_failing": "still failing"}
-
-
-def case_text(e: dict) -> str:
-    return e["label"].split(":", 1)[-1] or e["case_id"]
-
-
-def _runs_text(h: dict) -> str:
-    """'1 of 10 runs', or '1-3 of 10 runs' when the series' histories differ."""
-    lo, hi = h["min_runs"], h["max_runs"]
-    return f"{lo if lo == hi else f'{lo}-{hi}'} of {h['needed']} runs"
-
-
-def headline(report: dict) -> str:
-    s = report["summary"]
-    extra = [f"{s['not_judged']} not judged ({_runs_text(s['not_judged_history'])})"
-             ] if s["not_judged"] else []
-    extra += [f"{s[k]} {k}" for k in ("ambiguous", "accepted") if s[k]]
-    for table, what, failing in (("correctness", "cases", "new_case_failure"),
-                                 ("speed", "timings", "new_failed")):
-        c = s[table]
-        if c["new_cases"] or c["missing_cases"]:
-            new = f"{c['new_cases']} new" + (f" ({c[failing]} failing)" if c[failing] else "")
-            extra.append(f"{table}: {new}, {c['missing_cases']} missing {what}")
-    return (f"{s['regressions']} regressions, {s['improvements']} improvements, "
-            f"{s['unchanged']} unchanged" + "".join(f", {x}" for x in extra))
-
-
-def against(report: dict, quote: str = "") -> str:
-    """'B ... against A ...' (or against the history), run ids between `quote`s."""
-    def q(run_id):
-        return f"{quote}{run_id}{quote}"
-    if report["mode"] == "pair":
-        return f"B {q(report['run_b'])} against A {q(report['run_a'])}"
-    runs = report["baseline_runs"]
-    return (f"{q(report['run_b'])} against the history of {len(runs)} runs "
-            f"({q(runs[0])} .. {q(runs[-1])})")
-
-
-def _fmt(value, spec: str, none: str = "-") -> str:
-    return format(value, spec) if value is not None else none
-
-
-def _status_budget(status: str | None, budget) -> str:
-    if status is None:
-        return "- (no row)"
-    return f"{status} ({budget:.3g})" if budget is not None else status
-
-
-def _verdict_text(e: dict, needed: int | None) -> str:
-    if e["verdict"] == "NOT_JUDGED":
-        return f"NOT_JUDGED ({e['history_runs']} of {needed} runs)"
-    return e["verdict"]
-
-
-def _speed_change(e: dict) -> str:
-    if e["ratio"] is None:
-        return e["status_b"] if e["verdict"] in ("FAILED", "NOT_TIMED", "NEW_FAILED") else "-"
-    text = f"{100 * (e['ratio'] - 1):+.1f}%"
-    if e["ci_lo"] is not None:
-        text += f" [{100 * (e['ci_lo'] - 1):+.1f}%, {100 * (e['ci_hi'] - 1):+.1f}%]"
-    if e["z"] is not None:
-        text += f" z {e['z']:.1f}"
-    return text
-
-
-def render_table(report: dict, console) -> None:
-    """Rich tables (correctness changes, speed), then the one-line summary."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    colour = {"regression": "red", "improvement": "green", "ambiguous": "yellow",
-              "not_judged": "yellow", "unchanged": "cyan"}
-    console.print(escape(f"compare {against(report)}"))
-    if not report["same_device_kind"]:
-        console.print("[yellow]note: the runs are of different device kinds:[/] " + escape(
-            f"A {report['devices']['a']}, B {report['devices']['b']}"))
-    accepted = any(e["accepted_by"] for e in report["correctness"] + report["speed"])
-    if report["correctness"]:
-        t = Table(title="correctness changes")
-        for col in ("impl", "case", "dtype", "change", "A", "B") + ("accepted",) * accepted:
-            t.add_column(col, no_wrap=col in ("impl", "case"))
-        for e in report["correctness"]:
-            style = "dim" if e["accepted_by"] else colour[e["direction"]]
-            t.add_row(e["impl"], escape(case_text(e)), e["dtype"],
-                      f"[{style}]{CHANGE_TEXT[e['change']]}[/]",
-                      _status_budget(e["status_a"], e["budget_a"]),
-                      _status_budget(e["status_b"], e["budget_b"]),
-                      *(escape(e["accepted_by"] or ""),) * accepted)
-        console.print(t)
-    if report["speed"]:
-        pair = report["mode"] == "pair"
-        t = Table(title="speed: median per call" + ("" if pair else ", history mean as A"))
-        for col in ("impl", "case", "dtype", "mode", "A µs", "B µs", "B/A",
-                    "95% CI" if pair else "z", "verdict") + ("accepted",) * accepted:
-            t.add_column(col, justify="right" if col in ("A µs", "B µs", "B/A", "95% CI", "z")
-                         else "left", no_wrap=col in ("impl", "case"))
-        for e in report["speed"]:
-            ci = (f"[{_fmt(e['ci_lo'], '.3f')}, {_fmt(e['ci_hi'], '.3f')}]"
-                  if e["ci_lo"] is not None else "-") if pair else _fmt(e["z"], ".1f")
-            style = "dim" if e["accepted_by"] else colour[e["direction"]]
-            t.add_row(e["impl"], escape(case_text(e)), e["dtype"], e["mode"],
-                      _fmt(e["median_a_ns"] and e["median_a_ns"] / 1e3, ".2f"),
-                      _fmt(e["median_b_ns"] and e["median_b_ns"] / 1e3, ".2f"),
-                      _fmt(e["ratio"], ".3f"), escape(ci),
-                      f"[{style}]{_verdict_text(e, report['thresholds']['min_history'])}[/]",
-                      *(escape(e["accepted_by"] or ""),) * accepted)
-        console.print(t)
-    style = "red" if report["regression"] else "green"
-    console.print(f"[{style}]{escape(headline(report))}[/]")
-
-
-def _budget_change_text(e: dict) -> str:
-    if e["z"] is not None:
-        return f"z {e['z']:.1f}"
-    a, b = e["budget_a"], e["budget_b"]
-    return f"budget x{b / a:.3g}" if a and b is not None else ""
-
-
-def _md_rows(entries: list[dict], needed: int | None) -> list[str]:
-    lines = ["| change | impl | case | dtype | mode | A | B | B vs A |",
-             "|---|---|---|---|---|---|---|---|"]
-    for e in entries:
-        if "change" in e:
-            cells = [CHANGE_TEXT[e["change"]], e["impl"], case_text(e), e["dtype"], "",
-                     _status_budget(e["status_a"], e["budget_a"]),
-                     _status_budget(e["status_b"], e["budget_b"]), _budget_change_text(e)]
-        else:
-            cells = [_verdict_text(e, needed), e["impl"], case_text(e), e["dtype"], e["mode"],
-                     _fmt(e["median_a_ns"] and e["median_a_ns"] / 1e3, ".2f") + " µs",
-                     _fmt(e["median_b_ns"] and e["median_b_ns"] / 1e3, ".2f") + " µs",
-                     _speed_change(e)]
-        if e["accepted_by"]:
-            cells[0] += f" (accepted: {e['accepted_by']})"
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return lines
-
-
-def render_markdown(report: dict) -> str:
-    """A PR comment: headline, regressions, improvements, accepted changes, then the counts."""
-    s = report["summary"]
-    entries = report["correctness"] + report["speed"]
-    title = (f"{s['regressions']} regression{'s' if s['regressions'] != 1 else ''}"
-             if report["regression"] else "no regressions")
-    th = report["thresholds"]
-    out = [f"### kparity compare: {title}", "",
-           f"{against(report, quote='`')}; min change {100 * th['min_change']:g} %, budget jump "
-           f"{th['budget_jump']:g}x, z {th['z']:g}", ""]
-    sections = (("Regressions", [e for e in entries if e["regression"]]),
-                ("Improvements", [e for e in entries if e["direction"] == "improvement"]),
-                ("Accepted", [e for e in entries if e["accepted_by"]
-                              and e["direction"] == "regression"]))
-    for name, rows in sections:
-        if rows:
-            out += [f"#### {name}", "", *_md_rows(rows, th["min_history"]), ""]
-    out += ["#### Counts", "", f"**{headline(report)}**", ""]
-    for table, name in (("correctness", "correctness"), ("bench", "speed")):
-        if table in report["tables"]:
-            out.append(f"- {name}: " + ", ".join(f"{v} {k.replace('_', ' ')}"
-                                                 for k, v in s[name].items()))
-    return "\n".join(out + [""])
 
 
 def load_schema() -> dict:

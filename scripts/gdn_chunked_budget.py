@@ -16,18 +16,24 @@ far below 1 at every T is a bound too loose to catch anything (a vacuous one).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-DEFAULT_TOKENS = (1, 63, 64, 65, 512, 4096, 16384)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
+
+from scripts.budget_growth import DEFAULT_TOKENS, budget, print_growth  # noqa: E402
 
 
 def measure(tokens: int, dtype: str, params: dict, heads=(1, 2, 16, 8), torch_impl=True) -> dict:
     """One row: the truth, B, and the budgets at `tokens`."""
     from cases.model import Case, make_inputs
     from oracle import gdn_math
-    from oracle.gdn_chunked import compose, scale_of, truth_bound
+    from oracle.gdn import scale_of
+    from oracle.gdn_chunked_math import compose
+    from oracle.gdn_chunked_truth_bound import truth_bound
 
     hk, hv, dk, dv = heads
     case = Case.make("gdn_chunked", {"batch": 1, "tokens": tokens, "heads_k": hk, "heads_v": hv,
@@ -41,9 +47,9 @@ def measure(tokens: int, dtype: str, params: dict, heads=(1, 2, 16, 8), torch_im
                                         eps=gdn_math.L2NORM_EPS)
     b = truth_bound(x, case, comp)
     row = {"T": tokens, "max|o|": np.abs(o_true).max(), "B_o": b["o"].max(),
-           "comp_o": _budget(comp["o_exact"], o_true, b["o"]),
+           "comp_o": budget(comp["o_exact"], o_true, b["o"]),
            "max|S|": np.abs(s_true).max(), "B_S": b["state"].max(),
-           "comp_S": _budget(comp["state_exact"], s_true, b["state"])}
+           "comp_S": budget(comp["state_exact"], s_true, b["state"])}
     if torch_impl:
         import torch
 
@@ -55,15 +61,10 @@ def measure(tokens: int, dtype: str, params: dict, heads=(1, 2, 16, 8), torch_im
         o, s = chunk_gated_delta_rule(q, k, v, tx["g"], tx["beta"], tx["h0"],
                                       case.params["chunk"], scale_of(case),
                                       case.params["l2norm"])
-        row["torch_o"] = _budget(o.double().numpy(), o_true, b["o"])
-        row["torch_S"] = _budget(s.double().numpy(), s_true, b["state"])
+        row["torch_o"] = budget(o.double().numpy(), o_true, b["o"])
+        row["torch_S"] = budget(s.double().numpy(), s_true, b["state"])
     row["seconds"] = time.perf_counter() - t0
     return row
-
-
-def _budget(got, truth, bound) -> float:
-    err = np.abs(np.asarray(got, dtype=np.float64) - truth)
-    return float(np.max(np.where(err == 0, 0.0, err / bound)))
 
 
 def main(argv=None) -> int:
@@ -80,24 +81,10 @@ def main(argv=None) -> int:
     params = {"decay": args.decay, "beta": args.beta, "chunk": args.chunk}
     cols = ("T", "max|o|", "B_o", "comp_o", "torch_o", "max|S|", "B_S", "comp_S", "torch_S",
             "growth", "seconds")
-    print(f"# gdn_chunked vs the recurrence: {args.dtype}, Hk,Hv,K,V = {heads}, {params}")
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    first = None
-    for t in (int(x) for x in args.tokens.split(",")):
-        row = measure(t, args.dtype, params, heads, not args.no_torch)
-        first = first or row["B_S"] or None
-        row["growth"] = row["B_S"] / first if first else float("nan")
-        print("| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |", flush=True)
+    print_growth(f"# gdn_chunked vs the recurrence: {args.dtype}, Hk,Hv,K,V = {heads}, {params}",
+                 cols, (measure(int(t), args.dtype, params, heads, not args.no_torch)
+                        for t in args.tokens.split(",")))
     return 0
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, int):
-        return str(v)
-    return f"{v:.3g}"
 
 
 if __name__ == "__main__":

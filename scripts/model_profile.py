@@ -7,7 +7,7 @@ gaps between dependent kernels) are what a fusion or a faster kernel can take ba
     python3 scripts/model_profile.py --model synthetic:llama3-8b --dtype bf16 [--batch 8]
 
 Prints one table (kernel, calls per step, µs per step, % of the step) and the step's wall time
-and bytes; the roofline's numerator is `models.decode.step_bytes`.
+and bytes; the roofline's numerator is `models.decode_speed.step_bytes`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def main() -> None:
 def profile(model, args, batch: int) -> None:
     import torch
 
-    from models.decode import Decoder, step_bytes
+    from models.decode import Decoder
+    from models.decode_speed import step_bytes
 
     args.batch = batch
     p = args.position

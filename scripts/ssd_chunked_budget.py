@@ -20,11 +20,16 @@ bound that does not hold; the worst kernel's near 1 shows the bound is what the 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-DEFAULT_TOKENS = (1, 63, 64, 65, 512, 4096, 16384)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
+
+from scripts.budget_growth import DEFAULT_TOKENS, budget, print_growth  # noqa: E402
+
 NARROW = (2, 4, 1, 8)  # heads, dim_p, groups, dim_n
 
 
@@ -69,11 +74,11 @@ def measure(tokens: int, dtype: str, params: dict, heads=NARROW, worst=True,
     wide = {k: bound[k] + np.abs(exact[k] - truth[k]) for k in bound}
     got = run_impl(impl, backend("torch"), case, x)
     row = {"T": tokens, "max|y|": np.abs(truth["y"]).max(), "B_y": wide["y"].max(),
-           "torch_y": _budget(got["y"], truth["y"], wide["y"]),
+           "torch_y": budget(got["y"], truth["y"], wide["y"]),
            "max|S|": np.abs(truth["state"]).max(), "B_S": wide["state"].max(),
-           "torch_S": _budget(got["state"], truth["state"], wide["state"])}
+           "torch_S": budget(got["state"], truth["state"], wide["state"])}
     row["torch"] = max(row["torch_y"], row["torch_S"])
-    row["oracle"] = max(_budget(exact[k], truth[k], wide[k]) for k in ("y", "state"))
+    row["oracle"] = max(budget(exact[k], truth[k], wide[k]) for k in ("y", "state"))
     if worst:  # all up, in each form (the kernel path's, the listing's): the larger
         for form in (0, 1):
             with np.errstate(all="ignore"):
@@ -81,14 +86,9 @@ def measure(tokens: int, dtype: str, params: dict, heads=NARROW, worst=True,
                                         case)
             for k, col in (("y", "worst_y"), ("state", "worst_S")):
                 out = adverse_store(values[k], case.spec.output_dtype(k, case))
-                row[col] = max(row.get(col, 0.0), _budget(out, truth[k], wide[k]))
+                row[col] = max(row.get(col, 0.0), budget(out, truth[k], wide[k]))
     row["seconds"] = time.perf_counter() - t0
     return row
-
-
-def _budget(got, truth, bound) -> float:
-    err = np.abs(np.asarray(got, dtype=np.float64) - truth)
-    return float(np.max(np.where(err == 0, 0.0, err / bound)))
 
 
 def main(argv=None) -> int:
@@ -107,25 +107,12 @@ def main(argv=None) -> int:
               "dots": args.dots}
     cols = ("T", "max|y|", "B_y", "torch_y", "worst_y", "max|S|", "B_S", "torch_S", "worst_S",
             "growth", "seconds")
-    print(f"# ssd_chunked vs the recurrence: {args.dtype}, H,P,G,N = {heads}, {params}")
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    first, tokens = None, [int(v) for v in args.tokens.split(",")]
+    tokens = [int(v) for v in args.tokens.split(",")]
     inputs = draw(max(tokens), args.dtype, params, heads)
-    for t in tokens:
-        row = measure(t, args.dtype, params, heads, not args.no_worst, inputs)
-        first = first or row["B_S"] or None
-        row["growth"] = row["B_S"] / first if first else float("nan")
-        print("| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |", flush=True)
+    print_growth(f"# ssd_chunked vs the recurrence: {args.dtype}, H,P,G,N = {heads}, {params}",
+                 cols, (measure(t, args.dtype, params, heads, not args.no_worst, inputs)
+                        for t in tokens))
     return 0
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, int):
-        return str(v)
-    return f"{v:.3g}"
 
 
 if __name__ == "__main__":

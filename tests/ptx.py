@@ -1,12 +1,13 @@
 """What nvcc's PTX says a kernel instance declares (its parameter kinds, `.maxntid`, static
-shared memory), for the tests that check a wrapper's launch against its kernel without a GPU."""
+shared memory) and what its source names its parameters (`source_params`), for the tests that
+check a wrapper's launch against its kernel without a GPU."""
 
 from __future__ import annotations
 
 import functools
 import re
 
-from gpu_impls.cuda._module import TRAIT, name_expression
+from gpu_impls.cuda._module import KERNEL_DIR, TRAIT, name_expression
 
 
 def _mangled(name: str, dtype: str, template_args: tuple) -> str:
@@ -40,3 +41,11 @@ def entries(source: str, instances: tuple) -> dict:
             "shared": sum(int(n) for n in re.findall(
                 r"^\s*\.shared \.align \d+ \.b8 \S+\[(\d+)\];", body, re.M))}
     return out
+
+
+def source_params(source: str, name: str) -> list[str]:
+    """The parameter names of `__global__` kernel `name` in kernels/`source`, in order."""
+    text = (KERNEL_DIR / source).read_text()
+    match = re.search(r"__global__[^;{]*?\b" + name + r"\(([^)]*)\)", text, re.S)
+    assert match, name
+    return [re.findall(r"\w+", p)[-1] for p in match.group(1).split(",")]

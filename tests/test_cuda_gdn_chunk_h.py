@@ -16,6 +16,7 @@ from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import gdn_chunk_h as mod
 from gpu_impls.cuda._module import KERNEL_DIR
+from tests.ptx import source_params
 
 IMPL = "cuda:kp_gdn_chunk_h"
 QWEN = {"heads_k": 16, "heads_v": 32, "dim_k": 128, "dim_v": 128}
@@ -33,13 +34,6 @@ def _case(dtype="bf16", params=None, **dims) -> Case:
 
 def _launch(case: Case):
     return gpu_impls.impls()[IMPL].contract.check(IMPL, case)
-
-
-def _signature(name: str) -> list[str]:
-    """The parameter names of `__global__` kernel `name` in the source, in order."""
-    match = re.search(r"__global__[^;{]*?\b" + name + r"\(([^)]*)\)", _source(), re.S)
-    assert match, name
-    return [re.findall(r"\w+", p)[-1] for p in match.group(1).split(",")]
 
 
 def test_wrapper_constants_are_the_kernels():
@@ -136,7 +130,7 @@ def test_run_passes_the_kernel_its_signature(monkeypatch, defines):
     (k, grid, block, args, kw), = stub.calls
     assert k == (mod.SOURCE, "kp_gdn_chunk_h", "bf16", defines, (64,))
     assert (grid, block, kw) == (launch.grid, launch.block, {"shared_bytes": launch.shared_bytes})
-    names = _signature("kp_gdn_chunk_h")
+    names = source_params(mod.SOURCE, "kp_gdn_chunk_h")
     assert len(args) == len(names)
     for name, arg in zip(names, args):
         if name in tensors:
@@ -155,7 +149,7 @@ def test_l2norm_launch_rows_and_signature(monkeypatch):
     (k, grid, block, args, kw), = stub.calls
     assert k == (mod.SOURCE, "kp_gdn_l2norm", "f16")
     assert grid == (4, 1, 1) and block == (256, 1, 1)  # 30 rows / 8
-    assert _signature("kp_gdn_l2norm") == ["x", "y", "rows", "dim", "eps"]
+    assert source_params(mod.SOURCE, "kp_gdn_l2norm") == ["x", "y", "rows", "dim", "eps"]
     assert args[0] is x and args[1] is x
     assert (type(args[2]), args[2], type(args[3]), args[3]) == (np.int64, 30, np.int32, 128)
     assert isinstance(args[4], np.float32) and args[4] == np.float32(1e-6)

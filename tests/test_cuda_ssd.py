@@ -17,6 +17,7 @@ from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import ssd as mod
 from gpu_impls.cuda._module import KERNEL_DIR
+from tests.ptx import source_params
 
 IMPL = "cuda:kp_ssd_chunked"
 NEMOTRON = {"heads": 64, "dim_p": 64, "groups": 8, "dim_n": 128}
@@ -34,13 +35,6 @@ def _case(dtype="bf16", params=None, **dims) -> Case:
 
 def _launches(case: Case) -> dict:
     return gpu_impls.impls()[IMPL].contract.check(IMPL, case)
-
-
-def _signature(name: str) -> list[str]:
-    """The parameter names of `__global__` kernel `name` in the source, in order."""
-    match = re.search(r"__global__[^;{]*?\b" + name + r"\(([^)]*)\)", _source(), re.S)
-    assert match, name
-    return [re.findall(r"\w+", p)[-1] for p in match.group(1).split(",")]
 
 
 def test_wrapper_constants_are_the_kernels():
@@ -179,7 +173,7 @@ def test_run_passes_each_kernel_its_signature(monkeypatch, defines, params):
         assert k == (mod.SOURCE, mod.KERNEL_OF[name], "f16", defines)
         assert (grid, block, kw) == (launch[name].grid, launch[name].block,
                                      {"shared_bytes": launch[name].shared_bytes})
-        params = _signature(mod.KERNEL_OF[name])
+        params = source_params(mod.SOURCE, mod.KERNEL_OF[name])
         assert len(args) == len(params), name
         for param, arg in zip(params, args):
             if param in tensors:

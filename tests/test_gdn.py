@@ -17,6 +17,7 @@ from cases.model import Case, make_inputs
 from oracle.gdn import recurrent_kernel
 from oracle.numerics import Choices, Model, Numerics, Worst, adverse_store
 from runners.correctness import run_impl
+from tests.recurrence_checks import assert_state_carries, bits
 from verbs.cli import main
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
@@ -33,11 +34,6 @@ def _recurrent(tokens, dtype="bf16", dims=TINY, **params):
 def _impl(backend: str, op: str):
     pytest.importorskip(backend if backend == "torch" else "mlx.core")
     return gpu_impls.impls()[f"{backend}:{op}"], gpu_impls.backend(backend)
-
-
-def _bits(a) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
 
 
 def _sliced(inputs: dict, lo: int, hi: int, state) -> dict:
@@ -65,8 +61,8 @@ def test_gdn_step_applied_t_times_is_gdn_recurrent_bit_for_bit(backend):
             "g": inputs["g"][:, t], "beta": inputs["beta"][:, t], "state_in": state})
         state = out["state_out"]
         o.append(out["o"])
-    np.testing.assert_array_equal(_bits(np.stack(o, axis=1)), _bits(whole["o"]))
-    np.testing.assert_array_equal(_bits(state), _bits(whole["state"]))
+    np.testing.assert_array_equal(bits(np.stack(o, axis=1)), bits(whole["o"]))
+    np.testing.assert_array_equal(bits(state), bits(whole["state"]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -77,21 +73,7 @@ def test_state_carries_across_a_split(backend):
     case = _recurrent(64, "f32")
     inputs = make_inputs(case)
     impl, be = _impl(backend, "gdn_recurrent")
-    whole = run_impl(impl, be, case, inputs)
-    t1 = 23
-    first = run_impl(impl, be, case.replace(tokens=t1), _sliced(inputs, 0, t1, inputs["h0"]))
-    second = run_impl(impl, be, case.replace(tokens=64 - t1),
-                      _sliced(inputs, t1, 64, first["state"]))
-    np.testing.assert_array_equal(_bits(np.concatenate([first["o"], second["o"]], axis=1)),
-                                  _bits(whole["o"]))
-    np.testing.assert_array_equal(_bits(second["state"]), _bits(whole["state"]))
-
-    exact = case.spec.oracle(inputs, case)
-    a = case.spec.oracle(_sliced(inputs, 0, t1, inputs["h0"]), case.replace(tokens=t1))
-    b = case.spec.oracle(_sliced(inputs, t1, 64, a["state"]), case.replace(tokens=64 - t1))
-    np.testing.assert_allclose(np.concatenate([a["o"], b["o"]], axis=1), exact["o"],
-                               rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(b["state"], exact["state"], rtol=1e-12, atol=1e-14)
+    assert_state_carries(case, inputs, impl, be, _sliced, "o", t1=23, oracle_atol=1e-14)
 
 
 # --- the recurrence's hand bound ---------------------------------------------------------------

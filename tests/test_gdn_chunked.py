@@ -13,7 +13,9 @@ import pytest
 
 from cases.model import Case, make_inputs
 from oracle import gdn_math
-from oracle.gdn_chunked import (compose, forward_inverse, scale_of, truth_bound)
+from oracle.gdn import scale_of
+from oracle.gdn_chunked_math import compose, forward_inverse
+from oracle.gdn_chunked_truth_bound import truth_bound
 from verbs.cli import main
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
@@ -183,10 +185,10 @@ def test_l2norm_eps_is_f32_1e6_in_every_gdn_oracle():
     Σx² = 1e-6 the two epsilons give normalised values 1.3e-9 apart, relative."""
     import numpy as np
 
-    from oracle import gdn, gdn_chunked, gdn_math
+    from oracle import gdn, gdn_chunked_math, gdn_math
 
     f32_eps = float(np.float32(1e-6))
-    assert gdn_math.L2NORM_EPS == gdn.EPS == gdn_chunked.EPS == f32_eps != 1e-6
+    assert gdn_math.L2NORM_EPS == gdn.EPS == gdn_chunked_math.EPS == f32_eps != 1e-6
     x = np.full((1, 64), 1e-3 / 8.0)  # Σx² = 1e-6
     got = gdn_math.l2norm(x)
     assert np.array_equal(got, x / np.sqrt(1e-6 + f32_eps))

@@ -23,7 +23,7 @@ from cases.generate import plan
 from cases.model import Case
 from oracle.dtypes import round_to, spacing
 from oracle.gdn import EPS
-from oracle.gdn_chunked import gamma, half_ulp_rel
+from oracle.gdn_chunked_stage_bounds import gamma, half_ulp_rel
 from oracle.gdn_math import l2norm as l2norm_exact
 from oracle.numerics import U
 from runners.correctness import check

@@ -21,6 +21,7 @@ from oracle import ssd_math
 from oracle.numerics import Choices, Model, Numerics, Worst, adverse_store
 from oracle.ssd_chunked import chunked_kernel
 from runners.correctness import Work, check, run_impl
+from tests.recurrence_checks import assert_state_carries, bits
 from verbs.cli import main
 
 MUTANTS = str(Path(__file__).with_name("mutants.py"))
@@ -37,11 +38,6 @@ def _scan(tokens, dtype="bf16", op="ssd_scan", batch=1, heads=HEADS, **params) -
 def _impl(backend: str, op: str):
     pytest.importorskip(backend if backend == "torch" else "mlx.core")
     return gpu_impls.impls()[f"{backend}:{op}"], gpu_impls.backend(backend)
-
-
-def _bits(a) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
 
 
 def _sliced(inputs: dict, lo: int, hi: int, h0) -> dict:
@@ -106,8 +102,8 @@ def test_ssm_step_applied_t_times_is_ssd_scan_bit_for_bit(backend, layout):
             "state_in": state})
         state = out["state_out"]
         ys.append(out["y"])
-    np.testing.assert_array_equal(_bits(np.stack(ys, axis=1)), _bits(whole["y"]))
-    np.testing.assert_array_equal(_bits(flip(state)), _bits(whole["state"]))
+    np.testing.assert_array_equal(bits(np.stack(ys, axis=1)), bits(whole["y"]))
+    np.testing.assert_array_equal(bits(flip(state)), bits(whole["state"]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -118,20 +114,7 @@ def test_state_carries_across_two_calls(backend):
     case = _scan(64, "f32", initial_state="given")
     inputs = make_inputs(case)
     impl, be = _impl(backend, "ssd_scan")
-    whole = run_impl(impl, be, case, inputs)
-    t1 = 23
-    first = run_impl(impl, be, case.replace(tokens=t1), _sliced(inputs, 0, t1, inputs["h0"]))
-    second = run_impl(impl, be, case.replace(tokens=64 - t1),
-                      _sliced(inputs, t1, 64, first["state"]))
-    np.testing.assert_array_equal(_bits(np.concatenate([first["y"], second["y"]], axis=1)),
-                                  _bits(whole["y"]))
-    np.testing.assert_array_equal(_bits(second["state"]), _bits(whole["state"]))
-    exact = case.spec.oracle(inputs, case)
-    a = case.spec.oracle(_sliced(inputs, 0, t1, inputs["h0"]), case.replace(tokens=t1))
-    b = case.spec.oracle(_sliced(inputs, t1, 64, a["state"]), case.replace(tokens=64 - t1))
-    np.testing.assert_allclose(np.concatenate([a["y"], b["y"]], axis=1), exact["y"],
-                               rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(b["state"], exact["state"], rtol=1e-12, atol=1e-14)
+    assert_state_carries(case, inputs, impl, be, _sliced, "y", t1=23, oracle_atol=1e-13)
 
 
 def test_varlen_equals_the_sequences_run_separately():
@@ -150,8 +133,8 @@ def test_varlen_equals_the_sequences_run_separately():
         seq = {k: v for k, v in _sliced(inputs, lo, lo + n, inputs["h0"][s:s + 1]).items()
                if k != "cu_seqlens"}
         got = run_impl(scan, be, one, seq)
-        np.testing.assert_array_equal(_bits(got["y"]), _bits(packed["y"][:, lo:lo + n]))
-        np.testing.assert_array_equal(_bits(got["state"]), _bits(packed["states"][s:s + 1]))
+        np.testing.assert_array_equal(bits(got["y"]), bits(packed["y"][:, lo:lo + n]))
+        np.testing.assert_array_equal(bits(got["state"]), bits(packed["states"][s:s + 1]))
         want = one.spec.oracle(seq, one)
         np.testing.assert_array_equal(want["y"], exact["y"][:, lo:lo + n])
         np.testing.assert_array_equal(want["state"], exact["states"][s:s + 1])

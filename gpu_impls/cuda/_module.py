@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_impls.contract import Launch
+
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 TRAIT = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 
@@ -56,6 +58,25 @@ def kernel(source_file: str, name: str, dtype: str, defines: tuple = (),
     """The `cupy.RawKernel` for `name<TRAIT[dtype], *template_args>` from `kernels/source_file`."""
     return module(source_file, name, dtype, defines, template_args).get_function(
         name_expression(name, dtype, template_args))
+
+
+# --- one thread per element ----------------------------------------------------------------------
+
+ELEMENT_BLOCK = 256  # threads per block of a kernel that gives each element a thread
+
+
+def per_element_launch(count: int, extra: dict) -> Launch:
+    """A 1-D grid of `ELEMENT_BLOCK`-thread blocks, a thread per element of `count` (at least
+    one block); `extra`: the launch's derived values."""
+    return Launch(grid=(max(1, -(-count // ELEMENT_BLOCK)), 1, 1), block=(ELEMENT_BLOCK, 1, 1),
+                  extra=extra)
+
+
+def rows_by_n_geometry(dims, params):
+    """A contract's geometry for a kernel with a thread per element of a [rows, n] tensor: the
+    derived `count` = rows * n, launched by `per_element_launch`."""
+    count = dims["rows"] * dims["n"]
+    return {"count": count}, per_element_launch(count, {"count": count})
 
 
 # --- launching, optionally as a programmatic dependent launch ----------------------------------

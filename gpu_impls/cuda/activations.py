@@ -7,26 +7,18 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, Launch, param_is
-from gpu_impls.cuda._module import cuda_impl, kernel
+from gpu_impls.contract import Contract, param_is
+from gpu_impls.cuda._module import cuda_impl, kernel, rows_by_n_geometry
 
 KERNELS = [("silu_mul.cu", "silu_mul"), ("clipped_swiglu.cu", "clipped_swiglu")]
-BLOCK = 256
-
-
-def _geometry(dims, params):
-    count = dims["rows"] * dims["n"]
-    return ({"count": count},
-            Launch(grid=(max(1, -(-count // BLOCK)), 1, 1), block=(BLOCK, 1, 1),
-                   extra={"count": count}))
 
 
 # No size invariant: every rows * n a buffer can hold is one 1-D grid (2^31 - 1 blocks of 256).
-CONTRACT = Contract(geometry=_geometry)
+CONTRACT = Contract(geometry=rows_by_n_geometry)
 # silu_mul's kernel rounds once, at the store
 SILU_CONTRACT = Contract(invariants=(param_is("rounding", "once",
                                               "torch:silu_mul_hf for rounding='act'",
-                                              other="act"),), geometry=_geometry)
+                                              other="act"),), geometry=rows_by_n_geometry)
 
 
 def _make(defines: tuple = ()):

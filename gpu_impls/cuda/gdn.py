@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, Invariant, Launch
+from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.cuda.sum_orders import warp_of_vectors
 from oracle import gdn_chunked
@@ -76,9 +76,7 @@ def _step_numerics(case) -> Numerics:
 STEP_K_LANES = Invariant(
     name="dim_k % 32 == 0", holds=lambda ns: ns["dim_k"] % 32 == 0,
     why="each of a warp's 32 lanes holds K / 32 elements of a state row",
-    fix=lambda ns: "dim_k = " + " or ".join(
-        str(v) for v in sorted({max(32, ns["dim_k"] // 32 * 32),
-                                min(STEP_MAX_K, -(-ns["dim_k"] // 32) * 32)})),
+    fix=lambda ns: f"dim_k = {nearest_multiples(ns['dim_k'], 32, 32, STEP_MAX_K)}",
     violation={"dim_k": 80}, shows=("dim_k",))
 STEP_K_MAX = Invariant(
     name=f"dim_k <= {STEP_MAX_K}", holds=lambda ns: ns["dim_k"] <= STEP_MAX_K,
@@ -131,10 +129,8 @@ CHUNK_O_INVARIANTS = (
         name=f"dim_v % {CHUNK_O_BV} == 0", holds=lambda ns: ns["dim_v"] % CHUNK_O_BV == 0,
         why=f"a block computes {CHUNK_O_BV} V columns (grid.x = V / {CHUNK_O_BV}); the columns "
             "of a partial tile would never be written",
-        fix=lambda ns: "dim_v = " + " or ".join(
-            str(v) for v in sorted({max(CHUNK_O_BV, ns["dim_v"] // CHUNK_O_BV * CHUNK_O_BV),
-                                    min(CHUNK_O_MAX_V,
-                                        -(-ns["dim_v"] // CHUNK_O_BV) * CHUNK_O_BV)})),
+        fix=lambda ns: "dim_v = " + nearest_multiples(ns["dim_v"], CHUNK_O_BV, CHUNK_O_BV,
+                                                      CHUNK_O_MAX_V),
         violation={"dim_v": 48}, shows=("dim_v",)),
     Invariant(
         name=f"dim_v <= {CHUNK_O_MAX_V}", holds=lambda ns: ns["dim_v"] <= CHUNK_O_MAX_V,

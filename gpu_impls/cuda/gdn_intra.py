@@ -48,7 +48,8 @@ import numpy as np
 from gpu_impls import register
 from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
-from oracle.gdn_chunked import CHUNKS, n_chunks
+from oracle.gdn_chunked import CHUNKS
+from oracle.gdn_chunked_math import n_chunks
 from oracle.numerics import SEQUENTIAL, Numerics
 
 SOURCE = "gdn_intra.cu"

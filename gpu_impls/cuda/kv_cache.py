@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, Launch
-from gpu_impls.cuda._module import cuda_impl, kernel
+from gpu_impls.contract import Contract
+from gpu_impls.cuda._module import cuda_impl, kernel, per_element_launch
 
 KERNELS = [("kv_cache_update.cu", "kv_cache_update")]
-BLOCK = 256
 
 
 def _geometry(dims, params):
@@ -21,8 +20,7 @@ def _geometry(dims, params):
     count = rows * dims["heads"] * dims["head_dim"]
     n_slots = len(params["cache_lens"]) * dims["max_len"]  # B * max_len in both layouts
     derived = {"count": count, "n_slots": n_slots}
-    return derived, Launch(grid=(max(1, -(-count // BLOCK)), 1, 1), block=(BLOCK, 1, 1),
-                           extra=derived)
+    return derived, per_element_launch(count, derived)
 
 
 # No invariant: every layout, page size and padding; a 1-D grid of 256-thread blocks holds any

@@ -6,18 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, Launch
-from gpu_impls.cuda._module import cuda_impl, kernel
+from gpu_impls.contract import Contract
+from gpu_impls.cuda._module import cuda_impl, kernel, rows_by_n_geometry
 
 KERNELS = [("softcap.cu", "softcap")]
-BLOCK = 256
-
-
-def _geometry(dims, params):
-    count = dims["rows"] * dims["n"]
-    return ({"count": count},
-            Launch(grid=(max(1, -(-count // BLOCK)), 1, 1), block=(BLOCK, 1, 1),
-                   extra={"count": count}))
 
 
 def _make(defines: tuple = ()):
@@ -29,5 +21,5 @@ def _make(defines: tuple = ()):
 
 
 # No size invariant: every rows * n a buffer can hold is one 1-D grid (2^31 - 1 blocks of 256).
-register(cuda_impl("softcap", "softcap", Contract(geometry=_geometry), _make,
+register(cuda_impl("softcap", "softcap", Contract(geometry=rows_by_n_geometry), _make,
                    "cap * tanhf(x / cap), one element per thread, f32 math, one rounding"))

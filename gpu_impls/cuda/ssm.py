@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_impls import register
-from gpu_impls.contract import Contract, Invariant, Launch
+from gpu_impls.contract import Contract, Invariant, Launch, nearest_multiples
 from gpu_impls.cuda._module import cuda_impl, kernel, launch as cuda_launch
 from gpu_impls.cuda.sum_orders import warp_of_vectors
 from oracle.numerics import SEQUENTIAL, Numerics, plan
@@ -80,9 +80,7 @@ def _ssm_geometry(dims, params):
 SSM_N_LANES = Invariant(
     name="dim_n % 32 == 0", holds=lambda ns: ns["dim_n"] % 32 == 0,
     why="each of 32 lanes (hpn) or row groups (hnp) holds N / 32 elements of the state",
-    fix=lambda ns: "dim_n = " + " or ".join(
-        str(v) for v in sorted({max(32, ns["dim_n"] // 32 * 32),
-                                min(SSM_MAX_N, -(-ns["dim_n"] // 32) * 32)})),
+    fix=lambda ns: f"dim_n = {nearest_multiples(ns['dim_n'], 32, 32, SSM_MAX_N)}",
     violation={"dim_n": 80}, shows=("dim_n",))
 SSM_N_MAX = Invariant(
     name=f"dim_n <= {SSM_MAX_N}", holds=lambda ns: ns["dim_n"] <= SSM_MAX_N,

@@ -28,7 +28,7 @@ from gpu_impls import register
 from gpu_impls.contract import Contract, param_is
 from gpu_impls.impl import Impl
 from gpu_impls.torch.extras import needs
-from oracle.gdn_chunked import EPS, scale_of
+from oracle.gdn import EPS, scale_of
 
 
 def _torch():
