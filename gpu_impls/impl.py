@@ -75,6 +75,14 @@ class Impl:
     # Set: a staged impl of a pipeline op (`gpu_impls/staged.py`): stage name -> the impl id
     # that runs it. The runner checks each stage on the previous stage's output.
     stages: Mapping[str, str] | None = field(default=None, compare=False)
+    # Set: (the op's weight inputs, case) -> extra inputs that `run` uses instead of computing
+    # them from the weights (torch:dequant_linear's f32 W_hat). Only a runner whose weights
+    # stay the same over a run calls it, once per weight: the model's decode loop
+    # (`models.decode.Decoder`), as an engine dequantizes at load. `run` must return the same
+    # bits with them as without (tests); check, bench and ab never prepare, so they check and
+    # time the whole op at every call. A wrapper that edits the weights `run` reads (a bite
+    # mutant) must drop it: `dataclasses.replace(impl, prepare=None)`.
+    prepare: Callable[[dict, object], dict] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.launches is not None:

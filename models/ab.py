@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.decode import Decoder, time_decode
+from models.decode import Decoder
+from models.decode_speed import time_decode
 from models.gate import PlanArm, judge
 from models.plan import ModelError, Plan, plan as builtin_plan
 from oracle.dtypes import ulp_distance

@@ -26,7 +26,7 @@ summation order in attention and in the GEMMs. The compiled arm takes them from 
 steps (a compiled forward over T tokens would be another graph than the one it times).
 
 Speed (`HFArm.time`): teacher-forced decode at batch 1 from position 0, one forward per token
-with the arm's cache, each step between two synchronizes (what `models.decode.time_decode`
+with the arm's cache, each step between two synchronizes (what `models.decode_speed.time_decode`
 times for a plan: the model's forward, no sampling); the median after a warm-up of 3 steps
 (the compiled arm's warm-up also covers the compile and the CUDA-graph recording, so its first
 step compiles for tens of seconds).
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.decode import DecodeTiming, PrefillTiming, decode_timing
+from models.decode_speed import DecodeTiming, PrefillTiming, decode_timing
 from models.plan import ModelError
 
 TORCH_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
@@ -104,6 +104,7 @@ class HFArm:
 
     gated = False
     timed_backend = "torch"  # the copy ceiling of the roofline: torch's, on the same device
+    on_tokens = None  # called with each forward's token count (`models.decode.Decoder`'s)
 
     def __init__(self, spec: Baseline, model, max_len: int):
         import torch
@@ -140,6 +141,7 @@ class HFArm:
         with torch.no_grad():
             out = self.model(input_ids=torch.as_tensor(ids, device=self.torch_device)[None],
                              use_cache=False)
+        self._tokens_done(len(ids))
         return out.logits[0].double().cpu().numpy()
 
     def step_logits(self, ids) -> np.ndarray:
@@ -188,6 +190,7 @@ class HFArm:
                 sync()
                 if i >= warmup:
                     samples.append((time.perf_counter() - t0) * 1e3)
+                self._tokens_done(len(ids))
         median = statistics.median(samples)
         return PrefillTiming(self.name, self.device, self.dtype, len(ids), repeats, warmup,
                              median, min(samples), max(samples), len(ids) * 1e3 / median,
@@ -254,7 +257,12 @@ class HFArm:
                 samples.append((time.perf_counter() - t0) * 1e3)
                 if keep:  # copied out now: a CUDA graph's replay overwrites its output
                     rows.append(out.logits[0, -1].double().cpu().numpy())
+                self._tokens_done(len(ids))
         return rows, samples
+
+    def _tokens_done(self, n: int) -> None:
+        if self.on_tokens is not None:
+            self.on_tokens(n)
 
 
 def baseline(name: str) -> Baseline:

@@ -42,233 +42,31 @@ and v (the cache is empty before it); its lm_head gives all n rows' logits. The 
 decode steps. prefill=0 (the default) decodes every token as a step; the reference plan's
 logits are the same either way (qmm's oracle is dequant_gemv's per row, the prefill
 attention's the decode's per query: the same float64 math).
+
+Beside the loop: each role's case and impl (`models/role_cases.py`), where values live and how
+they cross backends (`models/backends.py`), and its timing (`models/decode_speed.py`).
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpu_impls.backend import Backend
-from models.plan import ADAPTABLE, ALL_ROLES, REFERENCE_IMPL, ROLES, ModelError, Plan
+from models.backends import NUMPY, backend_named, cupy_on, dlpack, home
+from models.plan import ADAPTABLE, REFERENCE_IMPL, ROLES, ModelError, Plan
 from models.plan import plan as builtin_plan
-from models.plan import resolve
+from models.role_cases import GEMV_ROLES, check_dtype, resolve_role, role_case, role_layers
 from models.weights import QuantMatrix, Weights
-from oracle.dtypes import FLOAT_DTYPES, round_to, storage_dtype
+from oracle.dtypes import round_to, storage_dtype
 from oracle.quant import dequantize
 
 POSITION_ROLES = ("rope", "kv_update")
 STEP_ROWS = ("positions", "lengths", "slots", "ids")  # a decode step's index rows (`_table`)  # their cases carry the position in a param
-GEMV_ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
-              "up_proj": "up", "down_proj": "down"}
-
-
-# --- the reference's "device": NumPy arrays in storage dtypes ------------------------------------
-
-class NumpyBackend(Backend):
-    """Host arrays as they are: the reference plan's oracles read and return them."""
-
-    name = "numpy"
-    writes_in_place = False
-
-    def available(self):
-        return True, "NumPy float64 oracles"
-
-    def device(self) -> str:
-        return "cpu"
-
-    def to_device(self, array: np.ndarray):
-        return np.ascontiguousarray(array)
-
-    def to_host(self, array, dtype: str) -> np.ndarray:
-        return np.asarray(array).astype(storage_dtype(dtype), copy=False)
-
-
-NUMPY = NumpyBackend()
-
-
-def backend_named(name: str) -> Backend:
-    import gpu_impls
-
-    return NUMPY if name == "numpy" else gpu_impls.backend(name)
-
-
-def home(array) -> str:
-    """The backend a device array belongs to, from its type."""
-    module = type(array).__module__
-    for prefix, name in (("torch", "torch"), ("mlx", "mlx"), ("cupy", "cuda")):
-        if module.startswith(prefix):
-            return name
-    return "numpy"
-
-
-# --- dtype ----------------------------------------------------------------------------------------
-
-def matrices(weights: Weights) -> dict[str, QuantMatrix]:
-    """Every quantized matrix by name ("embedding", "L3.q", "lm_head"), each object once."""
-    out, seen = {}, set()
-    named = [("embedding", weights.embedding), ("lm_head", weights.lm_head)]
-    named += [(f"L{i}.{name}", getattr(layer, name)) for i, layer in enumerate(weights.layers)
-              for name in GEMV_ROLES.values()]
-    for name, m in named:
-        if id(m) not in seen:
-            seen.add(id(m))
-            out[name] = m
-    return out
-
-
-def check_dtype(weights: Weights, dtype: str) -> None:
-    """ModelError unless `dtype` is a float dtype that holds every scale and bias exactly
-    (the ops take them in T; rounding them would be another model)."""
-    if dtype not in FLOAT_DTYPES:
-        raise ModelError(f"dtype {dtype!r}: the case dtype T is one of {', '.join(FLOAT_DTYPES)}")
-    for name, m in matrices(weights).items():
-        if m.scale_dtype == dtype or (dtype == "f32" and m.scale_dtype in ("f16", "bf16")):
-            continue
-        for part in ("scales", "biases"):
-            values = getattr(m, part)
-            kept = round_to(values, dtype).astype(np.float64)
-            if not np.array_equal(kept, values):
-                bad = int(np.flatnonzero(kept.reshape(-1) != values.reshape(-1))[0])
-                raise ModelError(
-                    f"dtype {dtype}: {name}'s {part} (stored as {m.scale_dtype}) are not all "
-                    f"values of {dtype} (e.g. {values.reshape(-1)[bad]!r} -> "
-                    f"{kept.reshape(-1)[bad]!r}); the ops take scales in T, so T={dtype} would "
-                    f"change the model: use dtype {m.scale_dtype} (or f32)")
-
-
-# --- the roles' cases --------------------------------------------------------------------------
-
-def _case(op: str, dims: dict, dtype: str, params: dict | None = None):
-    from cases.model import Case
-
-    return Case.make(op, dims, dtype, params=params or {}, label="model")
-
-
-def matrix_layout(role: str, model, layer: int) -> tuple[int, int, int, int]:
-    """(out, in, bits, group_size) of the matrix role `role` reads at `layer` ("embed": the
-    embedding), from `Weights`, or from a `LlamaConfig` alone (every matrix at its bits and
-    group size: a plan resolved without materializing the weights)."""
-    if isinstance(model, Weights):
-        if role == "embed":
-            m = model.embedding
-        elif role == "lm_head":
-            m = model.lm_head
-        else:
-            m = getattr(model.layers[layer], GEMV_ROLES[role])
-        return (*m.shape, m.bits, m.group_size)
-    c = model
-    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    shapes = {"embed": (c.vocab, c.hidden), "lm_head": (c.vocab, c.hidden),
-              "q_proj": (q, c.hidden), "k_proj": (kv, c.hidden), "v_proj": (kv, c.hidden),
-              "o_proj": (c.hidden, q), "gate_proj": (c.intermediate, c.hidden),
-              "up_proj": (c.intermediate, c.hidden), "down_proj": (c.hidden, c.intermediate)}
-    return (*shapes[role], c.bits, c.group_size)
-
-
-def plan_role(role: str, prefill: bool, batch: int = 1) -> str:
-    """The plan role that picks the impl of loop role `role` (`models.plan.PREFILL_ROLES`): a
-    projection over several rows (a prefill, or a decode step of `batch` > 1 sequences) is a
-    `qmm`."""
-    if (prefill or batch > 1) and (role in GEMV_ROLES or role == "lm_head"):
-        return "prefill_proj"
-    if prefill and role == "attention":
-        return "prefill_attention"
-    return role
-
-
-def role_case(role: str, model, layer: int, dtype: str, max_len: int, position: int = 0,
-              prefill: int = 0, batch: int = 1):
-    """The case role `role` runs at `layer` with the model's params (eps, θ, pairing; the ops'
-    defaults for the rounding conventions, `ADAPTABLE`): a decode step's at `position`, or
-    with `prefill` = n, the prefill pass's over n tokens from position 0; a decode step of
-    `batch` sequences, all at `position`, has a row per sequence. `model`: the `Weights`, or
-    their `LlamaConfig` (`matrix_layout`)."""
-    cfg = model.config if isinstance(model, Weights) else model
-    rows = prefill or batch
-    op = ALL_ROLES[plan_role(role, bool(prefill), batch)]
-    if role == "embed":
-        vocab, hidden, bits, group = matrix_layout(role, model, layer)
-        return _case(op, {"tokens": rows, "vocab": vocab, "hidden": hidden, "bits": bits,
-                          "group_size": group}, dtype)
-    if op in ("rms_norm", "add_rms_norm"):
-        return _case(op, {"rows": rows, "n": cfg.hidden}, dtype, {"eps": cfg.rms_eps})
-    if op in ("dequant_gemv", "qmm"):
-        out, n, bits, group = matrix_layout(role, model, layer)
-        m = {"m": rows} if op == "qmm" else {}
-        return _case(op, {**m, "out": out, "in": n, "bits": bits, "group_size": group}, dtype)
-    if role == "rope":
-        positions = tuple(range(prefill)) if prefill else (position,) * batch
-        return _case(op, {"heads_q": cfg.heads, "heads_kv": cfg.kv_heads,
-                          "head_dim": cfg.head_dim}, dtype,
-                     {"positions": positions, "theta": float(cfg.rope_theta),
-                      "pairing": rope_pairing(cfg)})
-    if role == "kv_update":
-        if prefill:
-            lens = {"cache_lens": (0,), "new_lens": (prefill,)}
-        else:
-            lens = {"cache_lens": (position,) * batch, "new_lens": (1,) * batch}
-        return _case(op, {"heads": cfg.kv_heads, "head_dim": cfg.head_dim, "max_len": max_len},
-                     dtype, lens)
-    if op == "sdpa_decode":
-        return _case(op, {"batch": batch, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
-                          "head_dim": cfg.head_dim, "max_len": max_len}, dtype)
-    if op == "sdpa_prefill_varlen":
-        return _case(op, {"heads": cfg.heads, "kv_heads": cfg.kv_heads,
-                          "head_dim": cfg.head_dim}, dtype,
-                     {"q_lens": (prefill,), "k_lens": (prefill,)})
-    if role == "silu_mul":
-        return _case(op, {"rows": rows, "n": cfg.intermediate}, dtype)
-    raise KeyError(role)
-
-
-def rope_pairing(cfg) -> str:
-    """"neox" (HF's rotate-half) unless the config says otherwise (a GGUF's Llama q/k rows are
-    permuted for llama.cpp's adjacent pairs: "gptj")."""
-    return getattr(cfg, "rope_pairing", "neox")
-
-
-def role_layers(role: str, layers: int) -> range:
-    """The layers where role `role` runs (one for the embedding and the head)."""
-    if role in ("embed", "attn_norm", "final_add_norm", "lm_head"):
-        return range(1)
-    if role == "attn_add_norm":
-        return range(1, layers)
-    return range(layers)
-
-
-def resolve_role(plan: Plan, role: str, model, layer: int, dtype: str, max_len: int,
-                 here: bool = True, prefill: int = 0, batch: int = 1):
-    """(impl or None for the oracle, the case it runs): the plan's first candidate for `role`
-    (`plan_role`) that admits its case (`models.plan.resolve`); a decode step's checked at the
-    last position the cache holds (rope's and kv_update's cases carry the position)."""
-    case = role_case(role, model, layer, dtype, max_len, position=max_len - 1, prefill=prefill,
-                     batch=batch)
-    who = plan_role(role, bool(prefill), batch)
-    impl, case, _ = resolve(plan.candidates(who), case, who, here)
-    return impl, case
-
-
-def plan_impls(plan: Plan | str, model, dtype: str = "bf16", max_len: int = 256,
-               here: bool = True, prefill: int = 0, batch: int = 1) -> dict[str, list[str]]:
-    """role -> the impl ids `plan` runs it with for `model` (`Weights` or a `LlamaConfig`) in
-    a decode step (or, `prefill` = n, in the prefill pass over n tokens), without building a
-    decoder: what `Decoder.impls` will be. `here=False` resolves the contracts only (a CUDA
-    plan on a machine without a GPU)."""
-    plan = builtin_plan(plan) if isinstance(plan, str) else plan
-    layers = (model.config if isinstance(model, Weights) else model).layers
-    out: dict[str, list[str]] = {}
-    for role in ROLES:
-        for layer in role_layers(role, layers):
-            impl, _ = resolve_role(plan, role, model, layer, dtype, max_len, here, prefill,
-                                   batch)
-            impl_id = REFERENCE_IMPL if impl is None else impl.id
-            if impl_id not in out.setdefault(role, []):
-                out[role].append(impl_id)
-    return out
+# Prepared weights (`Decoder._prepare`) a decoder keeps at most: SmolLM2-135M's f32 W_hat
+# take 0.54 GB; Llama-3-8B's would take 32 GB beside its 4.5 GB of codes.
+PREPARE_BYTES = 4 * 2**30
 
 
 # --- one role at one layer ---------------------------------------------------------------------
@@ -321,11 +119,12 @@ class RoleOp:
 def run_oracle(case, inputs: dict, dequantized: dict | None = None) -> dict:
     """The op's float64 oracle, each output rounded to its dtype in its storage dtype (a
     pipeline stage's stored output, `Pipeline.run_oracles`). `dequantized`: a memo of the
-    dequant_gemv oracle's w_hat per weight (by the codes array's identity; the reference plan
-    applies each matrix at every step: 1.2 -> ~0.1 s a SmolLM2 step on this machine)."""
+    dequant_gemv and qmm oracles' w_hat per weight (by the codes array's identity; the
+    reference plan applies each matrix at every step: 1.2 -> ~0.1 s a SmolLM2 step on this
+    machine, and a prefill pass's qmm reads the same w_hat)."""
     spec = case.spec
     with np.errstate(invalid="ignore", over="ignore"):
-        if dequantized is not None and spec.name == "dequant_gemv":
+        if dequantized is not None and spec.name in ("dequant_gemv", "qmm"):
             key = id(inputs["w"])
             if key not in dequantized:
                 dequantized[key] = (inputs["w"], dequantize(
@@ -343,7 +142,11 @@ class Decoder:
     `max_len` positions (module docstring). `impls`: role -> the impl ids that run it (one per
     role unless layers differ); `adapted`: role -> the `ADAPTABLE` params its impl runs with,
     where they differ from the reference's; `notes`: how values cross backends, where that
-    is not the direct way."""
+    is not the direct way. `on_tokens`: called with the number of tokens each decode step
+    or prefill pass of `logits` and the timings completes, outside any timed region (the
+    CLI's progress bars); None: nothing."""
+
+    on_tokens = None
 
     def __init__(self, weights: Weights, plan: Plan | str = "reference", dtype: str = "bf16",
                  max_len: int = 256, graph: bool = False, batch: int = 1):
@@ -359,6 +162,8 @@ class Decoder:
         self._device: dict = {}
         self._shared: dict = {}  # (impl, case id) -> launches: one per position, every layer
         self._dequantized: dict = {}  # the reference's w_hat per weight (`run_oracle`)
+        self._prepared: dict = {}  # an impl's prepared weights (`_prepare`)
+        self._prepared_bytes = 0
         self._prefill: dict[int, dict] = {}  # prompt length -> the prefill pass's ops
         self._direct = False
         self.ops = self._build(0)
@@ -429,7 +234,10 @@ class Decoder:
             elif role in GEMV_ROLES or role == "lm_head":
                 key, m = ("lm_head", w.lm_head) if role == "lm_head" else \
                     (f"L{layer}.{GEMV_ROLES[role]}", getattr(w.layers[layer], GEMV_ROLES[role]))
-                op.static = self._weight(b, "embedding" if m is w.embedding else key, m)
+                key = "embedding" if m is w.embedding else key
+                op.static = self._weight(b, key, m)
+                if op.impl is not None and op.impl.prepare is not None:
+                    op.static = self._prepare(op, key)
             elif role in ("attn_norm", "attn_add_norm"):
                 op.static = {"w": self._norm(b, f"L{layer}.attn_norm", w.layers[layer].attn_norm)}
             elif role == "ffn_add_norm":
@@ -461,6 +269,40 @@ class Decoder:
                 "scales": self.dev(backend, key + ".scales", lambda: round_to(m.scales, t)),
                 "biases": self.dev(backend, key + ".biases", lambda: round_to(m.biases, t))}
 
+    def _prepare(self, op: RoleOp, key: str) -> dict:
+        """`op.static` (weight `key`) with what its impl's `prepare` makes of it (`Impl.prepare`:
+        torch:dequant_linear's f32 W_hat), made once per weight and prepare function (the
+        decode step's GEMV and the prefill's qmm share it) and kept as long as the decoder.
+
+        Sound because the weights are static over a run: uploaded once (`dev`), read by the
+        ops as inputs only, never an output; the prepared value is a function of them and of
+        the case's bits, group size and width, the same at every position, so each call runs
+        the impl's `run` on the same tensors it would have made itself (the same bits,
+        tests/test_model_prepare.py); `load` checks that no torch weight was written since
+        (`_check_prepared`). Past `PREPARE_BYTES` of prepared tensors, the other weights go
+        unprepared (the impl makes them at each call, as the op-level check and bench always
+        do) and `notes` says so. Freed with the decoder."""
+        k = (op.backend.name, key, op.impl.prepare)
+        if k not in self._prepared:
+            if self._prepared_bytes >= PREPARE_BYTES:
+                note = (f"{op.impl.id}: past {PREPARE_BYTES / 2**30:.0f} GiB of prepared "
+                        "weights, the others are prepared at each call")
+                if note not in self.notes:
+                    self.notes.append(note)
+                return op.static
+            extra = op.impl.prepare(op.static, op.base)
+            self._prepared_bytes += sum(getattr(v, "nbytes", 0) for v in extra.values())
+            self._prepared[k] = (_versions(op.static), {**op.static, **extra})
+        return self._prepared[k][1]
+
+    def _check_prepared(self) -> None:
+        """RuntimeError where a prepared weight was written since it was prepared (its torch
+        version moved): an impl wrote an input, and the prepared value would be stale."""
+        for (_, key, _), (versions, static) in self._prepared.items():
+            if _versions(static, versions) != versions:
+                raise RuntimeError(f"weight {key} was written during the run (an impl wrote "
+                                   "its input): its prepared form is stale")
+
     def _norm(self, backend: Backend, key: str, w: np.ndarray):
         return self.dev(backend, key, lambda: round_to(w, self.dtype))
 
@@ -488,8 +330,8 @@ class Decoder:
         x = round_to(np.linspace(-3, 3, 7), self.dtype)
         try:
             torch_b, cuda_b = self.backends["torch"], self.backends["cuda"]
-            there = _dlpack(torch_b.to_device(x), "torch", "cuda", self.dtype)
-            back = _dlpack(cuda_b.to_device(x), "cuda", "torch", self.dtype)
+            there = dlpack(torch_b.to_device(x), "torch", "cuda", self.dtype)
+            back = dlpack(cuda_b.to_device(x), "cuda", "torch", self.dtype)
             ok = (cuda_b.to_host(there, self.dtype).tobytes() == x.tobytes()
                   and torch_b.to_host(back, self.dtype).tobytes() == x.tobytes())
         except Exception as e:  # an old CuPy or torch: the host path is slower, not wrong
@@ -505,7 +347,7 @@ class Decoder:
         if src == backend.name:
             return value
         if self._direct and {src, backend.name} == {"torch", "cuda"}:
-            return _dlpack(value, src, backend.name, dtype)
+            return dlpack(value, src, backend.name, dtype)
         return backend.to_device(backend_named(src).to_host(value, dtype))
 
     # --- the step ----------------------------------------------------------------------------
@@ -735,7 +577,7 @@ class Decoder:
         stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            with _cupy_on(stream):
+            with cupy_on(stream):
                 out = self._pass(self.ops, position, self.batch)
         return graph, out
 
@@ -774,6 +616,7 @@ class Decoder:
             raise ModelError(f"prefill={prefill}: the prompt is a prefix of the {steps} tokens "
                              "of one sequence (0: decode every token as a step)")
         self.reset()
+        self._check_prepared()
         self._tokens = ids.astype(np.int32)  # on each backend at its first use (`_table`)
         if prefill:
             self.prefill_ops(prefill)
@@ -796,12 +639,20 @@ class Decoder:
         if prefill:
             lm = self.prefill_ops(prefill)[("lm_head", 0)].backend
             rows.append(lm.to_host(self.prefill(prefill), self.dtype).astype(np.float64)[None])
+            self.tokens_done(prefill)
         lm = self.ops[("lm_head", 0)].backend
         vocab = self.weights.lm_head.shape[0]
-        rows += [lm.to_host(self.forward(p), self.dtype).astype(np.float64)
-                 .reshape(self.batch, 1, vocab) for p in range(prefill, self.steps)]
+        for p in range(prefill, self.steps):
+            rows.append(lm.to_host(self.forward(p), self.dtype).astype(np.float64)
+                        .reshape(self.batch, 1, vocab))
+            self.tokens_done(self.batch)
         out = np.concatenate(rows, axis=1)
         return out[0] if self.batch == 1 else out
+
+    def tokens_done(self, n: int) -> None:
+        """Tell `on_tokens` that n more tokens went through."""
+        if self.on_tokens is not None:
+            self.on_tokens(n)
 
     def synchronize(self, value=None) -> None:
         """Wait for the work queued on every backend (MLX: evaluate `value` first)."""
@@ -813,156 +664,16 @@ class Decoder:
             b.synchronize()
 
 
+def _versions(static: dict, names=None) -> dict:
+    """The torch version counter of each input in `static` (of those in `names`), which an
+    in-place write moves; other backends' arrays have none (None)."""
+    return {k: getattr(v, "_version", None) for k, v in static.items()
+            if names is None or k in names}
+
+
 def _impl_ids(ops: dict) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for (role, _), op in ops.items():
         if op.impl_id not in out.setdefault(role, []):
             out[role].append(op.impl_id)
     return out
-
-
-class _cupy_on:
-    """CuPy's current stream set to torch stream `stream` (where CuPy is installed), so that
-    kparity's kernels launch on the stream torch captures."""
-
-    def __init__(self, stream):
-        self.stream, self.ctx = stream, None
-
-    def __enter__(self):
-        try:
-            import cupy
-        except ImportError:
-            return self
-        self.ctx = cupy.cuda.ExternalStream(self.stream.cuda_stream)
-        self.ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
-
-
-def _dlpack(value, src: str, dst: str, dtype: str):
-    """A torch tensor as a CuPy array or back, zero copy (CuPy holds f16/bf16 as uint16 bits,
-    and exchanges 16-bit floats through DLPack as int16). Both libraries launch on the legacy
-    default stream unless told otherwise (kparity's CUDA impls use CuPy's current stream,
-    torch's impls torch's): the kernels on either side run in order."""
-    import cupy
-    import torch
-
-    half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(dtype)
-    if src == "torch":
-        t = value.contiguous()
-        if half is not None:
-            return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
-        return cupy.from_dlpack(t)
-    if half is not None:
-        return torch.from_dlpack(value.view(cupy.int16)).view(half)
-    return torch.from_dlpack(value)
-
-
-def step_bytes(decoder: Decoder, position: int) -> int:
-    """Bytes one decode step at `position` moves by the ops' own models (`OpSpec.bytes`: each
-    input read once, each output written once: every weight, the activations), attention
-    charged for the position + 1 keys the step reads rather than the cache's capacity: the
-    numerator of a bandwidth roofline (÷ a copy ceiling in bytes/s: the step's lower bound)."""
-    total = 0
-    for (role, _), op in decoder.ops.items():
-        case, _ = op.at(position)
-        if role == "attention":
-            case = case.replace(max_len=position + 1)
-        total += int(case.spec.bytes(case))
-    return total
-
-
-# --- speed ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DecodeTiming:
-    """Wall time per decode step, each step between two synchronizes of every backend the plan
-    runs on: the median (`ms_per_token`: per step, a token of each of `batch` sequences) and
-    10th/90th percentiles over the steps after the warm-up, every step's time, and tokens/s
-    (batch x steps per second)."""
-
-    plan: str
-    device: str
-    dtype: str
-    steps: int
-    warmup: int
-    ms_per_token: float
-    p10_ms: float
-    p90_ms: float
-    tokens_per_s: float
-    samples_ms: tuple[float, ...]
-    batch: int = 1
-
-
-def time_decode(decoder: Decoder, tokens, warmup: int = 3, prefill: int = 0) -> DecodeTiming:
-    """Teacher-forced decode over `tokens` (position i gets token i), the first `prefill` of
-    them in one untimed prefill pass, timing each step after the first `warmup` steps: see
-    `DecodeTiming`."""
-    decoder.load(tokens, prefill)
-    if decoder.steps - prefill <= warmup:
-        raise ModelError(f"time_decode: {decoder.steps} tokens, {prefill} of them prefilled, "
-                         f"leave no step after {warmup} warm-up steps")
-    if prefill:
-        decoder.synchronize(decoder.prefill(prefill))
-    samples = []
-    for p in range(prefill, decoder.steps):
-        decoder.synchronize()
-        t0 = time.perf_counter()
-        decoder.synchronize(decoder.forward(p))
-        if p - prefill >= warmup:
-            samples.append((time.perf_counter() - t0) * 1e3)
-    devices = sorted({b.device() for b in decoder.backends.values()})
-    return decode_timing(decoder.plan.name, ", ".join(devices), decoder.dtype, samples, warmup,
-                         decoder.batch)
-
-
-def decode_timing(plan: str, device: str, dtype: str, samples: list[float], warmup: int,
-                  batch: int = 1) -> DecodeTiming:
-    """A `DecodeTiming` of per-step milliseconds `samples`: the median, and the 10th and 90th
-    percentiles within the samples ("inclusive": the default method extrapolates beyond them
-    on few samples, a negative 10th percentile on four)."""
-    q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 \
-        else list(samples) * 9
-    median = statistics.median(samples)
-    return DecodeTiming(plan, device, dtype, len(samples), warmup, median, q[0], q[-1],
-                        batch * 1e3 / median, tuple(samples), batch)
-
-
-@dataclass(frozen=True)
-class PrefillTiming:
-    """Wall time of the prefill pass over a prompt of `tokens` tokens (its lm_head over every
-    row included), between two synchronizes of every backend: the median and extremes over
-    `repeats` runs after `warmup` runs, each on empty caches."""
-
-    plan: str
-    device: str
-    dtype: str
-    tokens: int
-    repeats: int
-    warmup: int
-    ms: float
-    min_ms: float
-    max_ms: float
-    tokens_per_s: float
-    samples_ms: tuple[float, ...]
-
-
-def time_prefill(decoder: Decoder, tokens, repeats: int = 5, warmup: int = 1) -> PrefillTiming:
-    """The prefill pass over all of `tokens`, `warmup` + `repeats` times: see
-    `PrefillTiming`."""
-    samples = []
-    for i in range(warmup + repeats):
-        decoder.load(tokens, prefill=len(tokens))
-        decoder.synchronize()
-        t0 = time.perf_counter()
-        decoder.synchronize(decoder.prefill(len(tokens)))
-        if i >= warmup:
-            samples.append((time.perf_counter() - t0) * 1e3)
-    median = statistics.median(samples)
-    devices = sorted({b.device() for b in decoder.backends.values()})
-    return PrefillTiming(decoder.plan.name, ", ".join(devices), decoder.dtype, len(tokens),
-                         repeats, warmup, median, min(samples), max(samples),
-                         len(tokens) * 1e3 / median, tuple(samples))

@@ -4,7 +4,9 @@ verdict, and the speed; one `model` table row per (model, plan, text).
 
     tokens   the text's token ids (the model's own tokenizer; a synthetic model: random ids
              from the seed), the first `limit` of them
-    ref      Decoder(weights, "reference", T).logits(tokens)   float64 oracles, T between ops
+    ref      Decoder(weights, "reference", T).logits(tokens, prefill=len(tokens))
+                                                               float64 oracles, T between ops
+                                                               (`reference_logits`)
     test     Decoder(weights, plan, T).logits(tokens)          the plan's impls
     scored   positions 0 .. n-2: the logits after token i against token i + 1
 
@@ -26,15 +28,16 @@ GGUF run by `transformers`) is another, always `report`: it computes another fun
 f32 weights and activations). Its row's dtype is its own, not the reference's T.
 
 Speed (`speed=True`): decode ms per token at batch 1 (median over the steps after a warm-up,
-`models.decode.time_decode`) and its tokens/s; the roofline beside it is the bytes a step reads
-(`models.decode.step_bytes`, the ops' own byte models, at the text's middle position) over the
-run's copy ceiling.
+`models.decode_speed.time_decode`) and its tokens/s; the roofline beside it is the bytes a step
+reads (`models.decode_speed.step_bytes`, the ops' own byte models, at the text's middle position)
+over the run's copy ceiling.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -43,8 +46,8 @@ import numpy as np
 
 from gpu_impls import impls
 from models import metrics
-from models.decode import DecodeTiming, Decoder, PrefillTiming, step_bytes, time_decode
-from models.decode import time_prefill
+from models.decode import Decoder
+from models.decode_speed import DecodeTiming, PrefillTiming, step_bytes, time_decode, time_prefill
 from models.plan import PLANS, ModelError, Plan, plan as builtin_plan
 from models.weights import Weights
 
@@ -162,6 +165,15 @@ class PlanArm:
         self.gated = plan.name != "reference" and not ungated
 
     @property
+    def on_tokens(self):
+        """The decoder's `on_tokens` (the progress bars)."""
+        return self.decoder.on_tokens
+
+    @on_tokens.setter
+    def on_tokens(self, fn) -> None:
+        self.decoder.on_tokens = fn
+
+    @property
     def notes(self) -> list[str]:
         """Why not gated, and what the decoder noted (a failed graph capture, a host path)."""
         return [*self._notes, *self.decoder.notes]
@@ -193,6 +205,7 @@ class PlanArm:
         dec = self.decoder
         batched = Decoder(dec.weights, dec.plan, dec.dtype, max_len=dec.max_len,
                           batch=len(ids))
+        batched.on_tokens = dec.on_tokens
         if dec.graph:
             batched.use_graph()
         timing = time_decode(batched, ids)
@@ -239,15 +252,19 @@ def make_arm(model: Model, given: Plan | str | Arm, dtype: str, max_len: int) ->
 def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
              tokens: dict[str, np.ndarray], speed: bool = False, ceiling=None,
              max_mean_kld: float = 1e-4, min_same_top: float = 0.99, prefill: int = 0,
-             compare: bool = True, batch: int = 0) -> list[dict]:
+             compare: bool = True, batch: int = 0, progress: Progress | None = None
+             ) -> list[dict]:
     """One row per (arm, text) (the `model` table's columns, run id left to the caller); the
     reference logits computed once per text. `plans`: plans, their names or baselines' names
     (`make_arm`). With `speed`, `ceiling(backend name)` gives the copy ceiling in GB/s for the
     roofline (None: no roofline), `prefill` > 0 times a prefill pass over a prompt of that
     many tokens (`prompt_tokens`) and `batch` > 1 a decode of that many sequences at once
-    (each as long as the text, cut from the same prompt tokens). `compare=False` (speed only: a model too large for the
-    float64 reference, e.g. synthetic:llama3-8b) skips the reference and the logits: the rows
-    carry the speed, no statistics, gate `report`."""
+    (each as long as the text, cut from the same prompt tokens). `compare=False` (speed only:
+    a model too large for the float64 reference, e.g. synthetic:llama3-8b) skips the
+    reference and the logits: the rows carry the speed, no statistics, gate `report`.
+    `progress`: told the stages up front (estimated where it asks, `step_seconds`) and each
+    stage's tokens as they go (`Progress`)."""
+    progress = progress or Progress()
     longest = max(len(t) for t in tokens.values())
     max_len = max(longest, prefill if speed else 0)
     ref_dec = Decoder(model.weights, "reference", dtype, max_len=longest) if compare else None
@@ -255,16 +272,141 @@ def evaluate(model: Model, plans: list[Plan | str | Arm], dtype: str,
     prompt = prompt_tokens(model, prefill) if speed and prefill else None
     batched = prompt_tokens(model, batch * longest).reshape(batch, longest) \
         if speed and batch > 1 else None
+    step, done = {}, {}  # done: text -> (reference logits, seconds), computed for the estimate
+    if progress.estimate:
+        text, first = next(iter(tokens.items()))
+        step = {arm.name: step_seconds(arm, first) for arm in arms}
+        if compare:
+            start = time.perf_counter()
+            done[text] = (reference_logits(ref_dec, first), time.perf_counter() - start)
+            step["reference"] = done[text][1] / len(first)  # a prefill pass: per token
+    stages = plan_stages(arms, tokens, compare, speed, prompt, batched, step)
+    progress.plan(stages, ", ".join(dict.fromkeys(arm.device for arm in arms)))
+    running = _Running(progress, stages)
     rows = []
     for text, ids in tokens.items():
-        start = time.perf_counter()
-        ref = ref_dec.logits(ids) if compare else None
-        ref_seconds = time.perf_counter() - start
+        ref, ref_seconds = done.pop(text, (None, 0.0))
+        if compare and ref is None:
+            start = time.perf_counter()
+            with running.stage(text, "reference", "logits", ref_dec):
+                ref = reference_logits(ref_dec, ids)
+            ref_seconds = time.perf_counter() - start
         for arm in arms:
             rows.append(_row(model, arm, text, ids, ref, speed, ceiling, max_mean_kld,
                              min_same_top, ref_seconds, prompt,
-                             None if batched is None else batched[:, :len(ids)]))
+                             None if batched is None else batched[:, :len(ids)], running))
     return rows
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+PREFILL_PASSES = 6  # `time_prefill`'s warm-up pass and its 5 repeats
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pass of `evaluate` over a text: `who` (the reference or an arm) runs `what`
+    ("logits", "decode", "eager", "prefill", "batch N"), `tokens` tokens in all, in about
+    `seconds` (None: not estimated)."""
+
+    text: str
+    who: str
+    what: str
+    tokens: int
+    seconds: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.text}: {self.who} {self.what}"
+
+
+class Progress:
+    """What `evaluate` says as it runs; this one says nothing (the CLI draws bars,
+    `verbs/model.py`). `estimate`: time a few decode steps of the reference and of each arm
+    before the first stage (`step_seconds`), so that the stages carry their seconds; `plan`:
+    every stage, once, before the first, and the arms' devices; `start`: a stage begins,
+    returning what its decoder calls with each step's or pass's token count."""
+
+    estimate = False
+
+    def plan(self, stages: list[Stage], device: str) -> None:
+        pass
+
+    def start(self, stage: Stage):
+        return None
+
+
+def step_seconds(who, ids: np.ndarray) -> float | None:
+    """Seconds one decode step of `who` (a `Decoder` or an arm) takes, for the estimate: the
+    median of the steps at positions 2 and 3 (the first ones carry one-time work: the
+    reference's dequantized weights, a compile); None where `ids` has fewer than 4 tokens."""
+    if len(ids) < 4:
+        return None
+    dec = who if isinstance(who, Decoder) else getattr(who, "decoder", None)
+    timing = time_decode(dec, ids[:4], warmup=2) if dec is not None else \
+        who.time(ids[:4], warmup=2)
+    return timing.ms_per_token / 1e3
+
+
+def plan_stages(arms: list[Arm], tokens: dict[str, np.ndarray], compare: bool, speed: bool,
+                prompt: np.ndarray | None, batched: np.ndarray | None,
+                step: dict[str, float | None]) -> list[Stage]:
+    """Every stage `evaluate` runs, in order; a stage's seconds are its decode steps times
+    `step[who]` (`step_seconds`) where known. A prefill pass is not estimated; a batch's step
+    is taken as a single sequence's (a GEMV's weights read once for all rows)."""
+    out = []
+
+    def add(text, who, what, n_tokens, steps=None):
+        s = step.get(who)
+        out.append(Stage(text, who, what, n_tokens,
+                         None if s is None or steps is None else s * steps))
+
+    for text, ids in tokens.items():
+        n = len(ids)
+        if compare:
+            add(text, "reference", "logits", n, n)
+        for arm in arms:
+            if compare:
+                add(text, arm.name, "logits", n, n)
+            if not speed:
+                continue
+            add(text, arm.name, "decode", n, n)
+            if getattr(getattr(arm, "decoder", None), "graph", False):
+                add(text, arm.name, "eager", n, n)
+            if prompt is not None:
+                add(text, arm.name, "prefill", PREFILL_PASSES * len(prompt))
+            if batched is not None:
+                add(text, arm.name, f"batch {len(batched)}", n * len(batched), n)
+    return out
+
+
+class _Running:
+    """`evaluate`'s stages by (text, who, what), each started as it runs."""
+
+    def __init__(self, progress: Progress, stages: list[Stage]):
+        self.progress = progress
+        self.stages = {(s.text, s.who, s.what): s for s in stages}
+
+    @contextmanager
+    def stage(self, text: str, who: str, what: str, target):
+        """Stage (text, who, what) running: `target` (a `Decoder` or an arm) tells the
+        progress its tokens through its `on_tokens` (a stage not planned: nothing)."""
+        stage = self.stages.get((text, who, what))
+        target.on_tokens = None if stage is None else self.progress.start(stage)
+        try:
+            yield
+        finally:
+            target.on_tokens = None
+
+
+def reference_logits(ref_dec: Decoder, ids: np.ndarray) -> np.ndarray:
+    """The reference plan's logits over `ids` in one prefill pass: the composition of its
+    decode steps (qmm's oracle is dequant_gemv's per row, the prefill attention's the
+    decode's per query), each weight read once per text instead of once per token (a SmolLM2
+    text of 64 tokens: 4 s instead of 60 s on a loaded 2-core CPU). The float64 products run
+    in another BLAS order; the logits, rounded to T at every op as the steps' are, came out
+    the same bits (tests/test_model_decode.py; SmolLM2's texts)."""
+    return ref_dec.logits(ids, prefill=len(ids))
 
 
 def prompt_tokens(model: Model, n: int) -> np.ndarray:
@@ -306,7 +448,9 @@ def judge(arm: Arm, ref: np.ndarray, test: np.ndarray, ids: np.ndarray,
 
 def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray | None,
          speed: bool, ceiling, max_mean_kld: float, min_same_top: float, ref_seconds: float,
-         prompt: np.ndarray | None = None, batched: np.ndarray | None = None) -> dict:
+         prompt: np.ndarray | None = None, batched: np.ndarray | None = None,
+         running: _Running | None = None) -> dict:
+    running = running or _Running(Progress(), [])
     start = time.perf_counter()
     row = {"model": model.name, "model_sha256": model.sha256, "plan": arm.name,
            "plan_json": json.dumps(arm.describe(), sort_keys=True),
@@ -317,14 +461,16 @@ def _row(model: Model, arm: Arm, text: str, ids: np.ndarray, ref: np.ndarray | N
                     "gate_reasons": "speed only: not compared with the reference",
                     "summary_json": "{}", **dict.fromkeys(STATISTICS)})
     else:
-        s, flipped, ties, gate, reasons = judge(arm, ref, arm.logits(ids), ids, max_mean_kld,
+        with running.stage(text, arm.name, "logits", arm):
+            logits = arm.logits(ids)
+        s, flipped, ties, gate, reasons = judge(arm, ref, logits, ids, max_mean_kld,
                                                 min_same_top)
         row.update({"positions": int(s["n"]), **{k: _num(s.get(k)) for k in STATISTICS},
                     "flips": int(len(flipped)), "near_ties": int(len(ties)), "gate": gate,
                     "gate_reasons": "; ".join(reasons),
                     "summary_json": json.dumps(s, sort_keys=True, default=_num)})
     if speed:
-        row.update(speed_row(arm, ids, ceiling, prompt, batched))
+        row.update(speed_row(arm, ids, ceiling, prompt, batched, running, text))
     row["seconds"] = time.perf_counter() - start + ref_seconds
     return row
 
@@ -337,14 +483,18 @@ SPEED_FIELDS = ("prefill_tok_s", "prefill_tokens", "decode_tok_s", "decode_mode"
 
 
 def speed_row(arm: Arm, ids: np.ndarray, ceiling=None, prompt: np.ndarray | None = None,
-              batched: np.ndarray | None = None) -> dict:
+              batched: np.ndarray | None = None, running: _Running | None = None,
+              text: str = "") -> dict:
     """The speed fields of an arm's row (`SPEED_FIELDS`): its decode over `ids` at batch 1 (a
     CUDA graph where the arm replays one, `decode_mode`; then the eager step's tokens/s
     beside it), the roofline at the text's middle position over `ceiling(backend)` GB/s, and
     the prefill pass over `prompt` and a decode of the sequences `batched` [batch, T] at once
-    (None: not timed)."""
-    timing = arm.time(ids)
-    eager = arm.time_eager(ids)
+    (None: not timed). `running`: `evaluate`'s stages, of text `text`."""
+    running = running or _Running(Progress(), [])
+    with running.stage(text, arm.name, "decode", arm):
+        timing = arm.time(ids)
+    with running.stage(text, arm.name, "eager", arm):
+        eager = arm.time_eager(ids)
     row = {"decode_tok_s": timing.tokens_per_s, "ms_per_token": timing.ms_per_token,
            "ms_per_token_spread": (timing.p90_ms - timing.p10_ms) / timing.ms_per_token,
            "decode_mode": "eager" if eager is None else "graph",
@@ -352,11 +502,13 @@ def speed_row(arm: Arm, ids: np.ndarray, ceiling=None, prompt: np.ndarray | None
     if ceiling and arm.timed_backend:  # the reference's oracles run untimed
         row["roofline_tok_s"] = ceiling(arm.timed_backend) * 1e9 / arm.step_bytes(len(ids) // 2)
     if prompt is not None:
-        pre = arm.time_prefill(prompt)
+        with running.stage(text, arm.name, "prefill", arm):
+            pre = arm.time_prefill(prompt)
         if pre is not None:
             row.update(prefill_tok_s=pre.tokens_per_s, prefill_tokens=pre.tokens)
     if batched is not None:
-        many = arm.time_batch(batched)
+        with running.stage(text, arm.name, f"batch {len(batched)}", arm):
+            many = arm.time_batch(batched)
         if many is not None:
             row.update(batch_size=many.batch, batch_tok_s=many.tokens_per_s)
     return row

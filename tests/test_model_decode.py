@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import gpu_impls
-from models.decode import (Decoder, matrices, plan_impls, step_bytes, time_decode,
-                           time_prefill)
+from models.decode import Decoder
+from models.decode_speed import step_bytes, time_decode, time_prefill
+from models.role_cases import matrices, plan_impls
 from models.plan import REFERENCE_IMPL, ModelError, NotHere, plan
 from models.synthetic import config, random_weights
 from oracle.dtypes import round_to
@@ -321,7 +322,7 @@ def test_a_batch_refuses_a_prefill_and_the_wrong_shape(weights):
 def test_decode_timing_deciles_lie_within_the_samples():
     """Four noisy steps (a CI run's): the default quantile method put the 10th percentile at
     -1.14 ms; the deciles are the samples' own, inclusive."""
-    from models.decode import decode_timing
+    from models.decode_speed import decode_timing
 
     samples = [1.7728859966155142, 38.35182899638312, 48.16330800531432, 7.592374000523705]
     t = decode_timing("torch", "cpu", "bf16", samples, warmup=2)

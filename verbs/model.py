@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import TimeRemainingColumn
 from rich.table import Table
 
 from results.runinfo import new_run_id, run_row
@@ -28,7 +32,8 @@ from verbs.console import console
 from verbs.selection import backend_named, global_flags, open_store
 from verbs.usage import UsageError
 
-ORDER = 3  # after check, repro, bench and ab in `kparity --help`
+ORDER = 2.5  # after check, repro, bench and ab in `kparity --help`, before history
+GROUP = "model level"  # its heading in `kparity --help`
 
 
 def model_args(p: argparse.ArgumentParser) -> None:
@@ -106,8 +111,9 @@ def cmd_model(args) -> int:
             raise ModelError(f"--batch {args.batch}: a batch of 2 or more sequences, or 0 for "
                              "none (batch 1 is always timed)")
         speed = args.speed or args.speed_only
-        model = load_model(args.model, args.seed)
-        tokens = text_tokens(model, args.text, args.tokens)
+        with console.status(f"loading {args.model}"):
+            model = load_model(args.model, args.seed)
+            tokens = text_tokens(model, args.text, args.tokens)
     except ModelError as e:
         raise UsageError(str(e)) from e
     store = open_store(args)
@@ -122,11 +128,11 @@ def cmd_model(args) -> int:
 
     try:
         what = args.plan if args.speed_only else f"reference and {args.plan}"
-        with console.status(f"{model.name}: {what} over {len(tokens)} text(s)"):
+        with Bars(f"{model.name}: {what} over {len(tokens)} text(s)") as bars:
             rows = evaluate(model, plans, args.dtype, tokens, speed=speed,
                             ceiling=ceiling, max_mean_kld=args.max_mean_kld,
                             min_same_top=args.min_same_top, prefill=args.prefill,
-                            compare=not args.speed_only, batch=args.batch)
+                            compare=not args.speed_only, batch=args.batch, progress=bars)
     except ModelError as e:
         raise UsageError(str(e)) from e
     except RuntimeError as e:  # a backend the plan needs is not here
@@ -157,6 +163,91 @@ def cmd_model(args) -> int:
                   f"(mean KLD <= {args.max_mean_kld:g}, same top >= {args.min_same_top:.0%}); "
                   f"rows in {store.root}/")
     return 1 if failing else 0
+
+
+class Bars:
+    """`evaluate`'s progress (a `models.gate.Progress`) on the console: a bar for the stage
+    running (its tokens, its ETA) and one for the whole run, counted in the stages' estimated
+    seconds (`Stage.seconds`: rich's ETA from them corrects itself when the steps run faster or
+    slower than the few timed up front); where the estimate is a minute or more, one line says
+    so before the first stage. Off a terminal (CI, a pipe) the bars draw nothing: a line every
+    `every` seconds says where the run is."""
+
+    estimate = True
+
+    def __init__(self, what: str, every: float = 30.0):
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(),
+                             TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
+                             TextColumn("eta"), TimeRemainingColumn(), console=console,
+                             transient=True)
+        self.what, self.every = what, every
+        self.whole = self.bars.add_task(f"{what}: building the decoders, timing a few steps",
+                                        total=None, count="")
+        self.step = None
+        self.stages: list = []
+        self.weights: list[float] = []  # each stage's share of the whole bar
+        self.done = 0.0  # of the whole bar
+        self.started = self.last_line = time.monotonic()
+
+    def __enter__(self):
+        self.bars.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bars.__exit__(*exc)
+
+    def plan(self, stages, device: str) -> None:
+        """The whole bar's units: estimated seconds where every decode stage has them, else
+        stages; the estimate's line where it is a minute or more."""
+        self.stages = stages
+        estimated = [s.seconds for s in stages if s.seconds is not None]
+        timed = bool(estimated) and all(s.seconds is not None or s.what == "prefill"
+                                        for s in stages)
+        self.weights = [(s.seconds or 0.0) if timed else 1.0 for s in stages]
+        self.bars.update(self.whole, description=self.what, total=sum(self.weights) or 1,
+                         completed=0, count=f"0/{len(stages)} stages")
+        total = sum(estimated)
+        if total >= 60:
+            by_who: dict[str, float] = {}
+            for s in stages:
+                by_who[s.who] = by_who.get(s.who, 0.0) + (s.seconds or 0.0)
+            parts = ", ".join(f"{who} {sec / 60:.1f}" for who, sec in by_who.items())
+            unknown = " + the prefill passes" if any(s.what == "prefill" for s in stages) else ""
+            console.print(f"estimate: about {total / 60:.1f} min on {escape(device)} ({parts} "
+                          f"min{unknown}), from the first text's first steps")
+
+    def start(self, stage):
+        """The stage bar reset to `stage`; the whole bar at the stages before it."""
+        i = self.stages.index(stage)
+        self.done = sum(self.weights[:i])
+        self.bars.update(self.whole, completed=self.done, count=f"{i}/{len(self.stages)} stages")
+        if self.step is None:
+            self.step = self.bars.add_task(stage.label, total=stage.tokens, count="")
+        else:
+            self.bars.reset(self.step, total=stage.tokens, description=stage.label)
+        per_token = self.weights[i] / stage.tokens
+        tokens = [0]
+
+        def tokens_done(n: int) -> None:
+            tokens[0] += n
+            self.done += n * per_token
+            self.bars.update(self.step, completed=tokens[0],
+                             count=f"{tokens[0]}/{stage.tokens} tokens")
+            self.bars.update(self.whole, completed=self.done)
+            self._line(stage, tokens[0])
+
+        tokens_done(0)
+        return tokens_done
+
+    def _line(self, stage, tokens: int) -> None:
+        """Off a terminal: where the run is, once every `every` seconds."""
+        now = time.monotonic()
+        if self.bars.console.is_terminal or now - self.last_line < self.every:
+            return
+        self.last_line = now
+        share = self.done / (sum(self.weights) or 1)
+        console.print(escape(f"model: {now - self.started:.0f} s, {share:.0%} done; now "
+                             f"{stage.label}, {tokens}/{stage.tokens} tokens"), soft_wrap=True)
 
 
 def _fmt(v, spec: str = ".3g") -> str:

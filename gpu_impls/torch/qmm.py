@@ -14,9 +14,10 @@ from gpu_impls.contract import Contract
 from gpu_impls.impl import Impl
 from gpu_impls.quant_layout import LAYOUT
 # F.linear takes x [in] or [m, in]: dequant_gemv's torch computation is already the M-row one.
-from gpu_impls.torch.gemv import dequant_linear_run
+from gpu_impls.torch.gemv import dequant_linear_run, prepare_w_hat
 
 register(Impl("qmm", "torch", "qmm_dequant_linear", dequant_linear_run,
               Contract(invariants=LAYOUT),
               doc="unpack + dequantize in f32, then F.linear over the M rows in f32, rounded "
-                  "to T"))
+                  "to T",
+              prepare=prepare_w_hat))
