@@ -38,7 +38,8 @@ class CaseFileError(ValueError):
     pass
 
 
-CLOSEST_SHOWN = 12  # names a bad-name message lists; 400 impl names help no one
+CLOSEST_SHOWN = 5  # names a bad-name message lists at most; 400 impl names help no one
+CLOSEST_WIDTH = 64  # in at most this many characters: its line fits 120 columns
 
 
 def domain_field(case, message: str) -> str:
@@ -53,13 +54,25 @@ def domain_field(case, message: str) -> str:
     return "dims"
 
 
-def closest(given: str, valid) -> str:
-    """The valid names, comma-separated, closest to `given` first, at most CLOSEST_SHOWN of
-    them and a count of the rest (every bad-name message)."""
+def closest(given: str, valid, listed_by: str = "", width: int = CLOSEST_WIDTH) -> str:
+    """The valid names, comma-separated, closest to `given` first, in about `width`
+    characters (every bad-name message): all of them where they fit, else the closest few (at
+    most CLOSEST_SHOWN, at least one) and a count of the rest, with the command that lists
+    them all where given (`listed_by`, e.g. "`kparity ops`")."""
     valid = sorted(set(valid))
+    if not valid:
+        return "none"
     ranked = difflib.get_close_matches(str(given), valid, n=len(valid), cutoff=0.0)
-    more = len(ranked) - CLOSEST_SHOWN
-    return ", ".join(ranked[:CLOSEST_SHOWN]) + (f" ... and {more} more" if more > 0 else "")
+    if len(", ".join(ranked)) <= width:
+        return ", ".join(ranked)
+    rest = f" ... (999 more{': ' + listed_by if listed_by else ''})"
+    shown = ranked[:1]
+    for name in ranked[1:CLOSEST_SHOWN]:
+        if len(", ".join([*shown, name]) + rest) > width:
+            break
+        shown.append(name)
+    more = len(ranked) - len(shown)
+    return ", ".join(shown) + f" ... ({more} more{': ' + listed_by if listed_by else ''})"
 
 
 def _case(where: str, raw, ops) -> Case:
@@ -71,13 +84,15 @@ def _case(where: str, raw, ops) -> Case:
                             f"got {type(raw).__name__}")
     for key in raw:
         if key not in FIELDS:
-            raise bad(key, f"unknown field; valid fields (closest first): {closest(key, FIELDS)}")
+            raise bad(key, "unknown field\n  valid fields (closest first): "
+                      + closest(key, FIELDS))
     for key in ("op", "dims", "dtype"):
         if key not in raw:
             raise bad(key, "missing (required: op, dims, dtype)")
     op = raw["op"]
     if op not in ops:
-        raise bad("op", f"unknown op {op!r}; valid ops (closest first): {closest(op, ops)}")
+        raise bad("op", f"unknown op {op!r}\n  valid ops (closest first): "
+                  + closest(op, ops, "`kparity ops`", width=90))
     spec = ops[op]
     dims = raw["dims"]
     if not isinstance(dims, dict):
@@ -97,7 +112,7 @@ def _case(where: str, raw, ops) -> Case:
     dist = raw.get("dist", "normal")
     dists = DISTRIBUTIONS + (PLANTED if spec.plant or spec.loss else ())
     if dist not in dists:
-        raise bad("dist", f"unknown distribution {dist!r} for {op}; valid (closest first): "
+        raise bad("dist", f"unknown distribution {dist!r} for {op}\n  valid (closest first): "
                   + closest(dist, dists))
     seed = raw.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

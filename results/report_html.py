@@ -134,6 +134,14 @@ def hline(y: float, text: str) -> dict:
                       "font": {"size": 11, "color": "#c00"}}}
 
 
+def standalone_page(title: str, body: str) -> str:
+    """A page that stands alone (its CSS inline, no plotly, no links to the report's other
+    pages): what `kparity ops --html` writes."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+            f"<title>{esc(title)}</title>\n<style>{CSS}</style></head><body>\n"
+            f"<h1>{esc(title)}</h1>\n{body}\n</body></html>\n")
+
+
 def page(title: str, body: str) -> str:
     """Every page loads plotly (from disk, relative to the page) whether or not it plots."""
     script = f'<script src="{ASSETS}/{PLOTLY_JS}" charset="utf-8"></script>\n'

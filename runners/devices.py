@@ -78,7 +78,7 @@ def parse_devices(text: str, accelerated: bool) -> list[Device]:
              else "nvidia-smi -L")
     if text.strip() == "all":
         if not visible:
-            raise BadInput(f"--devices all: no GPU visible here ({where} names none); "
+            raise BadInput(f"--devices all: no GPU visible here ({where} names none)\n  "
                                "name the devices instead, e.g. --devices 0,1 (stand-ins on a "
                                "CPU-only selection), or leave --devices out")
         return [Device(i, v) for i, v in enumerate(visible)]

@@ -31,13 +31,12 @@ import multiprocessing.connection
 import os
 import re
 import signal
-import sys
 import tempfile
 import time
 from contextlib import contextmanager
 
 from runners.limits import DeviceUnusable, case_timeout
-from runners.threads import SharedSpawnContext
+from runners.threads import SharedSpawnContext, tether_to_parent
 
 MODES = ("auto", "none", "case", "impl")
 
@@ -408,11 +407,8 @@ def _detach_output_and_tether(stderr_path: str) -> None:
     os.close(fd)
     faulthandler.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # started blocked: threads.py
+    tether_to_parent()
 
 
 def _probe(backend) -> str | None:

@@ -37,20 +37,20 @@ import functools
 import hashlib
 import inspect
 import json
-import multiprocessing
-import multiprocessing.pool
 import os
 import signal
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import numpy as np
 
 from oracle.diskcache import (CacheConfigError, DiskCache, cache_root, digest, open_cache,
                               size_of_cap)
-from runners.threads import SharedSpawnContext, cores, share
+from runners.threads import SharedSpawnContext, cores, share, tether_to_parent
 
 NAMESPACE = "oracle"
 FORMAT = 1  # of an entry's payload; a change makes every old key a miss
@@ -365,19 +365,35 @@ def _load_plugins_for(op: str) -> None:
 
 
 def _init_worker(plugins: list[str]) -> None:
-    # Ctrl-C reaches the whole process group: the sweep handles it and terminates the pool, so a
-    # worker must not die of it mid-task (15 tracebacks, and a pool stopped on a held queue lock)
+    # Ctrl-C reaches the whole process group: the sweep handles it and stops the pool, so a
+    # worker must not die of it mid-task (15 tracebacks); it started with Ctrl-C blocked
+    # (`runners/threads.py`): ignored from here on, and one pressed meanwhile is dropped
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    tether_to_parent()  # a killed sweep leaves no pool process writing to a closed pipe
     _PLUGINS[:] = plugins
 
 
-def spawn_pool(size: int, plugins: list[str] | None = None) -> multiprocessing.pool.Pool:
+def spawn_pool(size: int, plugins: list[str] | None = None) -> ProcessPoolExecutor:
     """`size` spawned processes (spawn: never a forked CUDA context), each starting with its
-    share of the host's BLAS / OpenMP threads (`runners/threads.py`), a replacement for one
-    that died too."""
-    return multiprocessing.pool.Pool(size, initializer=_init_worker,
-                                     initargs=(list(plugins or []),),
-                                     context=SharedSpawnContext(share(size)))
+    share of the host's BLAS / OpenMP threads (`runners/threads.py`). A process that dies
+    (killed, out of memory) breaks the pool: every task not done fails at once
+    (BrokenProcessPool), which `Prefetch.wait` takes as "failed" (the check computes the entry
+    itself), where multiprocessing.Pool hung on the queue lock the dead process held."""
+    return ProcessPoolExecutor(size, mp_context=SharedSpawnContext(share(size)),
+                               initializer=_init_worker, initargs=(list(plugins or []),))
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the processes at once, mid-task included (what they
+    compute is for cases the sweep will not reach); waits until they are gone.
+    `ProcessPoolExecutor.terminate_workers` (Python 3.14) does the same."""
+    processes = list((pool._processes or {}).values())  # noqa: SLF001  (no API before 3.14)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    pool.shutdown(wait=True)
 
 
 def pool_size(peers: int = 1) -> int:
@@ -408,7 +424,7 @@ class Prefetch:
         work list (pytest-xdist's workers, each starting on its own stretch of the same list)
         so compute each other's entries last, not all the same ones first: `wait` also takes
         an entry another process wrote."""
-        self.futures: dict[tuple, multiprocessing.pool.AsyncResult] = {}
+        self.futures: dict[tuple, Future] = {}
         self.outcomes: Counter = Counter()
         self._counting = threading.Lock()  # wait() runs on every --devices thread
         self.workers = 0
@@ -436,7 +452,7 @@ class Prefetch:
             return
         self.pool = spawn_pool(size, plugins)
         self.workers = size
-        self.futures = {key: self.pool.apply_async(warm, args) for key, args in tasks.items()}
+        self.futures = {key: self.pool.submit(warm, *args) for key, args in tasks.items()}
         self._backend_of = backend_of
         self._cache = cache
 
@@ -457,9 +473,10 @@ class Prefetch:
         try:  # a hung oracle (or a pool process that died) must not hang the sweep: the
             # check computes it, under its own timeout
             outcome = self._first_done(future, w, ftz, case_timeout(w.case, first_of_shape=True))
-        except multiprocessing.TimeoutError:
+        except FutureTimeout:
             outcome = "late"
-        except Exception:  # noqa: BLE001  (the check computes it and reports the error)
+        except Exception:  # noqa: BLE001  (the check computes it and reports the error; a
+            # process of the pool died: BrokenProcessPool)
             outcome = "failed"
         with self._counting:
             self.outcomes[outcome] += 1
@@ -472,19 +489,21 @@ class Prefetch:
         (written by another process's pool: this run computed them all the same)."""
         numerics = w.impl.numerics_for(w.case)
         deadline = time.monotonic() + timeout
-        while not future.ready():
+        while not future.done():
             if _present(self._cache, w.case, numerics, ftz):
                 return "miss"
             if time.monotonic() >= deadline:
-                raise multiprocessing.TimeoutError
-            future.wait(POLL_S)
-        return future.get(0)
+                raise FutureTimeout
+            try:
+                return future.result(POLL_S)
+            except FutureTimeout:
+                pass
+        return future.result()
 
     def close(self) -> None:
         """Stop the pool: what it still computes is for cases the sweep did not reach."""
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            stop_pool(self.pool)
             self.pool = None
 
     def __enter__(self) -> "Prefetch":

@@ -15,6 +15,8 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import os
+import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -72,22 +74,55 @@ def spawning_with(threads: int | None):
                     os.environ[var] = value
 
 
+@contextmanager
+def ctrl_c_blocked():
+    """SIGINT blocked in this thread meanwhile, so a process spawned inside starts with it
+    blocked (a signal mask survives fork and exec): a Ctrl-C pressed while it imports, before
+    its own code can ignore it, reaches the whole process group but raises no
+    KeyboardInterrupt (and traceback) there. The worker then ignores SIGINT and unblocks it
+    (`runners/isolation.py`, `runners/oracle_cache.py`); here a Ctrl-C pressed meanwhile waits
+    the few milliseconds of the spawn, then arrives."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # the first spawn starts it, which unblocks SIGINT after
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def tether_to_parent() -> None:
+    """In a spawned worker: on Linux, die (SIGKILL) with the parent, even a parent SIGKILLed
+    mid-sweep, rather than live on writing to its closed pipes. Linux counts the thread that
+    started the worker as its parent: a worker started from a thread dies with that thread."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class _SharedProcess(multiprocessing.context.SpawnProcess):
     """A spawned process that starts with `threads` threads (None: inherited) whenever it
-    starts (module level: the child unpickles it)."""
+    starts, and with Ctrl-C blocked (`ctrl_c_blocked`) (module level: the child unpickles
+    it)."""
 
     threads: int | None = None
 
     def start(self) -> None:
-        with spawning_with(self.threads):
+        with spawning_with(self.threads), ctrl_c_blocked():
             super().start()
 
 
 class SharedSpawnContext(multiprocessing.context.SpawnContext):
     """multiprocessing's spawn context whose processes each start with `threads` threads (None:
-    inherited), the one way kparity spawns: an isolation worker (`runners/isolation.py`), and
-    the oracle pool (`Pool(..., context=SharedSpawnContext(n))`), whose replacement for a dead
-    process starts from the pool's own thread long after the pool was made."""
+    inherited), the one way kparity spawns: an isolation worker (`runners/isolation.py`, from a
+    device's thread under --devices), and the oracle pool (`ProcessPoolExecutor(...,
+    mp_context=SharedSpawnContext(n))`), which starts its processes as tasks come."""
 
     def __init__(self, threads: int | None):
         super().__init__()

@@ -193,7 +193,7 @@ def test_a_bench_preset_given_to_cases_is_pointed_at_bench(capsys):
 def test_bench_unknown_mode_lists_the_modes_closest_first(tmp_path, capsys):
     rc = main(["--store", str(tmp_path), "bench", *CASE, "--mode", "wal"])
     out = _flat(capsys.readouterr().out)
-    assert rc == 2 and "unknown mode 'wal'. Valid modes (closest first): wall" in out
+    assert rc == 2 and "unknown mode 'wal' Valid modes (closest first): wall" in out
 
 
 # --- 6. bench on a CPU with nothing narrowing it: the decode presets ------------------------------

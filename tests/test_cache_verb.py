@@ -111,7 +111,7 @@ def test_clear_an_unknown_namespace_exits_2_listing_the_existing_ones(root, caps
     before = files(root)
     assert main(["cache", "clear", "--namespace", "orcale"]) == 2
     out = one_line(capsys.readouterr().out)
-    assert "unknown namespace 'orcale'. Valid namespaces (closest first): oracle, nvcc" in out
+    assert "unknown namespace 'orcale' Valid namespaces (closest first): oracle, nvcc" in out
     assert "leave out --namespace to clear them all" in out
     assert files(root) == before
     assert main(["cache", "info", "--namespace", "oracle"]) == 2  # clear's option only

@@ -39,7 +39,8 @@ def test_cases_from_a_file_run_against_every_impl_of_their_op(tmp_path):
 
 
 @pytest.mark.parametrize("case, field, words", [
-    ({**GOOD, "op": "rmsnorm"}, "op", "unknown op 'rmsnorm'; valid ops (closest first): rms_norm"),
+    ({**GOOD, "op": "rmsnorm"}, "op",
+     "unknown op 'rmsnorm'\n  valid ops (closest first): rms_norm"),
     ({k: v for k, v in GOOD.items() if k != "dims"}, "dims", "missing"),
     ({**GOOD, "dims": {"rows": 3}}, "dims.n", "missing: rms_norm needs rows, n"),
     ({**GOOD, "dims": {"rows": 3, "n": 96, "k": 2}}, "dims.k", "has no dim 'k'"),
@@ -100,12 +101,19 @@ def test_the_cli_exits_2_before_running_anything(tmp_path, capsys):
 def test_a_case_no_selected_impl_runs_is_an_error_naming_each_refusal(tmp_path, capsys):
     """Refused by every selected impl's contract, a user's case used to be recorded `rejected
     ok` and the run said OK with nothing launched. Now: exit 2 before anything runs, naming the
-    case (index, label) and each impl's broken invariant."""
+    case (index, label) in two lines; with --verbose, each impl's broken invariant."""
     normed = {**GOOD, "params": {"rounding": "normed"}}
     path = _file(tmp_path, [{**GOOD, "dtype": "f32", "label": ""}, normed])
     store = tmp_path / "store"
-    assert main(["--store", str(store), "check", "--cases", str(path),
-                 "--impl", "torch:rms_norm,mlx:rms_norm_f32"]) == 2
+    argv = ["--store", str(store), "check", "--cases", str(path),
+            "--impl", "torch:rms_norm,mlx:rms_norm_f32"]
+    assert main(argv) == 2
+    what, fix = capsys.readouterr().out.splitlines()
+    assert what == (f"error: {path}: case 1 ('mine', rms_norm[n=96,rows=3] bf16 outlier_rows) "
+                    "runs on no selected impl")
+    assert fix.startswith("  change or drop them") and fix.endswith("--verbose: why each impl "
+                                                                    "refuses")
+    assert main([*argv, "--verbose"]) == 2
     out = capsys.readouterr().out
     assert f"{path}: case 1 ('mine', rms_norm[n=96,rows=3] bf16 outlier_rows) runs on no " \
            "selected impl" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from cases.distributions import DISTRIBUTIONS
@@ -87,6 +88,134 @@ def test_repro_reruns_a_stored_case(tmp_path, capsys):
 def test_bad_input_exits_2_naming_valid_choices(tmp_path, capsys, argv, fragment):
     assert run(tmp_path, *argv) == 2
     assert fragment in " ".join(capsys.readouterr().out.split())
+
+
+def error_lines(out: str, tmp_path=None) -> list[str]:
+    """The lines of an error message: from its `error:` line on (a notice may come first); the
+    test's own folder, named in a path the user gave, as `TMP` (its length is the machine's)."""
+    lines = (out.replace(str(tmp_path), "TMP") if tmp_path else out).splitlines()
+    first = next(i for i, line in enumerate(lines) if "error:" in line)
+    return lines[first:]
+
+
+@pytest.mark.parametrize("argv", [
+    ["check", "--op", "rmsnorm"], ["check", "--impl", "torch:rms_nrom"], ["check", "--impl", "rms"],
+    ["check", "--preset", "qwen9"], ["check", "--preset", "decode-1x4096"],
+    ["cases", "--preset", "nope"], ["check", "--resume", "nosuch"], ["repro", "000000000000"],
+    ["bench", "--min-time", "20", "--timeout", "10"], ["chek"], ["check", "--tier", "bogus"],
+    ["ops", "--family", "bogus"], ["ops", "--files"], ["--plugin", "no_such_module_xyz", "ops"],
+    ["check", "--impl", "torch:rms_norm", "--devices", "0", "--isolate", "none"],
+    ["ab", "torch:rms_norm", "mlx:rms_norm_f32", "--runs", "1"],
+])
+def test_an_error_is_at_most_two_lines_that_fit_120_columns(tmp_path, capsys, argv):
+    """What was wrong, then the fix: an unknown name shows the closest few valid ones and the
+    command that lists the rest, not all 300 impl ids on one line; argparse's errors leave out
+    the whole usage."""
+    try:
+        rc = run(tmp_path, *argv)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    assert rc == 2
+    out = capsys.readouterr()
+    lines = error_lines(out.out + out.err, tmp_path)
+    assert len(lines) <= 2 and max(map(len, lines)) <= 120, lines
+
+
+def test_an_unknown_name_shows_the_closest_few_and_where_the_rest_are(tmp_path, capsys):
+    assert run(tmp_path, "check", "--impl", "torch:rms_nrom") == 2
+    what, valid = error_lines(capsys.readouterr().out)
+    assert what == "error: unknown impl 'torch:rms_nrom'"
+    assert valid.startswith("  Valid impls (closest first): torch:rms_norm, ")
+    assert re.search(r" \.\.\. \(\d+ more: `kparity ops`\)$", valid), valid
+    with pytest.raises(SystemExit) as done:
+        run(tmp_path, "chek")
+    assert done.value.code == 2
+    what, fix = capsys.readouterr().err.splitlines()
+    assert what.startswith("kparity: error: argument VERB: invalid choice: 'chek'; valid: check")
+    assert fix == "  `kparity --help` lists the verbs and options"
+
+
+def test_skipped_impls_are_one_line_by_reason_and_verbose_lists_them(capsys):
+    """An impl not runnable here is said once per reason, counted per backend, not a line each
+    (26 lines opened every CPU check); --verbose gives a line per backend and impl."""
+    from types import SimpleNamespace
+
+    from verbs.selection import say_skipped
+
+    def impl(impl_id):
+        return SimpleNamespace(id=impl_id, backend=impl_id.split(":")[0])
+
+    cupy = "cupy not installed (No module named 'cupy'); pip install 'kparity[cuda]'"
+    skipped = [(impl("cuda:a"), cupy, False), (impl("cuda:b"), cupy, False),
+               (impl("torch:c_compiled"), "torch.compile baselines run on CUDA only (no GPU "
+                                          "here)", True),
+               (impl("mlx:d"), "mx.gather_mm on MLX's CPU takes float32 only: needs an MLX GPU",
+                True)]
+    say_skipped(skipped, verbose=False)
+    assert capsys.readouterr().out.splitlines() == [
+        "skipping 4 impls: cuda 2 (cupy not installed), torch 1 + mlx 1 (need a GPU); "
+        "--verbose lists them"]
+    say_skipped(skipped, verbose=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"skipping backend cuda (2 impls): {cupy}"
+    assert [ln.split(":")[0] for ln in lines[1:]] == ["skipping impl mlx", "skipping impl torch"]
+
+
+def test_a_check_says_its_skipped_impls_in_one_line(tmp_path, capsys):
+    # by name: torch:rms_norm (runs), torch:rms_norm_compiled (CUDA only), cuda:kp_rms_norm, ...
+    assert run(tmp_path, "check", "--impl", "rms_norm,rms_norm_compiled,kp_rms_norm,mt_rms_norm",
+               "--preset", "qwen3-0.6b", "--dtype", "f32", "--tier", "commit") == 0
+    out = capsys.readouterr().out.splitlines()
+    skipping = [ln for ln in out if ln.startswith("skipping")]
+    assert len(skipping) <= 1 and all(ln.endswith("--verbose lists them") for ln in skipping)
+
+
+def test_impls_left_out_are_one_line_unless_few_or_verbose(capsys):
+    from verbs.selection import say_left_out
+
+    whys = {f"mlx:op{i}": f"mlx:op{i}: none of the 3 bench cases of op{i} matches --preset "
+                          f"decode --dtype f32; its presets: a, b" for i in range(5)}
+    whys["mlx:x"] = "mlx:x: its op x has no bench cases"
+    say_left_out("not benched", whys, verbose=False)
+    assert capsys.readouterr().out.splitlines() == [
+        "not benched: 6 impls (5: filters match no case, 1: no bench case); --verbose lists "
+        "them"]
+    say_left_out("not benched", whys, verbose=True)
+    assert len(capsys.readouterr().out.splitlines()) == 6
+    say_left_out("not checked", dict(list(whys.items())[:2]), verbose=False)
+    assert len(capsys.readouterr().out.splitlines()) == 2  # a few: a line each
+
+
+def test_help_lists_every_verb_once_grouped(monkeypatch, capsys):
+    """The top-level help's verb list comes from the registered verbs (it once missed model and
+    model-ab): each verb once, under its module's GROUP; argparse's own list is left out."""
+    import types
+
+    from verbs import cli
+
+    def help_text() -> str:
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        return capsys.readouterr().out
+
+    def listed(out: str) -> list[str]:  # the verb column of the "Verbs" block
+        block = out.split("Verbs (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+        return [line[17:27].strip() for line in block if line[17:27].strip()]
+
+    out = help_text()
+    sub = next(a for a in cli.parser()._actions if a.dest == "verb")
+    assert sorted(listed(out)) == sorted(sub.choices)  # every subparser, once
+    for verb in sub.choices:
+        assert len(re.findall(rf"^ +(?:[a-z ]+?  +)?{re.escape(verb)}  ", out, re.M)) == 1, verb
+    assert re.search(r"^  model level    model  ", out, re.M)
+    assert re.search(r"^ {17}model-ab  ", out, re.M)
+    # A verb module added later is listed with no edit to the help
+    extra = types.SimpleNamespace(ORDER=9, GROUP="extras", VERBS={"frob": lambda args: 0},
+                                  add_parsers=lambda s: s.add_parser("frob", help="frobnicate"),
+                                  __name__="verbs.frob")
+    modules = cli.verb_modules()
+    monkeypatch.setattr(cli, "verb_modules", lambda: [*modules, extra])
+    assert re.search(r"^  extras         frob        frobnicate$", help_text(), re.M)
 
 
 def test_unwritable_store_fails_before_running(tmp_path, capsys):
@@ -278,3 +407,25 @@ def test_a_sweep_samples_a_compile_per_shape_baseline_unless_it_is_named(capsys)
             in capsys.readouterr().out)
     for named in ("torch:rms_norm_compiled", "rms_norm_compiled"):
         assert sample_slow_compilers(Namespace(impl=[named]), work) == work
+
+
+def test_ops_matrix_fits_120_columns_and_html_has_the_full_grid(tmp_path, monkeypatch, capsys):
+    """`ops --matrix` was ~330 lines of 150 columns: now impls as rows under their family and op,
+    one line each within 120 columns whatever the terminal; --html writes every reason."""
+    import gpu_impls
+    from verbs.console import console
+
+    monkeypatch.setattr(console, "width", 400)
+    page = tmp_path / "matrix.html"
+    assert main(["ops", "--matrix", "--html", str(page)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    impls = gpu_impls.impls()
+    rows = [line.split()[0] for line in lines if line.split() and line.split()[0] in impls]
+    assert sorted(rows) == sorted(impls)  # each impl on one line
+    assert any(line.strip() == "norms" for line in lines)  # a family heading
+    assert any(line.strip() == "rms_norm" for line in lines)  # an op heading under it
+    text = page.read_text()
+    assert text.count("<tr>") == len(impls) + 1  # the header and a row per impl
+    missing = [impl.available(gpu_impls.backend(impl.backend)) for impl in impls.values()]
+    assert all(html.escape(why) in text for ok, why in missing if not ok)  # in full

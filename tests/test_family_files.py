@@ -37,7 +37,7 @@ def test_the_verb_prints_the_table_and_refuses_bad_input(capsys):
     out = capsys.readouterr().out
     assert "oracle/softcap.py" in out and "kernels/softcap.cu" in out
     assert main(["ops", "--family", "softkap", "--files"]) == 2
-    assert "families: " in capsys.readouterr().out
+    assert "Valid families (closest first): softcap" in capsys.readouterr().out
     assert main(["ops", "--files"]) == 2
     assert "add --family NAME" in capsys.readouterr().out
     assert main(["ops", "--family", "softcap"]) == 0

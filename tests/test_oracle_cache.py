@@ -276,13 +276,15 @@ def test_prefetch_starts_where_this_process_starts(cache, monkeypatch):
 class _NeverReady:
     """A pool task that never finishes (the pool stuck on something else)."""
 
-    def ready(self):
+    def done(self):
         return False
 
-    def wait(self, timeout):
+    def result(self, timeout=None):
         import time
+        from concurrent.futures import TimeoutError as FutureTimeout
 
         time.sleep(timeout)
+        raise FutureTimeout
 
 
 def test_wait_takes_an_entry_another_process_wrote(cache, monkeypatch):
@@ -308,7 +310,35 @@ def test_pool_workers_leave_ctrl_c_to_the_sweep():
     import signal
 
     with oracle_cache.spawn_pool(1) as pool:
-        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+        assert pool.submit(signal.getsignal, signal.SIGINT).result() == signal.SIG_IGN
+
+
+def test_a_pool_process_killed_while_idle_does_not_hang_the_sweeps_end(cache, monkeypatch):
+    """`kill -9` of a pool process that was waiting for a task (it had computed all of them):
+    multiprocessing.Pool's terminate then waited for good on the queue lock the dead process
+    held, and the sweep never ended. The pool now stops at once, and a broken pool's entries
+    are the check's to compute (`wait`: None)."""
+    import signal
+    import threading
+    import time
+
+    monkeypatch.setattr(oracle_cache, "PREFETCH_MIN", 1)
+    work = _two_dequant_cases()
+    ahead = oracle_cache.Prefetch(work, gpu_impls.backend, workers=1)
+    try:
+        assert ahead.wait(work[0]) == "miss"
+        for future in ahead.futures.values():
+            future.result(120)  # all computed: the process now waits for a task
+        [process] = multiprocessing.active_children()
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+        time.sleep(0.5)  # the pool notices
+    finally:
+        stopping = threading.Thread(target=ahead.close, daemon=True)
+        stopping.start()
+        stopping.join(60)
+    assert not stopping.is_alive(), "the pool's close hung after one of its processes died"
+    assert multiprocessing.active_children() == []
 
 
 def test_pool_processes_start_with_their_share_of_blas_threads(monkeypatch):
@@ -323,7 +353,8 @@ def test_pool_processes_start_with_their_share_of_blas_threads(monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "7")
     monkeypatch.setenv("MKL_NUM_THREADS", "64")
     with oracle_cache.spawn_pool(2) as pool:
-        seen = pool.map(os.getenv, ["OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"])
+        seen = list(pool.map(os.getenv, ["OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                         "OMP_NUM_THREADS"]))
     assert seen == ["7", "16", "16"]
     assert os.environ["OPENBLAS_NUM_THREADS"] == "7" and "OMP_NUM_THREADS" not in os.environ
 

@@ -6,6 +6,7 @@ each impl came from, `ops --matrix`, `cases --list` dims, `--help`. The example 
 
 from __future__ import annotations
 
+import html
 import importlib.metadata
 import json
 import re
@@ -18,7 +19,6 @@ import pytest
 
 import gpu_impls
 from cases.generate import gate_cases, valid_cases
-from verbs import cli
 from verbs.cli import main, parser, verb_table
 
 # A plugin registering a copy of torch:rms_norm under another name (cheap, correct).
@@ -209,7 +209,7 @@ def test_the_example_plugin_is_found_by_its_entry_point_and_passes(tmp_path, cap
 
 # --- 5. ops --matrix ---------------------------------------------------------------------------
 
-def test_ops_matrix_runs_refused_missing(tmp_path, monkeypatch, registry, capsys):
+def test_ops_matrix_runs_refused_missing(tmp_path, registry, capsys):
     """Per impl and dtype: runs here (admitted of the op's gate cases), refused by its contract
     (the invariant), or missing (the impl's or the backend's why)."""
     plugin = tmp_path / "kp_test_matrix.py"
@@ -224,23 +224,30 @@ def test_ops_matrix_runs_refused_missing(tmp_path, monkeypatch, registry, capsys
                  dataclasses.replace(base, name="kp_test_elsewhere",
                                      requires=lambda: (False, "needs the moon")))
         """))
-    monkeypatch.setattr(cli.console, "width", 400)  # one line per row, whatever the ids
-    assert main(["--plugin", str(plugin), "ops", "--matrix"]) == 0
-    rows = {cells[1]: cells for cells in (
-        [c.strip() for c in line.strip("│").split("│")]
-        for line in capsys.readouterr().out.splitlines() if line.startswith("│ "))
-        if cells[1]}
+    page = tmp_path / "matrix.html"
+    assert main(["--plugin", str(plugin), "ops", "--matrix", "--family", "norms",
+                 "--html", str(page)]) == 0
+    terminal = capsys.readouterr().out
+    rows = {cells[2]: cells for cells in (  # the full grid: one <tr> per impl
+        [html.unescape(re.sub("<[^>]+>", "", c)) for c in re.findall("<td[^>]*>(.*?)</td>", tr)]
+        for tr in re.findall("<tr>(.*?)</tr>", page.read_text())) if cells}
     admitted = [c.dtype for c in valid_cases(gpu_impls.impls()["torch:rms_norm"])]
     gate = [c.dtype for c in gate_cases("rms_norm")]
-    # op, impl, f32, f16, bf16, sum order, why not
-    assert rows["torch:rms_norm"][2:7] == [
+    # family, op, impl, f32, f16, bf16, sum order, why not
+    assert rows["torch:rms_norm"][:2] == ["norms", "rms_norm"]
+    assert rows["torch:rms_norm"][3:8] == [
         f"runs {admitted.count(d)}/{gate.count(d)}" for d in ("f32", "f16", "bf16")] + [
         "undeclared", ""]
-    assert rows["torch:kp_test_bf16_only"][2:5] == ["refused", "refused",
-                                                     rows["torch:rms_norm"][4]]
-    assert rows["torch:kp_test_bf16_only"][6].startswith("f32, f16: refused by contract:")
-    assert rows["torch:kp_test_elsewhere"][2:7] == ["missing"] * 3 + ["undeclared",
+    assert rows["torch:kp_test_bf16_only"][3:6] == ["refused", "refused",
+                                                     rows["torch:rms_norm"][5]]
+    assert rows["torch:kp_test_bf16_only"][7].startswith("f32, f16: refused by contract:")
+    assert rows["torch:kp_test_elsewhere"][3:8] == ["missing"] * 3 + ["undeclared",
                                                                       "needs the moon"]
+    assert {r[0] for r in rows.values()} == {"norms"}  # --family: that family's impls only
+    # The terminal: the same impls, compact, one line each
+    line = next(ln for ln in terminal.splitlines() if "torch:kp_test_elsewhere" in ln)
+    assert line.split() == ["torch:kp_test_elsewhere", "no", "no", "no", "undeclared",
+                            "needs", "the", "moon"]
 
 
 # --- 6, 7. cases --list, --help ----------------------------------------------------------------

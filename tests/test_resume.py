@@ -133,3 +133,99 @@ def test_maxfail_stops_keeps_the_rows_and_names_the_resume(tmp_path, capsys):
             f"{rows[0]['run_id']}") in out
     assert main(["--store", str(store), *mutant, "--maxfail", "0"]) == 2
     assert "--maxfail 0: at least 1" in capsys.readouterr().out
+
+
+# Ctrl-C at a terminal raises KeyboardInterrupt; a process started as a background job inherits
+# SIGINT ignored, and then Python installs no handler: the sweep under test gets the terminal's.
+LAUNCH = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "from verbs.cli import main; sys.exit(main())")
+NOISE = ("Traceback", "BrokenPipe", "leaked semaphore", "resource_tracker", "Fatal Python error")
+
+
+def _start_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """`check` of SELECTION in a session of its own (a terminal's process group), in isolated
+    workers, with a cold oracle cache computed ahead by one pool process."""
+    store = tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KPARITY_CACHE": str(tmp_path / "cache"),
+           "KPARITY_CACHE_WORKERS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "--store", str(store), "check",
+                             *SELECTION, "--isolate", "case"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, store
+
+
+def _wait_for_rows(proc: subprocess.Popen, store: Path, rows: int) -> None:
+    deadline = time.monotonic() + 120
+    while _journal_lines(store) < rows and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the sweep ended before it could be stopped"
+
+
+def _workers(pid: int) -> list[int]:
+    """The spawned children of `pid` (isolation worker, oracle pool), not the resource tracker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # not a process, or gone meanwhile
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _one_stop_line(proc: subprocess.Popen, store: Path, how: str) -> str:
+    """The run id, once the stopped sweep printed exactly one line of what it kept and how to
+    run the rest, and nothing else of its end: no traceback from any of its processes, no
+    resource tracker warning."""
+    out, err = proc.communicate(timeout=90)
+    for noise in NOISE:
+        assert noise not in out + err, f"{noise!r} in what the sweep printed:\n{out}\n{err}"
+    run_id = Store(store).read("runs").column("run_id").to_pylist()[0]
+    kept = [line for line in (out + err).splitlines() if "kept in" in line]
+    assert len(kept) == 1 and kept[0].startswith(f"{how}: ") and kept[0].endswith(
+        f"rows of run {run_id} kept in {store}/; the rest: kparity --store {store} check "
+        f"--resume {run_id}"), out + err
+    assert not _workers(proc.pid)
+    return run_id
+
+
+def test_sigterm_after_killed_workers_ends_with_one_line_and_resume_runs_the_rest(tmp_path,
+                                                                                  capsys):
+    """`kill -9` of the sweep's workers (the isolation worker and the oracle pool's process,
+    as `pkill -9 -f spawn_main` would), then SIGTERM: exit 143, one line (rows kept, the resume
+    command), no traceback or BrokenPipe from any process, no leaked-semaphore warning; the
+    resume runs the rest. Before: the pool's terminate hung on the queue lock its killed process
+    held, and SIGTERM killed the sweep outright (BrokenPipe tracebacks from the pool's process,
+    the resource tracker's warning, no line)."""
+    proc, store = _start_sweep(tmp_path)
+    _wait_for_rows(proc, store, 10)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2, workers  # the isolation worker and the pool's process
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    _wait_for_rows(proc, store, 20)  # a new worker took over; the checks compute the oracles
+    proc.send_signal(signal.SIGTERM)
+    run_id = _one_stop_line(proc, store, "terminated (SIGTERM)")
+    assert proc.returncode == 143
+    kept = Store(store).read("correctness").to_pylist()
+    assert "crash" in {r["status"] for r in kept}  # the case its killed worker was running
+
+    capsys.readouterr()
+    main(["--store", str(store), "check", "--resume", "last"])  # exit 1: that crash row
+    after = Store(store).read("correctness").to_pylist()
+    assert f"resuming run {run_id}: {len(kept)} rows kept" in capsys.readouterr().out
+    assert len(after) > len(kept) and max(_keys(after).values()) == 1
+    assert {r["run_id"] for r in after} == {run_id}
+
+
+def test_ctrl_c_at_a_terminal_ends_the_sweep_with_one_line(tmp_path):
+    """Ctrl-C at a terminal reaches the sweep's whole process group, workers included: exit 130
+    and one line; the workers leave it to the sweep (no KeyboardInterrupt of theirs)."""
+    proc, store = _start_sweep(tmp_path)
+    _wait_for_rows(proc, store, 10)
+    os.killpg(proc.pid, signal.SIGINT)
+    _one_stop_line(proc, store, "interrupted")
+    assert proc.returncode == 130

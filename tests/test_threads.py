@@ -72,8 +72,8 @@ def test_inductor_compile_workers_never_exceed_inductors_own_cap():
 
 
 def test_a_process_of_the_shared_context_starts_with_the_share_whenever_it_starts():
-    """multiprocessing's pool starts a replacement for a dead process from its own thread, long
-    after the pool was made, through its context's `Process`: with SharedSpawnContext each start
+    """A process may start from another thread, long after the context was made (a device's
+    thread under --devices), through its context's `Process`: with SharedSpawnContext each start
     gets the share, not the sweep's environment (which keeps its own)."""
     ctx = threads.SharedSpawnContext(3)
     got = {}
@@ -84,21 +84,21 @@ def test_a_process_of_the_shared_context_starts_with_the_share_whenever_it_start
         proc.start()
         got.update(ours.recv())
         proc.join()
-    later = threading.Thread(target=start_later)  # as the pool's worker handler would
+    later = threading.Thread(target=start_later)  # as a device's thread would
     later.start()
     later.join(120)
     assert set(got.values()) == {"3"}
     assert "OMP_NUM_THREADS" not in os.environ
 
 
-def test_the_oracle_pool_replaces_a_dead_process_within_its_share(monkeypatch):
+def test_the_oracle_pool_starts_its_processes_within_their_share(monkeypatch):
     from runners import oracle_cache
 
     monkeypatch.setattr(threads, "cores", lambda: 8)
     monkeypatch.setattr(oracle_cache, "share", threads.share)
     pool = oracle_cache.spawn_pool(2)
     try:
-        assert isinstance(pool._ctx, threads.SharedSpawnContext) and pool._ctx.threads == 4
+        ctx = pool._mp_context
+        assert isinstance(ctx, threads.SharedSpawnContext) and ctx.threads == 4
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown()

@@ -19,6 +19,7 @@ from verbs.selection import op_and_backend_filters
 from verbs.usage import split_csv, unknown
 
 ORDER = 1.5  # a correctness verb: after check and repro, before the timing verbs
+GROUP = "correctness"  # its heading in `kparity --help`
 
 
 def add_parsers(sub) -> None:

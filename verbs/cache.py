@@ -13,6 +13,7 @@ from verbs.console import console
 from verbs.usage import UsageError, unknown
 
 ORDER = 5  # housekeeping: last in `kparity --help`
+GROUP = "housekeeping"  # its heading in `kparity --help`
 
 # What the namespaces that kparity writes hold (a plugin's own shows without a description).
 HOLDS = {"oracle": "oracle outputs: exact, reference, bounds (runners/oracle_cache.py)",
@@ -116,7 +117,7 @@ def clear(root, namespace: str | None) -> int:
             raise UsageError(f"unknown namespace {namespace!r}: the cache at {root} holds none "
                              "(nothing to clear)")
         raise UsageError(f"{unknown('namespace', namespace, existing)}; or leave out "
-                         f"--namespace to clear them all (the cache at {root})")
+                         "--namespace to clear them all")
     if not existing and not os.path.isdir(root):
         console.print(escape(f"kparity cache {root}: nothing to clear (not created yet)"),
                       soft_wrap=True)

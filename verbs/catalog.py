@@ -4,6 +4,7 @@ and why not) and `kparity cases` (the (impl, case) pairs a check would run)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
@@ -12,19 +13,26 @@ from cases.generate import gate_cases
 from oracle.dtypes import FLOAT_DTYPES
 from oracle.spec import registry as op_registry
 from verbs.console import console
+from verbs.outputs import output_path
 from verbs.selection import (add_filter_args, add_seed_arg, backend_named, registered_impls,
-                             select_impls, tier_flag, work_list)
-from verbs.usage import split_csv
+                             select_impls, tier_flag, verbose_flag, work_list)
+from verbs.usage import UsageError, split_csv, unknown
 
 ORDER = 0  # `kparity --help` lists the verb groups by ORDER: what is here comes first
+GROUP = "what is here"  # its heading in `kparity --help`
 
 
 def add_parsers(sub) -> None:
-    ops = sub.add_parser("ops", help="ops, impls (and where each came from), backends here")
+    ops = sub.add_parser("ops", help="ops, impls (and where each came from), backends here; "
+                                     "--matrix: what runs here, and why not")
     ops.add_argument("--matrix", action="store_true",
-                     help="support matrix, op x impl x dtype: runs here (how many of the op's "
-                          "cases of that dtype the impl's contract admits), refused by "
-                          "contract (and the invariant), or backend missing (and why)")
+                     help="support matrix, impl x dtype by family and op: runs here (how many of "
+                          "the op's cases of that dtype the impl's contract admits), refused by "
+                          "contract (and the invariant), or missing here (and why); with "
+                          "--family, that family's")
+    ops.add_argument("--html", metavar="FILE", type=output_path,
+                     help="write the support matrix's full grid (every reason in full) to FILE "
+                          "as one HTML page; implies --matrix")
     ops.add_argument("--coverage", action="store_true",
                      help="per op, what each tier covers: impls, dtypes, distributions, "
                           "parameter values, dispatch edges, cases and contract invariants "
@@ -36,7 +44,8 @@ def add_parsers(sub) -> None:
                      help="with --family: where the family lives, read from the code: its "
                           "oracle, cases, each backend's impl modules, CUDA kernels and headers, "
                           "and the tests naming its ops")
-    cases = sub.add_parser("cases", help="what would run: (impl, case) pairs, per impl")
+    cases = sub.add_parser("cases", help="what would run: (impl, case) pairs, per impl; "
+                                         "--list prints each case")
     add_filter_args(cases)
     cases.add_argument("--invalid", action="store_true",
                        help="include the violating cases (one per contract invariant)")
@@ -47,23 +56,22 @@ def add_parsers(sub) -> None:
                        help="print at most N cases with --list (200)")
     add_seed_arg(cases)
     tier_flag(cases)
+    verbose_flag(cases)
 
 
 def cmd_ops(args) -> int:
     import gpu_impls
 
     impls = registered_impls()
-    if args.matrix:
-        return support_matrix(impls)
+    families = {spec.family for spec in op_registry().values()}
+    if args.family is not None and args.family not in families:
+        raise unknown("family", args.family, families)
+    if args.matrix or args.html:
+        return support_matrix(impls, args.family, args.html)
     if args.coverage:
         return coverage_table(impls)
     if args.files:
         return family_files_table(args.family, impls)
-    families = {spec.family for spec in op_registry().values()}
-    if args.family is not None and args.family not in families:
-        console.print(f"[red]--family {args.family!r}: no op has it; families: "
-                      f"{', '.join(sorted(families))}[/red]")
-        return 2
     table = Table(title="ops and impls (impls from plugins: see below)")
     for col in ("op", "family", "dims", "impls"):
         table.add_column(col)
@@ -96,9 +104,8 @@ def family_files_table(family: str | None, impls: dict) -> int:
     from verbs.family_files import family_files
 
     if family is None:
-        console.print("[red]--files lists one family's files: add --family NAME (`kparity ops` "
-                      "shows each op's family)[/red]")
-        return 2
+        raise UsageError("--files lists one family's files\n  add --family NAME (`kparity ops` "
+                         "shows each op's family)")
     try:
         parts = family_files(family, impls)
     except ValueError as e:
@@ -128,28 +135,57 @@ def backends_table() -> Table:
     return table
 
 
-def support_matrix(impls: dict) -> int:
+def support_matrix(impls: dict, family: str | None = None, html: Path | None = None) -> int:
     """`ops --matrix`, like llama.cpp's `test-backend-ops support`: per impl and dtype, whether
     it runs here (n of the op's gate cases of that dtype its contract admits), is refused by its
-    contract for every such case (the invariant most of them break), or its backend is missing
-    here (why). Contracts are pure Python: no framework is imported beyond the availability
-    checks `ops` makes anyway."""
-    from gpu_impls.contract import ContractError
+    contract for every such case (the invariant most of them break), or is missing here (why).
+    On the terminal, compact and at most MATRIX_WIDTH columns wide: impls as rows under their
+    family and op, the reasons shortened; `--html FILE` writes the full grid as one page.
+    Contracts are pure Python: no framework is imported beyond the availability checks `ops`
+    makes anyway."""
+    rows = matrix_rows(impls, family)
+    console.print(matrix_table(rows))
+    for line in MATRIX_LEGEND:
+        console.print(line, soft_wrap=True)
+    console.print(backends_table())
+    if html:
+        html.write_text(matrix_html(rows))
+        console.print(escape(f"support matrix, every reason in full: {html}"), soft_wrap=True)
+    return 0
 
-    table = Table(title="support matrix: cases of each dtype the impl runs here, of the op's "
-                        "gate cases")
-    for col in ("op", "impl", *FLOAT_DTYPES, "sum order", "why not"):
-        table.add_column(col, no_wrap=col in ("op", "impl", "sum order"))
-    cases_of, sums = {}, {}
-    for impl in sorted(impls.values(), key=lambda i: (i.op, i.id)):
+
+MATRIX_WIDTH = 120  # the terminal matrix's widest line
+MATRIX_LEGEND = (  # under the terminal matrix, each line within MATRIX_WIDTH
+    "f32 f16 bf16: the op's cases of that dtype the impl runs here ([green]n[/], or [green]n/m[/] "
+    "where its contract admits n of m);",
+    "  [yellow]ref[/]: its contract refuses every one; [red]no[/]: not runnable here; -: the op "
+    "has no case of that dtype",
+    "sum order: the order of the f32 sums the impl declares (`Impl.numerics`), held to by the "
+    "bounds;",
+    "  [yellow]undeclared[/]: every order admitted (a wider bound); -: no sum to declare. "
+    "--html FILE: every reason in full")
+CELL = {"runs": "green", "ref": "yellow", "no": "red", "-": "dim"}  # a dtype cell's colour
+
+
+def matrix_rows(impls: dict, family: str | None = None) -> list[dict]:
+    """The support matrix's rows, one per impl (of `family`), by family, op and impl id: family,
+    op, impl, `cells` {dtype: (state, admitted, of)} with state runs / ref (refused by its
+    contract) / no (not runnable here) / - (no case of the dtype), `sum_order` (rich markup),
+    `why` (each reason in full) and `short` (the reasons in a few words)."""
+    from gpu_impls.contract import ContractError
+    from verbs.selection import short_reason
+
+    specs = op_registry()
+    chosen = [i for i in impls.values() if family is None or specs[i.op].family == family]
+    cases_of, sums, rows = {}, {}, []
+    for impl in sorted(chosen, key=lambda i: (specs[i.op].family, i.op, i.id)):
         if impl.op not in cases_of:
             cases_of[impl.op] = gate_cases(impl.op)
             sums[impl.op] = _summing_case(cases_of[impl.op])
         backend = backend_named(impl.backend)
+        backend_ok = backend.available()[0]
         ok, missing = impl.available(backend)
-        if not backend.available()[0]:  # the backend's own why is in the table below, once
-            missing = f"no {impl.backend} backend here (why: below)"
-        cells, whys = [], defaultdict(list)
+        cells, whys, shorts = {}, defaultdict(list), defaultdict(list)
         for dtype in FLOAT_DTYPES:
             cases = [c for c in cases_of[impl.op] if c.dtype == dtype]
             refused = Counter()
@@ -160,24 +196,91 @@ def support_matrix(impls: dict) -> int:
                     refused[e.invariant] += 1
             admitted = len(cases) - sum(refused.values())
             if not cases:
-                cells.append("[dim]no cases[/]")
+                cells[dtype] = ("-", 0, 0)
             elif not admitted:
-                cells.append("[yellow]refused[/]")
-                whys[f"refused by contract: `{refused.most_common(1)[0][0]}`"].append(dtype)
+                cells[dtype] = ("ref", 0, len(cases))
+                invariant = refused.most_common(1)[0][0]
+                whys[f"refused by contract: `{invariant}`"].append(dtype)
+                shorts[f"`{invariant}`"].append(dtype)
             elif not ok:
-                cells.append("[red]missing[/]")
+                cells[dtype] = ("no", admitted, len(cases))
                 whys[missing].append(dtype)
+                shorts[short_reason(missing, backend_ok)].append(dtype)
             else:
-                cells.append(f"[green]runs[/] {admitted}/{len(cases)}")
-        why = "; ".join(w if len(whys) == 1 and len(ds) == len(FLOAT_DTYPES)
-                        else f"{', '.join(ds)}: {w}" for w, ds in whys.items())
-        table.add_row(impl.op, impl.id, *cells, _sum_order(impl, sums[impl.op]), escape(why))
-    console.print(table)
-    console.print("sum order: the order of the f32 sums the impl declares (`Impl.numerics`), "
-                  "held to by the bounds; [yellow]undeclared[/]: every order is admitted (a "
-                  "wider bound); -: the op's bound has no sum whose order an impl declares")
-    console.print(backends_table())
-    return 0
+                cells[dtype] = ("runs", admitted, len(cases))
+        rows.append({"family": specs[impl.op].family, "op": impl.op, "impl": impl.id,
+                     "cells": cells, "sum_order": _sum_order(impl, sums[impl.op]),
+                     "why": _by_dtype(whys, ", ", ": "), "short": _by_dtype(shorts, " ", " ")})
+    return rows
+
+
+def _by_dtype(reasons: dict[str, list[str]], comma: str, colon: str) -> str:
+    """Reasons joined, each after the dtypes it holds for unless it holds for every dtype."""
+    if len(reasons) == 1 and len(next(iter(reasons.values()))) == len(FLOAT_DTYPES):
+        return next(iter(reasons))
+    return "; ".join(f"{comma.join(dtypes)}{colon}{why}" for why, dtypes in reasons.items())
+
+
+def _cell(state: str, admitted: int, of: int) -> str:
+    """A dtype's cell on the terminal: n (or n/m where the contract admits n of m), ref, no, -."""
+    text = state if state != "runs" else (str(of) if admitted == of else f"{admitted}/{of}")
+    return f"[{CELL[state]}]{text}[/]"
+
+
+def matrix_table(rows: list[dict]) -> Table:
+    """The terminal matrix: a heading row per family and op, impls under it, one line each (an
+    overlong sum order or reason is cut short: the HTML page has it in full)."""
+    from rich import box
+
+    table = Table(title="support matrix: the gate cases of each dtype each impl runs here",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    longest = max((len(row["impl"]) for row in rows), default=0)  # a plugin's may be long
+    widths = {"impl": min(max(longest + 2, 20), 48), **{d: 7 for d in FLOAT_DTYPES},
+              "sum order": 14}
+    narrowest = {"impl": 20, **{d: 6 for d in FLOAT_DTYPES}, "sum order": 10}  # a narrow terminal
+    for col, width in widths.items():
+        table.add_column(col, no_wrap=True, min_width=narrowest[col], max_width=width,
+                         overflow="ellipsis",
+                         justify="left" if col in ("impl", "sum order") else "right")
+    # each column: its width, 2 of padding, 1 of separator (the first: no edge padding)
+    why = MATRIX_WIDTH - sum(widths.values()) - 3 * (len(widths) + 1) + 1
+    table.add_column("why not", no_wrap=True, max_width=why, overflow="ellipsis")
+    op = family = None
+    for row in rows:
+        if row["family"] != family:
+            if family is not None:
+                table.add_section()
+            family = row["family"]
+            table.add_row(f"[bold magenta]{escape(family)}[/]")
+        if row["op"] != op:
+            op = row["op"]
+            table.add_row(f" [bold]{escape(op)}[/]")
+        table.add_row(f"  {escape(row['impl'])}", *(_cell(*row["cells"][d]) for d in FLOAT_DTYPES),
+                      row["sum_order"], escape(row["short"]))
+    return table
+
+
+def matrix_html(rows: list[dict]) -> str:
+    """The full grid as one HTML page: every row's family, op, impl, its dtype cells in words
+    (runs n/m, refused, missing, no cases), sum order and every reason in full."""
+    from rich.text import Text
+
+    from results.report_html import esc, standalone_page, table
+
+    words = {"runs": "runs", "ref": "refused", "no": "missing", "-": "no cases"}
+    css = {"runs": "ok", "ref": "mixed", "no": "bad", "-": "none"}
+    body = []
+    for row in rows:
+        cells = []
+        for dtype in FLOAT_DTYPES:
+            state, admitted, of = row["cells"][dtype]
+            text = f"runs {admitted}/{of}" if state == "runs" else words[state]
+            cells.append((esc(text), css[state]))
+        body.append([esc(row["family"]), esc(row["op"]), esc(row["impl"]), *cells,
+                     esc(Text.from_markup(row["sum_order"]).plain), esc(row["why"])])
+    headers = ["family", "op", "impl", *FLOAT_DTYPES, "sum order", "why not"]
+    return standalone_page("kparity support matrix: the gate cases of each dtype each impl runs "
+                           "here", table(headers, body, raw=True))
 
 
 def _summing_case(cases):

@@ -5,8 +5,11 @@ and `kparity repro` (one case by id): the sweep, its summary tables and verdict 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import signal
+import threading
 import time
 from collections import Counter, defaultdict
 
@@ -28,12 +31,13 @@ from runners.verdicts import failure_kind, is_failure, outcome
 from verbs.console import SweepProgress, console, time_line
 from verbs.selection import (FILTERS, add_filter_args, add_seed_arg, backend_named, check_presets,
                              devices_flag, global_flags, open_store, pick_devices,
-                             registered_impls, repro_line, select_impls, tier_flag, work_for,
-                             work_list)
+                             registered_impls, repro_line, say_left_out, select_impls,
+                             tier_flag, verbose_flag, work_for, work_list)
 from verbs.usage import UsageError, split_csv, unknown
 from verbs.outputs import add_flags as add_output_flags, write_check
 
 ORDER = 1  # after ops and cases in `kparity --help`
+GROUP = "correctness"  # its heading in `kparity --help`
 
 
 def add_parsers(sub) -> None:
@@ -64,6 +68,7 @@ def add_parsers(sub) -> None:
                      help="only the impls whose code (impl, kernel, oracle, cases) changed since "
                           "git ref REF, uncommitted changes included; a core change: all")
     devices_flag(chk)
+    verbose_flag(chk)
     add_output_flags(chk, "(impl, case)")
     rep = sub.add_parser("repro", help="rerun one case (from the store or the generators)")
     rep.add_argument("case_id", help="the 12-hex case id a failure line, the store or "
@@ -173,8 +178,8 @@ def run_work(args, work: list[Work], verb: str, resume: str | None = None,
                 progress.update(task, advance=1, failed=failed)
                 if maxfail is not None and failed >= maxfail:
                     break  # closes the executor: nothing more starts
-    except KeyboardInterrupt:  # the writer has closed: every finished row is in a part
-        raise Interrupted(args, verb, run_id, store) from None
+    except KeyboardInterrupt as e:  # the writer has closed: every finished row is in a part
+        raise Interrupted(args, verb, run_id, store, e) from None
     summarize(rows, run_id, store, getattr(args, "seed", 0))
     if cached:
         console.print(escape(oracle_cache.summary(cached, ahead)), soft_wrap=True)
@@ -200,16 +205,59 @@ def oracle_prefetch(args, work: list[Work]) -> oracle_cache.Prefetch:
         raise UsageError(str(e)) from None
 
 
-class Interrupted(Exception):
-    """Ctrl-C during a sweep, after its finished rows were written: what was kept, and how to
-    run the rest (`check --resume`)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a cancelled CI job, `timeout`, `kill`), raised in the main thread where Ctrl-C
+    raises KeyboardInterrupt (`sigterm_interrupts`): the same stop (finished rows kept, workers
+    and the oracle pool ended, one line), exit 143 (a shell's code for SIGTERM)."""
 
-    def __init__(self, args, verb: str, run_id: str, store: Store):
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM raises `Terminated` meanwhile; a second one, while the first stops the sweep, is
+    ignored. Off the main thread (a test calling `main` from a thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_kind(e: KeyboardInterrupt) -> tuple[str, int]:
+    """How a KeyboardInterrupt (or `Terminated`) is named in a stop's line, and its exit code."""
+    return ("terminated (SIGTERM)", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM (`stop`) during a sweep, after its finished rows (of `table`) were
+    written: what was kept, and how to run the rest (`check --resume`)."""
+
+    def __init__(self, args, verb: str, run_id: str, store: Store, stop: KeyboardInterrupt,
+                 table: str = "correctness"):
         import pyarrow.compute as pc
 
-        kept = store.read("correctness", filter=pc.field("run_id") == run_id).num_rows
+        self.how, self.code = stop_kind(stop)
+        kept = store.read(table, filter=pc.field("run_id") == run_id).num_rows
+        what = "rows" if table == "correctness" else f"{table} rows"
         rest = f"; the rest: {resume_command(args, run_id)}" if verb == "check" else ""
-        super().__init__(f"{kept} rows of run {run_id} kept in {store.root}/{rest}")
+        super().__init__(f"{kept} {what} of run {run_id} kept in {store.root}/{rest}")
+
+
+@contextlib.contextmanager
+def keeping_rows_on_stop(args, verb: str, run_id: str, store: Store, table: str):
+    """Ctrl-C or SIGTERM inside becomes `Interrupted` (the rows kept): outermost, so the row
+    writers inside have closed before it counts."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        raise Interrupted(args, verb, run_id, store, e, table) from None
 
 
 def resume_command(args, run_id: str) -> str:
@@ -219,8 +267,8 @@ def resume_command(args, run_id: str) -> str:
 
 
 def interruptible(verb):
-    """A verb that Ctrl-C ends with one line (exit 130, a shell's code for SIGINT), not a
-    traceback."""
+    """A verb that Ctrl-C ends with one line (exit 130, a shell's code for SIGINT), and SIGTERM
+    likewise (exit 143), not a traceback."""
     import functools
 
     @functools.wraps(verb)
@@ -228,11 +276,13 @@ def interruptible(verb):
         try:
             return verb(args)
         except Interrupted as e:
-            console.print(f"[yellow]interrupted[/]: {escape(str(e))}", soft_wrap=True)
-        except KeyboardInterrupt:  # before or after the sweep: no row was being written
-            console.print("[yellow]interrupted[/] outside the sweep: rows already written stay "
-                          "in the store")
-        return 130
+            console.print(f"[yellow]{e.how}[/]: {escape(str(e))}", soft_wrap=True)
+            return e.code
+        except KeyboardInterrupt as e:  # before or after the sweep: no row was being written
+            how, code = stop_kind(e)
+            console.print(f"[yellow]{how}[/] outside the sweep: rows already written stay in "
+                          "the store")
+            return code
     return run
 
 
@@ -416,6 +466,8 @@ def cmd_check(args) -> int:
     if args.since:  # read first: a bad ref is refused before anything else is said
         from runners.since import ROOT, changed_files
         changed = changed_files(args.since, ROOT, "--since")
+    if not args.cases:
+        check_presets(args)  # a bad --preset is refused before anything else is said
     impls = select_impls(args, need_available=True)
     if args.since:  # one more filter: the impls the changes since REF can affect
         from verbs.selection import since_filter
@@ -438,18 +490,17 @@ def cmd_check(args) -> int:
 
 
 def say_unchecked(args, impls, work) -> None:
-    """A line for each selected impl (not a report-only baseline: those only run their
-    rejections) that gets no valid case, with the reason: never left out without a word."""
+    """Each selected impl (not a report-only baseline: those only run their rejections) that
+    gets no valid case, with the reason: never left out without a word (`say_left_out`: one
+    line counting them by reason unless few, or --verbose)."""
     from verbs.timing import why_no_cases
 
     checked = {w.impl.id for w in work if w.expect == "valid"}
     seed = getattr(args, "seed", 0) or 0
-    for impl in impls:
-        if impl.id in checked or impl.report_only:
-            continue
-        why = why_no_cases(impl, gate_cases(impl.op, seed), split_csv(args.dtype) or None,
-                           check_presets(args) or None, "gate")
-        console.print(f"[yellow]not checked:[/] {escape(why or impl.id)}", soft_wrap=True)
+    whys = {impl.id: why_no_cases(impl, gate_cases(impl.op, seed), split_csv(args.dtype) or None,
+                                  check_presets(args) or None, "gate")
+            for impl in impls if impl.id not in checked and not impl.report_only}
+    say_left_out("not checked", whys, args.verbose)
 
 
 def resume_check(args) -> int:
@@ -507,8 +558,8 @@ def find_case(case_id: str, store: Store) -> tuple[Case, list[str]]:
         for c in valid_cases(impl) + [w.case for w in violating_cases(impl)]:
             if c.id == case_id:
                 return c, []
-    raise UsageError(f"case {case_id!r} is neither in the store ({store.root}) nor among the "
-                     f"generated cases (seed 0); `kparity cases --list` shows ids")
+    raise UsageError(f"case {case_id!r} is neither in the store nor among the generated cases "
+                     f"(seed 0)\n  `kparity cases --list` shows ids; the store: {store.root}")
 
 
 @interruptible

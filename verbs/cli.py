@@ -1,22 +1,6 @@
 """kparity: differential correctness and benchmarking of LLM-inference GPU kernels against
 NumPy oracles. Every check and timing is a row in a Parquet store.
 
-Verbs (`kparity VERB --help` for each):
-  what is here   ops       ops, impls (and where each came from), backends here;
-                           --matrix: op x impl x dtype, what runs here and why not
-                 cases     the (impl, case) pairs a check would run; --list prints each case
-  correctness    check     sweep every selected impl over its op's cases against the oracle
-                 repro     rerun one case by id (from the store or the generators)
-                 bite      plant generic mistakes in each op's correct impl: are they caught
-  timing         bench     timing sweep over the bench cases
-                 ab        A/B of impls: correctness, interleaved runs, a verdict
-  history        compare   run vs run, or vs the last N runs: regressions
-                 accept    accept a speed or error-budget change as the new baseline
-                 sql       a DuckDB query over the store
-                 report    static HTML dashboard of the store
-                 nightly   check + bench + compare + report
-  housekeeping   cache     the oracle / nvcc cache on disk: info, clear
-
 Global options (--store, --plugin) go before or after the verb: `kparity --store DIR check`
 and `kparity check --store DIR` are the same. Plugins register more ops and impls (a kernel
 repo's own): `--plugin MODULE` (a dotted module importable from here, or a .py file; one that
@@ -25,7 +9,8 @@ a warning; the rest runs). The store is .kparity/ here unless --store or $KPARIT
 
 Exit codes: 0 success, 1 a check failed (or a regression), 2 bad input (an unknown name lists
 the valid ones, closest first), 3 nothing could run (no backend here for what was asked),
-130 interrupted (Ctrl-C: the rows so far are kept; `check --resume last` runs the rest).
+130 interrupted (Ctrl-C: the rows so far are kept; `check --resume last` runs the rest), 143
+terminated (SIGTERM: the same).
 """
 
 from __future__ import annotations
@@ -34,19 +19,22 @@ import argparse
 import contextlib
 import importlib
 import pkgutil
+import re
 import sys
+import textwrap
 import time
 
 from rich.markup import escape
 
 import verbs
-from cases.casefile import CaseFileError
+from cases.casefile import CaseFileError, closest
 from gpu_impls import known_issues
 from results.store import StoreError
 from runners.limits import BadInput, DeviceUnusable
 from verbs import console as verbs_console
+from verbs.check import sigterm_interrupts, stop_kind
 from verbs.console import console
-from verbs.usage import UsageError
+from verbs.usage import LINE, UsageError
 
 
 def verb_modules() -> list:
@@ -72,6 +60,22 @@ def verb_table() -> dict:
 
 # --- parser ------------------------------------------------------------------------------------
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser (every verb's too: subparsers take their parent's class) with its
+    errors in two lines, as every bad input is: what was wrong (an invalid choice with the
+    closest few valid ones, not all), then where the options are (not the whole usage)."""
+
+    def error(self, message: str):
+        found = re.match(r"(argument .+: invalid choice: )'(.*)' \(choose from (.*)\)$", message)
+        if found:
+            head = f"{self.prog}: error: {found.group(1)}{found.group(2)!r}; valid: "
+            choices = [c.strip("'") for c in found.group(3).split(", ")]
+            message = (f"{found.group(1)}{found.group(2)!r}; valid: "
+                       + closest(found.group(2), choices, width=LINE - len(head)))
+        self.exit(2, f"{self.prog}: error: {message}\n  `{self.prog} --help` lists "
+                     f"{'its options' if ' ' in self.prog else 'the verbs and options'}\n")
+
+
 def _global_options(p: argparse.ArgumentParser, after_verb: bool) -> None:
     """--store and --plugin, on the top-level parser and (after_verb) on every verb's. A verb's
     parser fills its own namespace, which then overwrites the top level's: after the verb they
@@ -89,15 +93,38 @@ def _global_options(p: argparse.ArgumentParser, after_verb: bool) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kparity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The CLI's parser. Its help (this module's docstring) lists the verbs after its first
+    paragraph, grouped, from the verb modules themselves (`verb_list`), once: argparse's own
+    list of the subparsers is left out (help=SUPPRESS), so a registered verb is never missing."""
+    p = Parser(prog="kparity", usage="%(prog)s [-h] [--store DIR] [--plugin MODULE] VERB ...",
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     _global_options(p, after_verb=False)
-    sub = p.add_subparsers(title="verbs", dest="verb", required=True, metavar="VERB")
-    for module in verb_modules():
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB", help=argparse.SUPPRESS,
+                           prog="kparity")  # each verb's prog: "kparity VERB"
+    modules = verb_modules()
+    for module in modules:
         module.add_parsers(sub)
     for verb_parser in sub.choices.values():
         _global_options(verb_parser, after_verb=True)
+    intro, rest = __doc__.split("\n\n", 1)
+    p.description = f"{intro}\n\n{verb_list(sub, modules)}\n\n{rest}"
     return p
+
+
+def verb_list(sub, modules: list) -> str:
+    """The verbs as `kparity --help` lists them: under each module's GROUP (in ORDER), each
+    verb and its help (the one its module gave `add_parser`), wrapped to 92 columns."""
+    helps = {action.dest: action.help for action in sub._choices_actions}
+    lines, heading = ["Verbs (`kparity VERB --help` for each):"], None
+    for module in modules:
+        group = getattr(module, "GROUP", "more")
+        for verb in module.VERBS:
+            label = group if group != heading else ""
+            heading = group
+            text = textwrap.wrap(helps.get(verb) or "", 92 - 28) or [""]
+            lines.append(f"  {label:<15}{verb:<10}  {text[0]}")
+            lines += [" " * 29 + more for more in text[1:]]
+    return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,9 +138,13 @@ def main(argv=None) -> int:
     verbs_console.COMMAND_STARTED = time.monotonic()
     args = parse_args(argv)
     try:
-        with plugin_warnings_in_yellow():
+        with plugin_warnings_in_yellow(), sigterm_interrupts():
             load_plugins(args.plugin or [])
             return verb_table()[args.verb](args)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM in a verb without a line of its own
+        how, code = stop_kind(e)
+        console.print(f"[yellow]{how}[/]: what it wrote to the store before stays there")
+        return code
     except (UsageError, BadInput) as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
@@ -133,7 +164,7 @@ def load_plugins(modules: list[str]) -> None:
         try:
             gpu_impls.load_plugin(module)
         except gpu_impls.PluginError as e:
-            hint = ("; --plugin takes a module importable from here (tests.mutants) or a .py "
+            hint = ("\n  --plugin takes a module importable from here (tests.mutants) or a .py "
                     "file (tests/mutants.py)"
                     if isinstance(e.__cause__, (ImportError, OSError)) else "")
             raise UsageError(f"{e}{hint}") from None

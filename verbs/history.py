@@ -9,18 +9,20 @@ accept   writes an annotation row: from that run on, the matching series start a
          them, unless `--metric median_ns` (speed only) is asked. A known failure goes into the
          known-issues ledger (gpu_impls/known_issues.py) with its tracked issue. Refusing is
          clearer than accepting the rest quietly: the failures stay red until fixed or ledgered.
-sql      ad-hoc DuckDB queries over the Parquet datasets (views: README "History", **sql**).
+sql      ad-hoc DuckDB queries over the Parquet datasets (views: docs/results-schema.md).
 
 Heavy imports (DuckDB) happen inside the verbs: none of this is on the GPU import path.
 """
 
 from __future__ import annotations
 
+from cases.casefile import closest
 from verbs.console import console
 from verbs.selection import add_filter_args, open_store
-from verbs.usage import UsageError, split_csv, unknown
+from verbs.usage import LINE, UsageError, split_csv, unknown
 
-ORDER = 3  # after the timing verbs in `kparity --help`
+ORDER = 3  # after the timing and model verbs in `kparity --help`
+GROUP = "history"  # its heading in `kparity --help`
 
 
 def add_parsers(sub) -> None:
@@ -57,8 +59,8 @@ def add_parsers(sub) -> None:
         description="One DuckDB query over the store's Parquet datasets. Views: runs, "
                     "correctness, bench, ab, ceilings, annotations (one per table), latest (the "
                     "newest correctness row of each impl, case and device; repro runs and "
-                    "retired impls left out), history (one value per run and series). README "
-                    "'History: kparity compare, accept, sql, report, nightly' documents them.")
+                    "retired impls left out), history (one value per run and series). docs/"
+                    "results-schema.md documents them.")
     sql.add_argument("query", help="SQL text, e.g. \"SELECT impl, count(*) FROM latest GROUP BY "
                                    "impl\"")
     sql.add_argument("--format", choices=("table", "csv", "json"), default="table",
@@ -70,8 +72,9 @@ def cmd_compare(args) -> int:
     import json
     import sys
 
-    from results.compare import (FILTERS, CompareError, Thresholds, compare, render_markdown,
-                                 render_table)
+    from results.compare import Thresholds, compare
+    from results.compare_render import render_markdown, render_table
+    from results.compare_runs import FILTERS, CompareError
 
     thresholds = Thresholds(z=args.z, min_change=args.min_change, budget_jump=args.budget_jump,
                             new_may_fail=args.new_may_fail)
@@ -94,7 +97,6 @@ def cmd_compare(args) -> int:
 
 ACCEPT_TABLES = {"": ("correctness", "bench"), "budget": ("correctness",),
                  "median_ns": ("bench",)}
-CLOSEST = 10
 SHOWN_FAILURES = 10
 
 
@@ -113,16 +115,21 @@ def failing_now(store, target: str) -> tuple[str | None, list[dict]]:
 
 
 def refuse_failures(target: str, run_id: str, failing: list[dict]) -> str:
-    """Why `accept` refuses a target with failing correctness rows, and what to do instead."""
-    shown = "; ".join(f"{r['impl']} {r['case_id']} ({(r['label'] or '').split(':', 1)[-1]} "
-                      f"{r['dtype']}): {r['status']}" for r in failing[:SHOWN_FAILURES])
-    more = f"; and {len(failing) - SHOWN_FAILURES} more" if len(failing) > SHOWN_FAILURES else ""
-    return (f"not accepted: {target} has {len(failing)} failing correctness case"
-            f"{'s' if len(failing) != 1 else ''} in its newest sweep {run_id}: {shown}{more}. "
-            "accept resets speed and error-budget baselines; it never accepts a correctness "
-            "failure. Fix it, or record it in the known-issues ledger with its tracked issue "
-            "(gpu_impls/known_issues.py; README 'Correctness semantics', Known issues), which "
-            "records it as xfail. To accept only a speed change: kparity accept "
+    """Why `accept` refuses a target with failing correctness rows (as many as fit a line), and
+    what to do instead: accept never accepts a correctness failure; the known-issues ledger
+    records a known one (with its tracked issue) as xfail."""
+    head = (f"not accepted: {target} has {len(failing)} failing correctness case"
+            f"{'s' if len(failing) != 1 else ''} in its newest sweep {run_id}: ")
+    shown = []
+    for r in failing[:SHOWN_FAILURES]:
+        text = (f"{r['impl']} {r['case_id']} ({(r['label'] or '').split(':', 1)[-1]} "
+                f"{r['dtype']}): {r['status']}")
+        if shown and len(head + "; ".join([*shown, text])) > LINE - 14:
+            break
+        shown.append(text)
+    more = f"; and {len(failing) - len(shown)} more" if len(failing) > len(shown) else ""
+    return (head + "; ".join(shown) + more + "\n  fix it, or ledger it as a known issue "
+            "(gpu_impls/known_issues.py); a speed change alone: kparity accept "
             f"{target} --metric median_ns --reason ...")
 
 
@@ -132,7 +139,6 @@ def cmd_accept(args) -> int:
     accepted (results/history.py, results/compare.py). Exit 2, writing nothing, when the
     target fails correctness cases in its newest sweep and the metric includes `budget`
     (`refuse_failures` says why and what to do)."""
-    import difflib
     import shlex
     import socket
     from datetime import datetime, timezone
@@ -152,9 +158,9 @@ def cmd_accept(args) -> int:
                 if table in ACCEPT_TABLES[args.metric]:
                     runs_of.setdefault(t, set()).add(r["run_id"])
     if args.target not in targets:
-        close = difflib.get_close_matches(args.target, sorted(targets), n=CLOSEST, cutoff=0.0)
         raise UsageError(f"unknown target {args.target!r}: neither an impl id nor a case id in "
-                         f"the store ({store.root}). Closest: " + (", ".join(close) or "none"))
+                         f"the store ({store.root})\n  closest first: "
+                         + closest(args.target, targets, width=LINE - 16))
     if args.run is not None:
         known = set(store.read("runs").column("run_id").to_pylist())
         known |= {r for runs in runs_of.values() for r in runs}
@@ -204,8 +210,8 @@ def cmd_sql(args) -> int:
     try:
         answer = query(open_store(args), args.query)
     except duckdb.Error as e:
-        raise UsageError(f"query failed: {e}".splitlines()[0] + " (views: runs, correctness, "
-                         "bench, ab, ceilings, annotations, latest, history)") from None
+        raise UsageError(f"query failed: {e}".splitlines()[0] + "\n  views: runs, correctness, "
+                         "bench, ab, ceilings, annotations, latest, history") from None
     if answer is None:  # comments only
         raise empty
     columns, rows = answer

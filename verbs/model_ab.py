@@ -25,7 +25,8 @@ from verbs.model import model_args
 from verbs.selection import backend_named, global_flags, open_store
 from verbs.usage import UsageError
 
-ORDER = 3  # beside `kparity model` in `kparity --help`
+ORDER = 2.5  # beside `kparity model` in `kparity --help`
+GROUP = "model level"  # its heading in `kparity --help`
 
 
 def add_parsers(sub) -> None:

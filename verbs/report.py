@@ -11,11 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from verbs.console import console
-from verbs.selection import add_filter_args, backend_named, open_store, select_impls, tier_flag
+from verbs.selection import (add_filter_args, backend_named, open_store, select_impls,
+                             tier_flag, verbose_flag)
 from verbs.usage import UsageError
 
-ORDER = 4  # last in `kparity --help`
+ORDER = 4  # after compare, accept and sql in `kparity --help`
+GROUP = "history"  # its heading in `kparity --help`
 FILTERS = ("op", "impl", "backend", "dtype", "preset")
+STOPPED = (130, 143)  # a step's exit code after Ctrl-C, SIGTERM: the night stops there too
 
 
 def add_parsers(sub) -> None:
@@ -33,6 +36,7 @@ def add_parsers(sub) -> None:
                          help="check and bench over these GPUs of this host (as theirs)")
     nightly.add_argument("--concurrent-timing", action="store_true",
                          help="with --devices: bench times on every device at once")
+    verbose_flag(nightly)
 
 
 def need_plotly(verb: str) -> None:
@@ -121,9 +125,10 @@ def cmd_nightly(args) -> int:
     console.rule("nightly: check")
     before = _run_ids(store)
     spread = ["--devices", args.devices] if args.devices else []
-    check_rc = main([*head, "check", *filters, "--tier", args.tier, *spread])
-    if check_rc in (2, 3):  # bad input, or no backend here for the selection: nothing to go on
-        return check_rc
+    verbose = ["--verbose"] if args.verbose else []
+    check_rc = main([*head, "check", *filters, "--tier", args.tier, *spread, *verbose])
+    if check_rc in (2, 3, *STOPPED):  # bad input, no backend here for the selection, or
+        return check_rc  # Ctrl-C / SIGTERM (its line said what was kept): nothing to go on
     failed = check_rc != 0
     tonight = {"check": _new_run(store, before)}
 
@@ -138,9 +143,11 @@ def cmd_nightly(args) -> int:
         console.print(f"bench on {', '.join(fast)}" + (f" (not {'; '.join(slow)})" if slow else ""))
         before = _run_ids(store)
         bench_rc = main([*head, "bench", *_filter_options(args, skip=("backend",)),
-                         "--backend", ",".join(fast), *spread,
+                         "--backend", ",".join(fast), *spread, *verbose,
                          *(["--concurrent-timing"] if args.concurrent_timing else [])])
         tonight["bench"] = _new_run(store, before)
+        if bench_rc in STOPPED:
+            return bench_rc
         if bench_rc == 1:
             failed = True  # a wrong or crashing kernel at a bench size
         elif bench_rc:
@@ -151,6 +158,8 @@ def cmd_nightly(args) -> int:
             continue
         console.rule(f"nightly: compare the {verb} run against its last {args.baseline} runs")
         rc = main([*head, "compare", run_id, "--baseline", str(args.baseline), *filters])
+        if rc in STOPPED:
+            return rc
         if rc == 1:
             failed = True
         elif rc == 2:  # the filters passed the check: the run has no earlier run to go by
@@ -159,6 +168,8 @@ def cmd_nightly(args) -> int:
 
     console.rule("nightly: report")
     report_rc = main([*head, "report", "--out", args.out, "--baseline", str(args.baseline)])
+    if report_rc in STOPPED:
+        return report_rc
     verdict = "[red]FAILED[/]" if failed else "[green]OK[/]"
     console.print(f"nightly {verdict}: check {'failed' if check_rc else 'passed'}; "
                   f"report in {args.out}/")

@@ -9,7 +9,8 @@ verbs' console and usage modules, never a verb module.
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 
 from rich.markup import escape
 
@@ -53,9 +54,8 @@ def op_and_backend_filters(args) -> tuple[list[str], list[str]]:
 
 
 def select_impls(args, need_available: bool) -> list:
-    """Impls matching --op/--impl/--backend; with need_available, only those runnable here."""
-    import gpu_impls
-
+    """Impls matching --op/--impl/--backend; with need_available, only those runnable here
+    (the others said in one line, `say_skipped`)."""
     all_impls = registered_impls()
     ops, backends = op_and_backend_filters(args)
     wanted = split_csv(args.impl)
@@ -79,21 +79,93 @@ def select_impls(args, need_available: bool) -> list:
               and (not ids or i.id in ids)]
     if not need_available:
         return sorted(chosen, key=lambda i: i.id)
-    runnable, missing = [], {}
+    runnable, skipped = [], []
     for impl in chosen:
         backend_ok = backend_named(impl.backend).available()[0]
         ok, why = impl.available(backend_named(impl.backend))
         if ok:
             runnable.append(impl)
         else:
-            missing.setdefault(impl.backend if not backend_ok else impl.id, why)
-    for what, why in sorted(missing.items()):
-        kind = "backend" if what in gpu_impls.BACKENDS else "impl"
-        console.print(f"[yellow]skipping {kind} {what}[/]: {escape(why)}")
+            skipped.append((impl, why, backend_ok))
+    say_skipped(skipped, getattr(args, "verbose", False))
     if chosen and not runnable:
         console.print("[red]nothing to run: no backend for the selected impls is available here[/]")
         raise SystemExit(3)
     return sorted(runnable, key=lambda i: i.id)
+
+
+def say_skipped(skipped: list, verbose: bool) -> None:
+    """The selected impls not runnable here, each `(impl, why, backend available)`: one line
+    counting them by reason (`skipped_line`), or with `verbose` a line per missing backend and
+    per impl whose own needs are missing."""
+    if not skipped:
+        return
+    if not verbose:
+        console.print(escape(skipped_line(skipped)), style="yellow", soft_wrap=True)
+        return
+    missing = {}
+    for impl, why, backend_ok in skipped:
+        missing.setdefault(impl.id if backend_ok else impl.backend, why)
+    impls_of = Counter(impl.backend for impl, _, backend_ok in skipped if not backend_ok)
+    for what, why in sorted(missing.items()):
+        named = f"backend {what} ({impls_of[what]} impls)" if what in impls_of else f"impl {what}"
+        console.print(f"[yellow]skipping {named}[/]: {escape(why)}", soft_wrap=True)
+
+
+def skipped_line(skipped: list) -> str:
+    """One line for the impls not runnable here (`say_skipped`), counted per backend under a
+    short reason (`short_reason`), e.g. `skipping 75 impls: cuda 55 (cupy not installed),
+    torch 18 + mlx 2 (need a GPU); --verbose lists them`."""
+    by_reason: dict[str, Counter] = defaultdict(Counter)
+    for impl, why, backend_ok in skipped:
+        by_reason[short_reason(why, backend_ok)][impl.backend] += 1
+    groups = sorted(by_reason.items(), key=lambda item: -sum(item[1].values()))
+    parts = [" + ".join(f"{backend} {n}" for backend, n in counts.most_common()) + f" ({reason})"
+             for reason, counts in groups]
+    n = len(skipped)
+    return (f"skipping {n} impl{'s' if n != 1 else ''}: " + ", ".join(parts)
+            + "; --verbose lists them")
+
+
+def short_reason(why: str, backend_ok: bool) -> str:
+    """`why` an impl cannot run here, short: "need a GPU" for an impl (its backend present)
+    that runs on a GPU only, else the first clause of `why` without parenthesized details
+    ("cupy not installed (No module named 'cupy'); pip install ..." -> "cupy not installed")."""
+    if backend_ok and ("GPU" in why or "CUDA" in why):
+        return "need a GPU"
+    return re.sub(r"\s*\([^()]*\)", "", why).split(";")[0].strip() or why
+
+
+LEFT_OUT_EACH = 3  # at most this many left-out impls get a line each without --verbose
+
+
+def say_left_out(label: str, whys: dict[str, str], verbose: bool) -> None:
+    """Selected impls a verb runs nothing of, `whys` {impl id: why (`timing.why_no_cases`)},
+    under `label` ("not checked", "not benched"): a line each where they are few or with
+    `verbose`, else one line counting them by reason (`left_out_reason`)."""
+    if verbose or len(whys) <= LEFT_OUT_EACH:
+        for impl_id, why in whys.items():
+            console.print(f"[yellow]{label}:[/] {escape(why or impl_id)}", soft_wrap=True)
+        return
+    reasons = Counter(left_out_reason(why) for why in whys.values())
+    if len(reasons) == 1:
+        counted = next(iter(reasons))
+    else:
+        counted = ", ".join(f"{n}: {reason}" for reason, n in reasons.most_common())
+    console.print(f"[yellow]{label}:[/] " + escape(f"{len(whys)} impls ({counted}); --verbose "
+                                                   "lists them"), soft_wrap=True)
+
+
+def left_out_reason(why: str) -> str:
+    """The reason of a `why_no_cases` text in a few words, without the impl, its op and the
+    filters: shared by the impls one selection leaves out."""
+    if " matches " in why and "; its presets" in why:  # "none of the N gate cases of OP ..."
+        return "filters match no case"
+    if "its contract refuses" in why:
+        return "contract refuses all"
+    if why.endswith(" cases") and ": its op " in why:  # "its op OP has no bench cases"
+        return f"no {why.rsplit(' has no ', 1)[-1][:-1]}"  # "no bench case"
+    return why.split(": ", 1)[-1]
 
 
 def since_filter(args, impls: list, changed: list[str] | None = None) -> list:
@@ -118,9 +190,9 @@ def check_presets(args, source=gate_cases, extra=("edge", "violates")) -> list[s
             if not any(p in label for label in labels):
                 if source is gate_cases and any(p in c.label for op in op_registry()
                                                 for c in bench_cases(op)):
-                    raise UsageError(f"{p!r} is a bench preset: kparity bench --preset {p} "
-                                     "times it. Valid presets here (closest first): "
-                                     + closest(p, labels))
+                    raise UsageError(f"{p!r} is a bench preset: `kparity bench --preset {p}` "
+                                     "times it\n  Valid presets here (closest first): "
+                                     + closest(p, labels, "`kparity cases --list`", 80))
                 raise unknown("preset", p, labels)
     return presets
 
@@ -146,7 +218,8 @@ def work_list(args, impls) -> list[Work]:
         if seed:  # a file's cases keep their own seeds: ignoring --seed would be silent
             raise UsageError(f"--seed {seed} re-seeds generated cases; a --cases file's cases "
                              "keep the seeds the file gives them")
-        return case_file_work(args.cases, impls, split_csv(args.dtype))
+        return case_file_work(args.cases, impls, split_csv(args.dtype),
+                              getattr(args, "verbose", False))
     work = plan(impls, dtypes=split_csv(args.dtype) or None, presets=check_presets(args) or None,
                 invalid=not getattr(args, "valid_only", False), seed=seed,
                 tier=getattr(args, "tier", None) or "nightly")
@@ -157,12 +230,13 @@ def sample_slow_compilers(args, work: list[Work]) -> list[Work]:
     """An impl that compiles once per case shape (`Impl.gate_cases_max`: torch.compile, seconds
     a shape) runs on the gate's sample of its cases, unless --impl names it: a full GPU sweep
     would otherwise spend most of its time compiling speed baselines (~470 shapes for the five
-    compiled torch norms and RoPE). Said in one line per impl."""
+    compiled torch norms and RoPE). Said in a line per impl where they are few or with
+    --verbose, else in one line."""
     named = set(split_csv(getattr(args, "impl", None)))
     by_impl: dict[str, list[Work]] = defaultdict(list)
     for w in work:
         by_impl[w.impl.id].append(w)
-    out = []
+    out, cut = [], {}
     for impl_id, items in by_impl.items():
         impl = items[0].impl
         most = impl.gate_cases_max
@@ -172,18 +246,27 @@ def sample_slow_compilers(args, work: list[Work]) -> list[Work]:
         kept = sampled(items, most)
         out += kept
         if len(kept) < len(items):
-            console.print(escape(f"{impl_id}: {len(kept)} of its {len(items)} cases (it compiles "
-                                 f"once per shape; --impl {impl_id} runs them all)"),
+            cut[impl_id] = (len(kept), len(items))
+    if getattr(args, "verbose", False) or len(cut) <= LEFT_OUT_EACH:
+        for impl_id, (n, of) in cut.items():
+            console.print(escape(f"{impl_id}: {n} of its {of} cases (it compiles once per "
+                                 f"shape; --impl {impl_id} runs them all)"),
                           style="dim", soft_wrap=True)
+    else:
+        n, of = (sum(counts) for counts in zip(*cut.values()))
+        console.print(f"{len(cut)} impls that compile once per shape run {n} of their {of} "
+                      "cases (--impl ID runs all of one; --verbose lists them)", style="dim",
+                      soft_wrap=True)
     return out
 
 
-def case_file_work(path: str, impls, dtypes: list[str]) -> list[Work]:
+def case_file_work(path: str, impls, dtypes: list[str], verbose: bool = False) -> list[Work]:
     """Each case of the file against every selected impl of its op: run where the impl's
     contract admits it, recorded as refused where it does not. A report-only impl (a speed
     baseline computing another function) never gates, as in the generated plan. A user's case
     that no selected impl would check is an error, before anything runs: a sweep that launched
-    nothing must not read as a pass."""
+    nothing must not read as a pass. Said in two lines, naming the first such case; with
+    `verbose`, every such case and each impl's reason."""
     from cases.casefile import load_cases
 
     work, unrun = [], []
@@ -197,11 +280,17 @@ def case_file_work(path: str, impls, dtypes: list[str]) -> list[Work]:
         why = {impl.id: refusal(impl, case) for impl in mine}
         if mine and all(why.values()):
             label = "" if case.label.startswith("file:") else f"{case.label!r}, "
-            unrun.append(f"case {index} ({label}{case.short()}) runs on no selected impl:\n"
-                         + "\n".join(f"  {text}" for text in why.values()))
+            unrun.append((f"case {index} ({label}{case.short()})", why))
+    if unrun and verbose:
+        raise UsageError(f"{path}: " + "".join(
+            f"{name} runs on no selected impl:\n" + "".join(f"  {text}\n" for text in why.values())
+            for name, why in unrun) + "Change or drop the case, or select an impl that runs it "
+            "(--impl; `kparity ops` lists them)")
     if unrun:
-        raise UsageError(f"{path}: " + "\n".join(unrun) + "\nChange or drop the case, or "
-                         "select an impl that runs it (--impl; `kparity ops` lists them)")
+        more = f" and {len(unrun) - 1} more run" if len(unrun) > 1 else " runs"
+        raise UsageError(f"{path}: {unrun[0][0]}{more} on no selected impl\n  change or drop "
+                         "them, or --impl one that runs them (`kparity ops`); --verbose: why "
+                         "each impl refuses")
     return work
 
 
@@ -252,6 +341,12 @@ def add_filter_args(p: argparse.ArgumentParser) -> None:
                    help="case label substring: a model preset, 'edge' or 'violates'")
 
 
+def verbose_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="a line for each impl skipped (not runnable here) or left out (no case "
+                        "to run), with why; default: one line counting them by reason")
+
+
 def devices_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", default=None, metavar="all|0,1,...",
                    help="spread the work over these GPUs of this host: one isolated worker per "
@@ -266,7 +361,7 @@ def pick_devices(args, backends) -> None:
         return
     if getattr(args, "isolate", None) == "none":
         raise UsageError("--devices with --isolate none: each device needs a worker process of "
-                         "its own; --isolate case (or impl), or leave --isolate out")
+                         "its own\n  give --isolate case (or impl), or leave --isolate out")
     from runners.devices import parse_devices  # a bad value raises BadInput: exit 2
 
     args.devices = parse_devices(args.devices,

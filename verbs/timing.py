@@ -28,12 +28,15 @@ from runners.bench import bench_one, ceilings_row, timed_mode
 from runners.stopping import StdRel, shortfall
 from runners.timing import MODES
 from verbs import outputs
+from verbs.check import interruptible, keeping_rows_on_stop
 from verbs.console import SweepProgress, console
 from verbs.selection import (add_filter_args, backend_named, check_presets, devices_flag,
-                             open_store, pick_devices, registered_impls, select_impls)
+                             open_store, pick_devices, registered_impls, say_left_out,
+                             select_impls, verbose_flag)
 from verbs.usage import UsageError, split_csv, unknown
 
 ORDER = 2  # after check and repro in `kparity --help`
+GROUP = "timing"  # its heading in `kparity --help`
 
 MIN_RUNS = 5
 # Bench with nothing narrowing it on a CPU: these presets (`--preset all`: every bench case).
@@ -55,13 +58,13 @@ def check_timing_flags(args) -> None:
     need("--timeout", args.timeout, args.timeout > 0, "seconds per measurement, above 0")
     if args.min_time >= args.timeout:  # measured time never exceeds wall time
         raise UsageError(f"--min-time {args.min_time} is not below --timeout {args.timeout}: "
-                         "every measurement would stop on the timeout before its noise is "
-                         "judged; lower --min-time or raise --timeout")
+                         "each measurement would time out before its noise is judged\n  lower "
+                         "--min-time or raise --timeout")
     runs = getattr(args, "runs", None)
     if runs is not None and runs < MIN_RUNS:
         raise UsageError(f"--runs {runs}: the verdict needs at least {MIN_RUNS} runs per arm "
-                         "(runs, not samples, are the unit of replication); pass --runs "
-                         f"{MIN_RUNS}")
+                         f"(runs, not samples, are the unit of replication)\n  pass --runs "
+                         f"{MIN_RUNS} or more")
 
 
 def _stop_rule(args):
@@ -82,7 +85,7 @@ def check_mode(mode: str | None, impls) -> None:
         offered = "; ".join(f"{t.kind}: {', '.join(t.modes)}" for t in
                             sorted(timers, key=lambda t: t.kind))
         raise UsageError(f"--mode {mode}: not offered by the timers of the selected impls "
-                         f"({offered}); choose one of those, 'all' or 'primary'")
+                         f"({offered})\n  choose one of those, 'all' or 'primary'")
 
 
 def _modes(args, backend) -> list[str]:
@@ -214,6 +217,7 @@ def why_not_benched(impl, dtypes, presets, mode=None) -> str:
             f"{', '.join(timer.modes)}")
 
 
+@interruptible
 def cmd_bench(args) -> int:
     check_timing_flags(args)
     if args.concurrent_timing and not args.devices:
@@ -237,10 +241,8 @@ def cmd_bench(args) -> int:
             console.print("  " + escape(why_not_benched(impl, dtypes, presets, args.mode)),
                           soft_wrap=True)
         return 3
-    for impl in idle:  # selected and left out: say why, every time
-        console.print("[yellow]not benched:[/] "
-                      + escape(why_not_benched(impl, dtypes, presets, args.mode)),
-                      soft_wrap=True)
+    say_left_out("not benched", {impl.id: why_not_benched(impl, dtypes, presets, args.mode)
+                                 for impl in idle}, args.verbose)  # left out: say why, always
     if default:
         every = len(bench_plan(impls, dtypes=dtypes))
         console.print(f"no --preset, --op or --impl on a CPU: benching the {CPU_DEFAULT_PRESET} "
@@ -254,7 +256,8 @@ def cmd_bench(args) -> int:
     store, run_id, ceilings = _start(args, "bench", sorted({w.impl.backend for w, _ in items}))
     stop = _stop_rule(args)
     rows, inputs = [], {}
-    with RowWriter(store, "bench", run_id, every=20) as writer, \
+    with keeping_rows_on_stop(args, "bench", run_id, store, "bench"), \
+            RowWriter(store, "bench", run_id, every=20) as writer, \
             SweepProgress("bench", "detail") as progress:
         task = progress.add_task("bench", total=len(items), detail="")
 
@@ -455,6 +458,7 @@ def _ab_mode(args, impls) -> str:
     return mode
 
 
+@interruptible
 def cmd_ab(args) -> int:
     check_timing_flags(args)
     impls = _ab_impls(args)
@@ -494,7 +498,8 @@ def cmd_ab(args) -> int:
     store, run_id, ceilings = _start(args, "ab", sorted({i.backend for i in impls}))
     stop = _stop_rule(args)
     results, runs = [], []
-    with RowWriter(store, "bench", run_id, every=20) as bench_writer, \
+    with keeping_rows_on_stop(args, "ab", run_id, store, "bench"), \
+            RowWriter(store, "bench", run_id, every=20) as bench_writer, \
             RowWriter(store, "ab", run_id, every=1) as ab_writer, \
             SweepProgress("ab", "detail") as progress:
         total = sum(len(arms) for _, arms in groups) * args.runs
@@ -639,6 +644,7 @@ def add_parsers(sub) -> None:
                             "rotation (CUDA timers): the %%cp-same column, the ceiling of a "
                             "kernel that small (a 1 GiB copy's %%copy is out of its reach)")
     devices_flag(bench)
+    verbose_flag(bench)
     bench.add_argument("--concurrent-timing", action="store_true",
                        help="with --devices: time on every device at once (default: one "
                             "device at a time, since GPUs of one host share power and PCIe)")
