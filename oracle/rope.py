@@ -132,6 +132,31 @@ def inv_freq(case) -> np.ndarray:
     return inv
 
 
+def table_conditioning(case, table: np.ndarray) -> np.ndarray:
+    """Per entry, the factor on the impl's declared table ULPs: 1 + |ln inv| (an exponent's
+    rounding carried through exp or pow), and for llama3's medium band, where the entry is the
+    blend (1 - s) inv0 / f + s inv0 = inv0 / f · (1 + s (f - 1)) of the unscaled inv0, its
+    amplification of inv0's error through s: wavelen = 2 pi / inv0 carries inv0's relative
+    error d (plus two roundings), s = (orig / wavelen - low) / (high - low) moves by
+    (orig / wavelen) (d + 3u) / (high - low), and the blend by that times
+    (f - 1) / (1 + s (f - 1)) relative, A for short. So (1 + |ln inv|)(1 + A) + 3A + 5: the
+    three roundings before s times A, five in the blend (one each: 1 - s, / f, two products,
+    the sum). HF's f32 table at head_dim 96, theta 5e5, factor 32 is 25.8 ULPs off at an entry
+    of s = 0.022 (A = 6.5), past the 2 (1 + |ln inv|) = 22 ULPs of the plain conditioning."""
+    cond = 1.0 + np.abs(np.log(table))
+    p = case.params
+    if p["scaling"] != "llama3":
+        return cond
+    low, high, f = p["low_freq_factor"], p["high_freq_factor"], p["factor"]
+    r = rotary_dim(case)
+    inv0 = p["theta"] ** (-2.0 * np.arange(r // 2, dtype=np.float64) / r)
+    ratio = p["original_max_position"] * inv0 / (2 * math.pi)  # orig / wavelen
+    medium = (ratio >= low) & (ratio <= high)
+    s = np.clip((ratio - low) / (high - low), 0.0, 1.0)
+    amp = np.where(medium, ratio / (high - low) * (f - 1) / (1 + s * (f - 1)), 0.0)
+    return cond * (1 + amp) + np.where(medium, 3 * amp + 5, 0.0)
+
+
 def attention_factor(case) -> float:
     """m, read as f32: YaRN's attention factor (0.1 ln(factor) + 1 unless given), else 1."""
     p = case.params
@@ -184,7 +209,7 @@ def rope_kernel(A, inputs: dict, case) -> dict:
     v = kernel_view(inputs, case)
     pos = _positions(v)
     table = inv_freq(case)
-    inv = A.table("inv_freq", table, 1.0 + np.abs(np.log(table)))
+    inv = A.table("inv_freq", table, table_conditioning(case, table))
     angle = (A.load(pos.reshape(-1, 1)) * inv.reshape(1, -1)).reshape(len(pos), 1, -1)
     c, s = angle.cos(), angle.sin()
     m = attention_factor(case)

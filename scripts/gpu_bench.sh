@@ -305,7 +305,10 @@ tiers)  # issue 48: the gate's tier, cold then warm (header above)
         --durations=40 \
         --junitxml=$OUT/$TIER-$pass.xml ${GATE:-} > $OUT/$TIER-$pass.log 2>&1
     echo "$TIER $pass -n $N: rc=$? wall $((SECONDS - start)) s; $(tail -1 $OUT/$TIER-$pass.log)" | tee -a "$LOG"
-    python3 -m scripts.timeline $OUT/timeline-$pass | head -1 | tee -a "$LOG"
+    python3 -m scripts.timeline $OUT/timeline-$pass > $OUT/timeline-$pass.txt 2>&1
+    head -1 $OUT/timeline-$pass.txt | tee -a "$LOG"
+    # one file per worker is more files than a device call brings back: one archive
+    tar -czf $OUT/timeline-$pass.tgz -C $OUT timeline-$pass && rm -rf $OUT/timeline-$pass
   done
   ;;
 devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices), the gate under

@@ -106,6 +106,7 @@ def error_lines(out: str, tmp_path=None) -> list[str]:
     ["ops", "--family", "bogus"], ["ops", "--files"], ["--plugin", "no_such_module_xyz", "ops"],
     ["check", "--impl", "torch:rms_norm", "--devices", "0", "--isolate", "none"],
     ["ab", "torch:rms_norm", "mlx:rms_norm_f32", "--runs", "1"],
+    ["ab", "torch:rms_norm", "mlx:fast_rms_norm"],
 ])
 def test_an_error_is_at_most_two_lines_that_fit_120_columns(tmp_path, capsys, argv):
     """What was wrong, then the fix: an unknown name shows the closest few valid ones and the

@@ -11,7 +11,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from cases.distributions import DISTRIBUTIONS, DOMAIN
@@ -23,7 +23,6 @@ from oracle.dtypes import FLOAT_DTYPES, round_to, ulp_distance
 from oracle.norms import SEED_NUMERICS, SEED_TOL
 from oracle.spec import registry
 from runners.correctness import check, run_impl
-from runners.verdicts import repro_command
 
 BF16 = ml_dtypes.bfloat16
 NORM_OPS = sorted(name for name, spec in registry().items() if spec.family == "norms")
@@ -365,14 +364,21 @@ TORCH_IMPLS = sorted(i for i, impl in impls().items()
                      if impl.backend == "torch" and impl.available(backend("torch"))[0])
 
 
-# Open defect (issue 27): torch's CPU SDPA kernels read subnormal bf16 values as 0 (DAZ); fuzzed
-# 'tiny' bf16 cases (head_dim 32, 32 heads) fail by 7-230x the attention bound, which does not
-# charge that yet (the gate's own 'tiny' cases pass). Not strict: most drawn cases pass.
-SUBNORMAL_GAP = pytest.mark.xfail(reason="issue 27: torch CPU SDPA flushes subnormal bf16 "
-                                         "values; the attention bound does not charge it yet")
-FUZZ_PARAMS = [pytest.param(i, marks=SUBNORMAL_GAP) if i in (
-    "torch:sdpa", "torch:paged_sdpa", "torch:paged_split_kv", "torch:sdpa_varlen") else i
-    for i in TORCH_IMPLS]
+# Known gaps, each left out of the fuzz by name (a blanket non-strict xfail on four impls, for
+# issue 27's subnormal bf16 gap, hid every failure of theirs; under the nightly profile, 1000
+# draws, that gap no longer shows, while sdpa_split_kv, unmarked, failed on this one):
+# torch's CPU SDPA returns 0 where a NaN score should make the head's output NaN (torch 2.13:
+# `F.scaled_dot_product_attention` of a q holding one NaN gives zeros), and a fuzzed nonfinite
+# case may put NaN or inf in a slot that a window, a sink or a varlen mask leaves unattended,
+# which the contract leaves open (oracle/attention.py, "NaN and inf"). The gate's own nonfinite
+# cases put them in attended slots only and run on every commit.
+TORCH_SDPA = {"torch:sdpa", "torch:paged_sdpa", "torch:paged_split_kv", "torch:sdpa_varlen",
+              "torch:sdpa_split_kv"}
+KNOWN_GAPS = {
+    "NaN score read as 0 / nonfinite in unattended slots": lambda impl, case: (
+        impl.id in TORCH_SDPA and case.dist == "nonfinite"),
+}
+FUZZ_PARAMS = TORCH_IMPLS
 
 
 @pytest.mark.parametrize("impl_id", FUZZ_PARAMS)
@@ -383,8 +389,10 @@ def test_torch_impls_pass_on_fuzzed_valid_cases(impl_id, data):
     rounded to T), so it only has to run: any status but `error`."""
     impl = impls()[impl_id]
     case = data.draw(valid_case(impl), label="case")
+    assume(not any(gap(impl, case) for gap in KNOWN_GAPS.values()))
     row = check(Work(impl, case, "valid"), backend("torch"))
     expected = {"pass", "fail"} if impl.report_only else {"pass"}
     assert row["status"] in expected, (
         f"{impl_id} on case {case.id} ({case.short()}, params {case.params}): {row['status']}: "
-        f"{row['message']}\nrepro: {repro_command(impl_id, case.id)}\ncase: {case.to_json()}")
+        f"{row['message']}\nrepro: put the case below in a list in FILE, then kparity check "
+        f"--cases FILE --impl {impl_id}\ncase: {case.to_json()}")

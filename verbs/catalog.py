@@ -144,7 +144,8 @@ def support_matrix(impls: dict, family: str | None = None, html: Path | None = N
     Contracts are pure Python: no framework is imported beyond the availability checks `ops`
     makes anyway."""
     rows = matrix_rows(impls, family)
-    console.print(matrix_table(rows))
+    # rich fits the columns into the width given, whatever the longest impl id (a plugin's)
+    console.print(matrix_table(rows), width=min(console.width, MATRIX_WIDTH))
     for line in MATRIX_LEGEND:
         console.print(line, soft_wrap=True)
     console.print(backends_table())

@@ -5,11 +5,8 @@ and `kparity repro` (one case by id): the sweep, its summary tables and verdict 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import signal
-import threading
 import time
 from collections import Counter, defaultdict
 
@@ -33,6 +30,7 @@ from verbs.selection import (FILTERS, add_filter_args, add_seed_arg, backend_nam
                              devices_flag, global_flags, open_store, pick_devices,
                              registered_impls, repro_line, say_left_out, select_impls,
                              tier_flag, verbose_flag, work_for, work_list)
+from verbs.stops import Interrupted, interruptible, resume_command
 from verbs.usage import UsageError, split_csv, unknown
 from verbs.outputs import add_flags as add_output_flags, write_check
 
@@ -203,87 +201,6 @@ def oracle_prefetch(args, work: list[Work]) -> oracle_cache.Prefetch:
         return oracle_cache.Prefetch(work, backend_named, getattr(args, "plugin", None) or [])
     except CacheConfigError as e:
         raise UsageError(str(e)) from None
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a cancelled CI job, `timeout`, `kill`), raised in the main thread where Ctrl-C
-    raises KeyboardInterrupt (`sigterm_interrupts`): the same stop (finished rows kept, workers
-    and the oracle pool ended, one line), exit 143 (a shell's code for SIGTERM)."""
-
-
-@contextlib.contextmanager
-def sigterm_interrupts():
-    """SIGTERM raises `Terminated` meanwhile; a second one, while the first stops the sweep, is
-    ignored. Off the main thread (a test calling `main` from a thread) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def stop_kind(e: KeyboardInterrupt) -> tuple[str, int]:
-    """How a KeyboardInterrupt (or `Terminated`) is named in a stop's line, and its exit code."""
-    return ("terminated (SIGTERM)", 143) if isinstance(e, Terminated) else ("interrupted", 130)
-
-
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM (`stop`) during a sweep, after its finished rows (of `table`) were
-    written: what was kept, and how to run the rest (`check --resume`)."""
-
-    def __init__(self, args, verb: str, run_id: str, store: Store, stop: KeyboardInterrupt,
-                 table: str = "correctness"):
-        import pyarrow.compute as pc
-
-        self.how, self.code = stop_kind(stop)
-        kept = store.read(table, filter=pc.field("run_id") == run_id).num_rows
-        what = "rows" if table == "correctness" else f"{table} rows"
-        rest = f"; the rest: {resume_command(args, run_id)}" if verb == "check" else ""
-        super().__init__(f"{kept} {what} of run {run_id} kept in {store.root}/{rest}")
-
-
-@contextlib.contextmanager
-def keeping_rows_on_stop(args, verb: str, run_id: str, store: Store, table: str):
-    """Ctrl-C or SIGTERM inside becomes `Interrupted` (the rows kept): outermost, so the row
-    writers inside have closed before it counts."""
-    try:
-        yield
-    except KeyboardInterrupt as e:
-        raise Interrupted(args, verb, run_id, store, e, table) from None
-
-
-def resume_command(args, run_id: str) -> str:
-    """The command that runs what check run `run_id` left (its store and plugins named again)."""
-    ray = f" --ray {args.ray}" if getattr(args, "ray", None) else ""  # its cluster again
-    return f"kparity{global_flags(args)} check --resume {run_id}{ray}"
-
-
-def interruptible(verb):
-    """A verb that Ctrl-C ends with one line (exit 130, a shell's code for SIGINT), and SIGTERM
-    likewise (exit 143), not a traceback."""
-    import functools
-
-    @functools.wraps(verb)
-    def run(args) -> int:
-        try:
-            return verb(args)
-        except Interrupted as e:
-            console.print(f"[yellow]{e.how}[/]: {escape(str(e))}", soft_wrap=True)
-            return e.code
-        except KeyboardInterrupt as e:  # before or after the sweep: no row was being written
-            how, code = stop_kind(e)
-            console.print(f"[yellow]{how}[/] outside the sweep: rows already written stay in "
-                          "the store")
-            return code
-    return run
 
 
 # Columns shown only when some row of the run has that status.

@@ -32,7 +32,7 @@ from gpu_impls import known_issues
 from results.store import StoreError
 from runners.limits import BadInput, DeviceUnusable
 from verbs import console as verbs_console
-from verbs.check import sigterm_interrupts, stop_kind
+from verbs.stops import sigterm_interrupts, stop_kind
 from verbs.console import console
 from verbs.usage import LINE, UsageError
 

@@ -7,7 +7,8 @@ import time
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 # Wide enough for impl ids when output is not a terminal (CI logs, pipes).
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -15,6 +16,15 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 # When this command started (`verbs/cli.py`'s `main`): a sweep's time line counts from it.
 COMMAND_STARTED = time.monotonic()
+
+
+def duration(seconds: float) -> str:
+    """A person's rounding of a duration: `40 s`, `3 min`, `1.5 h`."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def time_line(first_row: float | None, last_row: float | None, rows: list[dict]) -> str:
@@ -39,13 +49,15 @@ def time_line(first_row: float | None, last_row: float | None, rows: list[dict])
 class SweepProgress(Progress):
     """A sweep's progress: rich's bar on a terminal; where the console is no terminal (CI, a
     nightly's log, a pipe) the bar draws nothing, so one plain line every `every` seconds
-    says how far the sweep is (`check: 1200/14717 done, 0 failed, 310 s; now cuda:x bf16`).
-    The task's field `field`, followed by `suffix`, is shown after the count."""
+    says how far the sweep is and, at the pace so far, how long the rest takes
+    (`check: 1200/14717 done, 0 failed, 310 s, about 58 min left; now cuda:x bf16`). The task's
+    field `field`, followed by `suffix`, is shown after the count."""
 
     def __init__(self, verb: str, field: str, suffix: str = "", every: float = 30.0):
         super().__init__(TextColumn("[bold]{task.description}"), BarColumn(),
                          MofNCompleteColumn(), TextColumn(f"{{task.fields[{field}]}}{suffix}"),
-                         TimeElapsedColumn(), console=console, transient=True)
+                         TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                         console=console, transient=True)
         self.verb, self.field, self.suffix, self.every = verb, field, suffix, every
         self.started = self.last_line = time.monotonic()
 
@@ -60,7 +72,10 @@ class SweepProgress(Progress):
             self.last_line = now
             task = self._tasks[task_id]
             detail = f"{task.fields.get(self.field, '')}{self.suffix}".strip()
+            elapsed = now - self.started
+            left = (f", about {duration(elapsed * (task.total - task.completed) / task.completed)}"
+                    " left" if task.completed and task.total else "")
             line = (f"{self.verb}: {task.completed:.0f}/{task.total:.0f} done, "
                     + (f"{detail}, " if detail else "")
-                    + f"{now - self.started:.0f} s; now {task.description}")
+                    + f"{elapsed:.0f} s{left}; now {task.description}")
         self.console.print(escape(line), soft_wrap=True)

@@ -28,8 +28,8 @@ from runners.bench import bench_one, ceilings_row, timed_mode
 from runners.stopping import StdRel, shortfall
 from runners.timing import MODES
 from verbs import outputs
-from verbs.check import interruptible, keeping_rows_on_stop
-from verbs.console import SweepProgress, console
+from verbs.stops import interruptible, keeping_rows_on_stop
+from verbs.console import SweepProgress, console, duration
 from verbs.selection import (add_filter_args, backend_named, check_presets, devices_flag,
                              open_store, pick_devices, registered_impls, say_left_out,
                              select_impls, verbose_flag)
@@ -206,6 +206,16 @@ def why_no_cases(impl, cases, dtypes, presets, kind: str) -> str:
             f"What would match: {example[top].fix}")
 
 
+def say_how_long(verb: str, measurements: int, args) -> None:
+    """Up front, where the run may take minutes: each measurement lasts --min-time at least and
+    --timeout at most (its noise judged in between: a CPU's noise often keeps it going)."""
+    low, high = measurements * args.min_time, measurements * args.timeout
+    if high >= 60:
+        console.print(f"{verb}: {measurements} measurements of {args.min_time:g}-{args.timeout:g} s"
+                      f" each: {duration(low)} to {duration(high)}; fewer with --runs, --preset, "
+                      "--dtype or a lower --timeout")
+
+
 def why_not_benched(impl, dtypes, presets, mode=None) -> str:
     """Why `impl` has no bench work: `why_no_cases` over its op's bench cases, else its timer
     has no such mode."""
@@ -259,6 +269,7 @@ def cmd_bench(args) -> int:
     with keeping_rows_on_stop(args, "bench", run_id, store, "bench"), \
             RowWriter(store, "bench", run_id, every=20) as writer, \
             SweepProgress("bench", "detail") as progress:
+        say_how_long("bench", len(items), args)
         task = progress.add_task("bench", total=len(items), detail="")
 
         def landed(w, row):
@@ -451,7 +462,8 @@ def _ab_mode(args, impls) -> str:
     mode = args.mode if args.mode not in (None, "primary") else timers[0].modes[0]
     if mode == "all" or any(mode not in t.modes or t.kind != timers[0].kind for t in timers):
         shown = ", ".join(f"{i.id} times with {t.kind} {t.modes}" for i, t in zip(impls, timers))
-        raise UsageError(f"mode {mode!r}: {shown}; an A/B compares one mode on one kind of timer")
+        raise UsageError(f"mode {mode!r}: {shown}\n  an A/B compares one mode on one kind of "
+                         "timer: choose impls of one backend (`kparity ops` lists them)")
     mode, reason = timed_mode(mode, get_op(impls[0].op))
     if reason:
         console.print(f"[yellow]note:[/] {escape(reason)}", soft_wrap=True)
@@ -503,6 +515,7 @@ def cmd_ab(args) -> int:
             RowWriter(store, "ab", run_id, every=1) as ab_writer, \
             SweepProgress("ab", "detail") as progress:
         total = sum(len(arms) for _, arms in groups) * args.runs
+        say_how_long("ab", total, args)
         task = progress.add_task("ab", total=total, detail="")
         for case, arms in groups:
             progress.update(task, description=f"{case.label.split(':', 1)[-1]} {case.dtype}")

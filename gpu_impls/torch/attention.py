@@ -139,14 +139,15 @@ def combine_fn(o, m, l, sinks, normalized: bool, out_dtype):
     top = m.max(dim=-1).values
     if sinks is not None:
         top = torch.maximum(top, sinks.float()[None, :])
-    safe = torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)
+    empty = torch.isinf(top) & (top < 0)  # every split empty, no sink: out 0, lse -inf
+    safe = torch.where(empty, torch.zeros_like(top), top)
     c = torch.exp(m - safe[..., None])
     w = c * l
     total = w.sum(dim=-1)
     if sinks is not None:
         total = total + torch.exp(sinks.float()[None, :] - safe)
     acc = ((w if normalized else c)[..., None] * o).sum(dim=-2)
-    out = acc / total[..., None]
+    out = torch.where(empty[..., None], 0.0, acc / total[..., None])  # not 0 / 0 = NaN
     return out.to(out_dtype), safe + torch.log(total)
 
 
