@@ -69,7 +69,7 @@ def observed_gemv() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import gpu_impls
-    from gpu_impls.cuda.gemv import _kp_warps
+    from gpu_impls.cuda.gemv import kp_warps
     from oracle.quant import unpack
     from tests import emulate_kp
 
@@ -84,7 +84,7 @@ def observed_gemv() -> None:
             inputs = make_inputs(case)
             exact = case.spec.reference(inputs, case)[0]["out"]
             y = emulate_kp.kp_qgemv(unpack(inputs["w"], bits, n), inputs["scales"],
-                                    inputs["biases"], inputs["x"], bits, _kp_warps(case.dims))
+                                    inputs["biases"], inputs["x"], bits, kp_warps(case.dims))
             bound = case.spec.bounds(inputs, {"out": exact}, case,
                                      impl.numerics_for(case))["out"]
             ulp = spacing(exact, "f32")

@@ -29,7 +29,7 @@ from functools import partial
 
 from gpu_impls import impls, register
 from gpu_impls.cuda import gemv
-from gpu_impls.cuda._module import _MAKERS, mutant
+from gpu_impls.cuda._module import MAKERS, mutant
 from gpu_impls.cuda import kp_norms as kp
 
 
@@ -47,15 +47,15 @@ for _impl, _geometry in (("cuda:kp_rms_norm", kp._row_geometry),
 register(*(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}", rows=r) for r in (2, 8)),
          *(variant("cuda:kp_qgemv", gemv._kp_geometry, f"r{r}w{w}", rows=r, warps=w)
            for r in (4, 8) for w in (1, 2, 4)))
-register(*(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"s{s}", stages=s)
+register(*(variant("cuda:kp_qgemv_mma", gemv.mma_geometry, f"s{s}", stages=s)
            for s in gemv.MMA_STAGE_CHOICES),
-         *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"p{p}", parts=p) for p in (1, 2, 4, 8)),
-         *(variant("cuda:kp_qgemv_mma", gemv._mma_geometry, f"t{t}", tiles=t) for t in (1, 2, 4, 8)))
+         *(variant("cuda:kp_qgemv_mma", gemv.mma_geometry, f"p{p}", parts=p) for p in (1, 2, 4, 8)),
+         *(variant("cuda:kp_qgemv_mma", gemv.mma_geometry, f"t{t}", tiles=t) for t in (1, 2, 4, 8)))
 register(mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"),
          mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_late", "KPARITY_DIAG_LATE_DEPENDENTS"),
          mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_subtract", "KPARITY_DIAG_SUBTRACT"))
 register(mutant("cuda:kp_qgemv", "kp_qgemv_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"))
-_kp_impl, _kp_make = _MAKERS["cuda:kp_qgemv"]
+_kp_impl, _kp_make = MAKERS["cuda:kp_qgemv"]
 for _suffix, _defines in (
         ("diag_codes_x", ("KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS")),
         ("diag_codes", ("KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
@@ -67,6 +67,6 @@ for _suffix, _defines in (
 register(variant("cuda:kp_rms_norm", kp._row_geometry, "t4", small_target=4))
 
 for _name in ("kp_rms_norm", "kp_rms_norm_per_head", "kp_qgemv", "kp_qgemv_mma"):
-    _impl, _make = _MAKERS[f"cuda:{_name}"]
+    _impl, _make = MAKERS[f"cuda:{_name}"]
     register(dataclasses.replace(_impl, name=f"{_name}_nopdl", run=_make(pdl=False),
                                  doc=f"cuda:{_name} launched without PDL"))

@@ -87,7 +87,7 @@ def main() -> None:
     timer = CupyTimer()
     for label, (out_dim, in_dim) in SHAPES.items():
         dims = {"out": out_dim, "in": in_dim, "group_size": GROUP, "bits": 4}
-        _, geo = gemv._mma_geometry(dims, {})
+        _, geo = gemv.mma_geometry(dims, {})
         stages = geo.extra["stages"]
         warps_per_block = geo.block[0] // 32 * geo.block[1]
         nbytes = out_dim * in_dim // 2

@@ -19,7 +19,7 @@ from tests import ptx
 from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import fp4
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
+from gpu_impls.cuda._module import KERNEL_DIR, MAKERS
 from oracle.spec import get_op
 
 IMPLS = {"kp_fp4_dequantize": ("fp4_dequantize", fp4.DEQUANTIZE_CONTRACT, fp4._dequantize),
@@ -59,7 +59,7 @@ def test_registered_with_their_kernels_and_mutant_defines():
     for name, (op, contract, _) in IMPLS.items():
         impl = impls[f"cuda:{name}"]
         assert (impl.op, impl.backend, impl.contract) == (op, "cuda", contract)
-        assert impl.id in _MAKERS  # rebuildable with defines (the mutants)
+        assert impl.id in MAKERS  # rebuildable with defines (the mutants)
     listed = listed_kernels()
     assert dict(listed[fp4.SOURCE]) == {"kp_fp4_dequantize": ((16,), (32,)),
                                         "kp_fp4_gemv": ((16, 1), (16, 4), (32, 1), (32, 4))}

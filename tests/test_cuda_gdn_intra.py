@@ -21,7 +21,7 @@ import gpu_impls
 from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import gdn_intra
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
+from gpu_impls.cuda._module import KERNEL_DIR, MAKERS
 from oracle.gdn_chunked import CHUNKS
 from oracle.spec import get_op
 from tests import ptx
@@ -46,7 +46,7 @@ def test_registered_per_op_with_an_instance_per_chunk():
     for name, op in STAGES.items():
         impl = impls[f"cuda:{name}"]
         assert impl.op == op and impl.contract is CONTRACTS[name]
-        assert impl.id in _MAKERS  # rebuildable with defines (the mutants)
+        assert impl.id in MAKERS  # rebuildable with defines (the mutants)
     listed = {(source, name): args for source, name, args in gdn_intra.KERNELS}
     assert set(listed) == {(gdn_intra.SOURCE, name) for name in STAGES}
     assert all(sorted(args) == [(c,) for c in sorted(CHUNKS)] for args in listed.values())

@@ -20,7 +20,7 @@ from tests import ptx
 from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import moe_gemm
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
+from gpu_impls.cuda._module import KERNEL_DIR, MAKERS
 from oracle.moe_gemm import ROUTINGS, expert_counts
 
 IMPL = "cuda:kp_moe_grouped_gemm"
@@ -46,7 +46,7 @@ def test_registered_with_its_kernels_and_mutant_define():
     impl = gpu_impls.impls()[IMPL]
     assert (impl.op, impl.contract, impl.deterministic) == ("moe_grouped_gemm",
                                                             moe_gemm.CONTRACT, True)
-    assert impl.id in _MAKERS
+    assert impl.id in MAKERS
     assert dict(listed_kernels()[moe_gemm.SOURCE]) == {
         "kp_moe_gemv": tuple((a, mt) for a in (0, 1) for mt in (1, 2, 4, 8)),
         "kp_moe_gemm_mma": ((0,), (1,))}

@@ -20,7 +20,7 @@ from tests import ptx
 from cases.model import Case
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import moe_route
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
+from gpu_impls.cuda._module import KERNEL_DIR, MAKERS
 from oracle.spec import get_op
 
 IMPLS = {"kp_moe_router": ("moe_router", moe_route._router),
@@ -62,7 +62,7 @@ def test_registered_with_their_kernels_and_mutant_define():
     for name, (op, _) in IMPLS.items():
         impl = _impl(name)
         assert (impl.op, impl.backend, impl.deterministic) == (op, "cuda", True)
-        assert impl.id in _MAKERS  # rebuildable with defines (the mutant)
+        assert impl.id in MAKERS  # rebuildable with defines (the mutant)
     assert dict(listed_kernels()[moe_route.SOURCE]) == {n: ((),) for n in KERNEL_NAMES}
     define = moe_route.ATOMIC_MUTANT
     assert define in MUTANT_DEFINES and define in defines_for(KERNEL_DIR / moe_route.SOURCE)

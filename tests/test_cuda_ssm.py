@@ -20,7 +20,7 @@ import gpu_impls
 from cases.model import Case, make_inputs
 from gpu_impls.contract import ContractError
 from gpu_impls.cuda import ssm
-from gpu_impls.cuda._module import KERNEL_DIR, _MAKERS
+from gpu_impls.cuda._module import KERNEL_DIR, MAKERS
 from oracle.spec import get_op
 from tests import ptx
 
@@ -61,7 +61,7 @@ def test_registered_with_their_kernels_and_mutant_defines():
     for name, (op, contract, _) in IMPLS.items():
         impl = impls[f"cuda:{name}"]
         assert (impl.op, impl.backend, impl.contract) == (op, "cuda", contract)
-        assert impl.id in _MAKERS  # rebuildable with defines (the mutants)
+        assert impl.id in MAKERS  # rebuildable with defines (the mutants)
     listed = listed_kernels()
     assert {n: a for n, a in listed[ssm.SSM_SOURCE]} == {
         n: tuple((k,) for k in range(1, 9)) for n in ("kp_ssm_step_hpn", "kp_ssm_step_hnp")}

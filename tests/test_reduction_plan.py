@@ -171,12 +171,12 @@ def test_the_declared_order_tightens_kp_rms_norms_f32_bound():
 
 def _kp_qgemv_run(case, inputs):
     """(the f32 transcription's output, exact, the bound under kp_qgemv's declaration)."""
-    from gpu_impls.cuda.gemv import _kp_warps
+    from gpu_impls.cuda.gemv import kp_warps
     from oracle.quant import unpack
 
     d = case.dims
     y = emulate_kp.kp_qgemv(unpack(inputs["w"], d["bits"], d["in"]), inputs["scales"],
-                            inputs["biases"], inputs["x"], d["bits"], _kp_warps(d))
+                            inputs["biases"], inputs["x"], d["bits"], kp_warps(d))
     exact = case.spec.reference(inputs, case)[0]["out"]
     impl = gpu_impls.impls()["cuda:kp_qgemv"]
     bound = case.spec.bounds(inputs, {"out": exact}, case, impl.numerics_for(case))["out"]

@@ -158,7 +158,7 @@ def launch(k, grid: tuple, block: tuple, args: tuple, pdl: bool = False,
 
 # --- impls built from a maker, so that test mutants can recompile them with defines -----------
 
-_MAKERS: dict[str, tuple[object, object]] = {}
+MAKERS: dict[str, tuple[object, object]] = {}
 
 
 def cuda_impl(name: str, op: str, contract, make, doc: str, **fields):
@@ -168,13 +168,13 @@ def cuda_impl(name: str, op: str, contract, make, doc: str, **fields):
 
     impl = Impl(op=op, backend="cuda", name=name, run=make(), contract=contract, doc=doc,
                 **fields)
-    _MAKERS[impl.id] = (impl, make)
+    MAKERS[impl.id] = (impl, make)
     return impl
 
 
 def mutant(impl_id: str, name: str, define: str):
     """A copy of `impl_id` (same op and contract) named `name`, its kernels compiled with
     `-D{define}`: a test mutant (KPARITY_MUTANT_*) or a timing diagnostic (KPARITY_DIAG_*)."""
-    impl, make = _MAKERS[impl_id]
+    impl, make = MAKERS[impl_id]
     return dataclasses.replace(impl, name=name, run=make((define,)),
                                doc=f"{impl_id} compiled with -D{define}")

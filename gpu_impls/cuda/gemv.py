@@ -105,7 +105,7 @@ def fast_geometry(dims, params):
     return {"tpg": 64}, Launch(grid=(max(dims["out"] // FAST_ROWS, 1), 1, 1), block=(64, 1, 1))
 
 
-def _kp_warps(dims) -> int:
+def kp_warps(dims) -> int:
     """Warps splitting K: enough that each lane has at most KP_STEPS chunks per row, 1..4."""
     chunks = dims["in"] * dims["bits"] // 128
     return max(1, min(KP_BLOCK // 32, -(-chunks // (32 * KP_STEPS))))
@@ -136,11 +136,11 @@ def kp_sum_orders(bits: int, warps: int, chunks: int) -> Numerics:
 
 def _kp_numerics(case) -> Numerics:
     d = case.dims
-    return kp_sum_orders(d["bits"], _kp_warps(d), d["in"] * d["bits"] // 128)
+    return kp_sum_orders(d["bits"], kp_warps(d), d["in"] * d["bits"] // 128)
 
 
 def _kp_geometry(dims, params, rows: int = KP_ROWS, warps: int | None = None):
-    warps = warps or _kp_warps(dims)
+    warps = warps or kp_warps(dims)
     return {"warps": warps}, Launch(grid=(-(-dims["out"] // rows), 1, 1),
                                     block=(32 * warps, 1, 1), extra={"rows": rows})
 
