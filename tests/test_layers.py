@@ -12,6 +12,7 @@ imported, so this runs in milliseconds.
 from __future__ import annotations
 
 import ast
+import graphlib
 import sys
 from pathlib import Path
 
@@ -21,20 +22,29 @@ SHARED_MODULES = ("verbs.console", "verbs.usage", "verbs.selection")
 SHARED = {Path(m.replace(".", "/") + ".py") for m in SHARED_MODULES}
 
 
-def imported(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute dotted module) of every import in the file, relative ones resolved."""
+def import_names(path: Path) -> list[tuple[int, tuple[str, ...]]]:
+    """(line, what the statement may name, the likeliest first) per imported name, relative
+    imports resolved: `import a.b` names a.b; `from a.b import c`, the module a.b.c if c is
+    one, else a.b; `from . import x`, the package's module x."""
     package = path.relative_to(ROOT).with_suffix("").parts[:-1]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, (alias.name,)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = package[:len(package) - node.level + 1] if node.level else ()
             module = ".".join((*base, *([node.module] if node.module else [])))
-            if node.module is None:  # `from . import x`: x is a module of the package
-                found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
-            else:
-                found.append((node.lineno, module))
+            found += [(node.lineno, (f"{module}.{alias.name}",) if node.module is None
+                       else (f"{module}.{alias.name}", module)) for alias in node.names]
+    return found
+
+
+def imported(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute dotted module) of every import in the file, relative ones resolved."""
+    found = []
+    for line, names in import_names(path):
+        if (line, names[-1]) not in found:  # `from m import a, b`: m once
+            found.append((line, names[-1]))
     return found
 
 
@@ -79,72 +89,35 @@ def module_file(module: str) -> Path | None:
 
 
 def import_graph() -> dict[Path, set[Path]]:
-    """file -> the files of this tree it imports (`from a.b import c`: a/b/c.py where c is a
-    module, else a/b.py or a/b/__init__.py), every import statement counted."""
+    """file -> the files of this tree it imports (`import_names`' first that is a file; a
+    package: its __init__.py), every import statement counted."""
     graph = {}
     for package in LAYERS:
         for path in sorted((ROOT / package).rglob("*.py")):
-            source = ast.parse(path.read_text(encoding="utf-8"), str(path))
-            package_parts = path.relative_to(ROOT).with_suffix("").parts[:-1]
-            targets = set()
-            for node in ast.walk(source):
-                if isinstance(node, ast.Import):
-                    targets |= {module_file(a.name) for a in node.names}
-                elif isinstance(node, ast.ImportFrom):
-                    base = (package_parts[:len(package_parts) - node.level + 1]
-                            if node.level else ())
-                    module = ".".join((*base, *([node.module] if node.module else [])))
-                    for alias in node.names:
-                        targets.add(module_file(f"{module}.{alias.name}") or module_file(module))
-            graph[path.relative_to(ROOT)] = {t for t in targets if t is not None} - {
-                path.relative_to(ROOT)}
+            here = path.relative_to(ROOT)
+            files = (next(filter(None, map(module_file, names)), None)
+                     for _, names in import_names(path))
+            graph[here] = {f for f in files if f is not None and f != here}
     return graph
 
 
-def cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
-    """The strongly connected components of more than one file (Tarjan's algorithm)."""
-    index, low, stack, on, found = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            part = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                part.append(w)
-                if w == v:
-                    break
-            if len(part) > 1:
-                found.append(sorted(part))
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10_000))
+def cycle(graph: dict[Path, set[Path]]) -> list[Path]:
+    """One import cycle of `graph` (its files, the first again at the end), or [] if none."""
     try:
-        for v in sorted(graph):
-            if v not in index:
-                visit(v)
-    finally:
-        sys.setrecursionlimit(limit)
-    return found
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return []
 
 
 def test_no_file_imports_a_file_that_imports_it_back():
     """0 import cycles between files (issue 51): a module and everything it needs can be read
     without coming back to it. Lazy imports count, package __init__ files too."""
-    found = cycles(import_graph())
-    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(map(str, c)) for c in found)
+    found = cycle(import_graph())
+    assert not found, "an import cycle: " + " -> ".join(map(str, found))
 
 
 def test_the_cycle_finder_finds_a_cycle():
     a, b, c = Path("a.py"), Path("b.py"), Path("c.py")
-    assert cycles({a: {b}, b: {c}, c: {a}}) == [[a, b, c]]
-    assert cycles({a: {b}, b: {c}, c: set()}) == []
+    assert set(cycle({a: {b}, b: {c}, c: {a}})) == {a, b, c}
+    assert cycle({a: {b}, b: {c}, c: set()}) == []
