@@ -112,19 +112,33 @@ def yarn_range(case) -> tuple[float, float]:
     return max(low, 0), min(high, r - 1)
 
 
+def _unscaled(case) -> tuple[np.ndarray, np.ndarray]:
+    """(i, inv0_i = theta^(-2i/R)): the table before any frequency scaling (float64)."""
+    r = rotary_dim(case)
+    i = np.arange(r // 2, dtype=np.float64)
+    return i, case.params["theta"] ** (-2.0 * i / r)
+
+
+def _llama3_band(case, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama3's bands of the unscaled table: (low, medium) masks (wavelen > orig / low:
+    divided by the factor; the medium band blended) and the blend's s."""
+    p = case.params
+    low, high, orig = p["low_freq_factor"], p["high_freq_factor"], p["original_max_position"]
+    wavelen = 2 * math.pi / inv
+    s = (orig / wavelen - low) / (high - low)
+    low_band = wavelen > orig / low
+    return low_band, ~low_band & ~(wavelen < orig / high), s
+
+
 def inv_freq(case) -> np.ndarray:
     """The exact table inv_i, i < R/2, with the case's frequency scaling (float64)."""
-    p, r = case.params, rotary_dim(case)
-    i = np.arange(r // 2, dtype=np.float64)
-    inv = p["theta"] ** (-2.0 * i / r)
+    p = case.params
+    i, inv = _unscaled(case)
     factor = p["factor"]
     if p["scaling"] == "llama3":
-        low, high, orig = p["low_freq_factor"], p["high_freq_factor"], p["original_max_position"]
-        wavelen = 2 * math.pi / inv
-        s = (orig / wavelen - low) / (high - low)
+        low_band, medium, s = _llama3_band(case, inv)
         smooth = (1 - s) * inv / factor + s * inv
-        return np.where(wavelen > orig / low, inv / factor,
-                        np.where(wavelen < orig / high, inv, smooth))
+        return np.where(low_band, inv / factor, np.where(medium, smooth, inv))
     if p["scaling"] == "yarn":
         low, high = yarn_range(case)
         ramp = np.clip((i - low) / ((high + 0.001 if high == low else high) - low), 0, 1)
@@ -148,11 +162,9 @@ def table_conditioning(case, table: np.ndarray) -> np.ndarray:
     if p["scaling"] != "llama3":
         return cond
     low, high, f = p["low_freq_factor"], p["high_freq_factor"], p["factor"]
-    r = rotary_dim(case)
-    inv0 = p["theta"] ** (-2.0 * np.arange(r // 2, dtype=np.float64) / r)
-    ratio = p["original_max_position"] * inv0 / (2 * math.pi)  # orig / wavelen
-    medium = (ratio >= low) & (ratio <= high)
-    s = np.clip((ratio - low) / (high - low), 0.0, 1.0)
+    _, medium, s = _llama3_band(case, _unscaled(case)[1])
+    s = np.clip(s, 0.0, 1.0)
+    ratio = s * (high - low) + low  # orig / wavelen
     amp = np.where(medium, ratio / (high - low) * (f - 1) / (1 + s * (f - 1)), 0.0)
     return cond * (1 + amp) + np.where(medium, 3 * amp + 5, 0.0)
 
