@@ -92,13 +92,18 @@ class Numerics:
     # (an RMSNorm's sum of squares: `oracle/norms.py` "Domain"): "inf", IEEE's (the kernel
     # neither rescales nor widens); None: undeclared, every answer the contract admits.
     overflow: str | None = None
+    # The declaration fixes every f32 operation (form, every sum's order, the FMAs; no library
+    # function): the check holds the impl to the declared kernel's one answer, computed by
+    # `oracle/emulated.py`, instead of the interval around every admissible kernel.
+    one_answer: bool = False
 
     def __str__(self) -> str:
         block = f", softmax_block={self.softmax_block}" if self.softmax_block else ""
         form = f", form={self.form}" if self.form else ""
         sites = "".join(f", {site}={order}" for site, order in self.sums)
         overflow = f", overflow={self.overflow}" if self.overflow else ""
-        return f"reduction={self.reduction}{block}{form}{sites}{overflow}"
+        one = ", one answer" if self.one_answer else ""
+        return f"reduction={self.reduction}{block}{form}{sites}{overflow}{one}"
 
     def order(self, site: str | None) -> Reduction:
         """The declared order of the sum `site` (`reduction` where none is named)."""

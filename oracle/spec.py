@@ -307,6 +307,8 @@ class OpSpec:
         if self.kernel is None:  # a hand tolerance; one taking a 4th argument gets `numerics`
             extra = (numerics,) if _arity(self.tolerance) >= 4 else ()
             bounds = self.tolerance(inputs, exact, case, *extra)
+        elif numerics is not None and numerics.one_answer and not case.params.get("ftz"):
+            bounds = self._one_answer_bounds(inputs, exact, case, numerics)
         else:
             arith = Bounds(model_for(case, numerics or DEFAULT))
             with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -318,6 +320,22 @@ class OpSpec:
             if t.aliases:
                 bounds[t.name] = np.where(self.written(t.name, case, inputs), bounds[t.name], 0.0)
         return bounds
+
+    def _one_answer_bounds(self, inputs: dict, exact: dict, case, numerics) -> dict:
+        """The bounds of an impl declaring `Numerics.one_answer`: its kernel model emulated
+        (`oracle/emulated.py`), each output held to that one answer."""
+        from oracle.emulated import Emulated, Undetermined, one_answer_bound
+        from oracle.numerics import model_for
+
+        try:
+            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                values = self.kernel(Emulated(model_for(case, numerics)), inputs, case)
+        except Undetermined as e:
+            raise ValueError(f"op {self.name}: an impl declares one answer ({numerics}) but "
+                             f"its kernel model leaves open {e}; declare it, or drop "
+                             "one_answer") from None
+        return {t.name: one_answer_bound(values[t.name], exact.get(t.name), t.dtype(case))
+                for t in self.outputs}
 
     def sum_sites(self, case, inputs: dict, numerics=None) -> set:
         """The sums whose declared order the bound on `case` reads for an impl declaring

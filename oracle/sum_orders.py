@@ -165,14 +165,16 @@ def _reduce_last(x: np.ndarray, count: np.ndarray, how: str):
     return x[..., 0], count[..., 0], np.concatenate(formed, axis=-1)
 
 
-def _plan_partials(v: np.ndarray, reduction: Reduction) -> np.ndarray:
-    """The partial sums a plan's real additions form, along the last axis (`plan`)."""
+def plan_reduce(v: np.ndarray, reduction: Reduction, reduce_last) -> tuple[np.ndarray, list]:
+    """Run a plan's steps over the last axis of v: each step brings its digits to the last axis
+    and calls `reduce_last(x, count, how)` -> (totals, their counts, what the step formed);
+    terms past n are absent (0, count 0). Returns (the sum, [what each step formed, ...])."""
     n, lead = v.shape[-1], v.shape[:-1]
     if n > reduction.terms:
         raise ValueError(f"the declared order {reduction} covers {reduction.terms} terms, this "
                          f"sum has {n}: the impl's numerics do not describe this case")
     names = [name for name, _ in reduction.layout]
-    x = np.zeros(lead + (reduction.terms,))
+    x = np.zeros(lead + (reduction.terms,), dtype=v.dtype)
     x[..., :n] = v
     count = np.zeros(reduction.terms, dtype=np.int64)
     count[:n] = 1
@@ -187,10 +189,16 @@ def _plan_partials(v: np.ndarray, reduction: Reduction) -> np.ndarray:
         kept = count.shape[:len(rest)]
         count = count.reshape(kept + (-1,))
         x = x.reshape(lead + kept + (count.shape[-1],))
-        x, count, partials = _reduce_last(x, count, how)
-        formed.append(partials)
+        x, count, step_formed = reduce_last(x, count, how)
+        formed.append(step_formed)
         names = rest
-    return np.concatenate(formed, axis=-1)
+    return x, formed
+
+
+def _plan_partials(v: np.ndarray, reduction: Reduction) -> np.ndarray:
+    """The partial sums a plan's real additions form, along the last axis (`plan`)."""
+    return np.concatenate(plan_reduce(v.astype(np.float64), reduction, _reduce_last)[1],
+                          axis=-1)
 
 
 def addition_magnitudes(v: np.ndarray, reduction: Reduction) -> np.ndarray:

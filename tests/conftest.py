@@ -147,6 +147,35 @@ def since_deselect(config, items) -> None:
         items[:] = keep
 
 
+def start_prebuild(config) -> None:
+    """`pytest -m gpu` over whole files (no -k, no node ids), in the main process (the xdist
+    controller, or a run without -n), where CUDA is here: every listed CUDA kernel compiled ahead
+    in the background on the cores but one (gpu_impls/cuda/prebuild.py), while the workers start
+    and collect; a test that needs a module being compiled waits for it instead of compiling it
+    again. KPARITY_PREBUILD=0 turns it off."""
+    import subprocess
+    import sys
+
+    if (os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("KPARITY_PREBUILD") == "0"
+            or config.getoption("keyword", "") or any("::" in a for a in config.args)
+            or config.getoption("collectonly", False)):
+        return
+    from gpu_impls import backend
+
+    if not backend("cuda").available()[0]:
+        return
+    config._kparity_prebuild = subprocess.Popen(
+        [sys.executable, "-m", "gpu_impls.cuda.prebuild"], cwd=os.path.dirname(
+            os.path.dirname(os.path.abspath(__file__))), stdout=subprocess.DEVNULL)
+
+
+def pytest_unconfigure(config):
+    prebuild = getattr(config, "_kparity_prebuild", None)
+    if prebuild is not None and prebuild.poll() is None:
+        prebuild.terminate()
+        prebuild.wait()
+
+
 def pytest_configure(config):
     pin_xdist_worker()  # first: the accelerator guard below starts CUDA
     if tier(config) == "nightly" and "KPARITY_HYPOTHESIS_PROFILE" not in os.environ:
@@ -157,6 +186,7 @@ def pytest_configure(config):
         if not found:
             pytest.exit("pytest -m gpu: no accelerator backend on this machine, refusing to pass "
                         "empty. Looked for: " + "; ".join(why), returncode=3)
+        start_prebuild(config)
     # The plugins (`kparity.plugins` entry points) load before collection: a test module that
     # lists the registry's ops, families or impls at import lists the ops they register too. An
     # impl module that does not import is left to fail the tests that list the impls.

@@ -2,22 +2,34 @@
 
 Every kernel is a template on a storage trait (`F32`, `F16`, `BF16` in `kernels/common.cuh`),
 optionally followed by more compile-time template arguments (`template_args`, e.g. the items and
-threads per row of `kp_rms_norm<T, ITEMS, TPR>`); one compiled instance per (source file, kernel,
-dtype, defines, template_args), cached for the process. `defines` are extra `-D` macros: empty
-for the real kernels, `KPARITY_MUTANT_...` for the test mutants.
+threads per row of `kp_rms_norm<T, ITEMS, TPR>`); `defines` are extra `-D` macros: empty for the
+real kernels, `KPARITY_MUTANT_...` for the test mutants.
+
+What one NVRTC run compiles: the instances a wrapper module lists (`KERNELS`, the list
+`nvcc_check` compiles offline) are compiled a batch at a time, up to BATCH instances of one file
+and dtype per module (`batches`): one parse of the source for a dozen instances, where one run
+per instance parsed it a dozen times (nvcc, kp_rms_norm.cu: 0.43 s for one instance, 10.1 s for
+all 297 at once). An instance no list names, and every mutant, is compiled alone. Each compile
+holds a lock file per module (beside CuPy's cache, `_compile_lock`), so processes that need the
+same module (pytest-xdist's workers, the gate's prebuild, `gpu_impls/cuda/prebuild.py`) compile
+it once: the others wait and then load it from CuPy's disk cache. Modules are cached per process.
 
 CuPy is imported inside `kernel` only, so importing this module (and registering impls) works on
-machines without it. CuPy also caches compiled modules on disk, keyed by the source text and the
+machines without it. CuPy caches compiled modules on disk, keyed by the source text and the
 options but not by included headers; the source is therefore prefixed with a hash of every
-`kernels/*.cuh`, so that editing a header recompiles every kernel.
+`kernels/*.cuh`, so that editing a header recompiles every kernel, and a batch's source ends
+with the list of its instances.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
 import hashlib
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,17 +51,86 @@ def name_expression(name: str, dtype: str, template_args: tuple = ()) -> str:
     return f"{name}<{', '.join((TRAIT[dtype], *map(str, template_args)))}>"
 
 
+BATCH = 12  # listed instances of one file and dtype per NVRTC run (`batches`)
+
+
+@functools.lru_cache(maxsize=None)
+def batches(source_file: str, dtype: str) -> tuple[tuple[str, ...], ...]:
+    """The instances of `source_file` in `dtype` that the wrapper modules list (`KERNELS`, as
+    `listed.listed_kernels` reads them), sorted, in batches of at most BATCH."""
+    from gpu_impls.cuda.listed import listed_kernels
+
+    names = sorted({name_expression(name, dtype, args)
+                    for name, arg_tuples in listed_kernels().get(source_file, [])
+                    for args in arg_tuples})
+    return tuple(tuple(names[i:i + BATCH]) for i in range(0, len(names), BATCH))
+
+
+def _cache_dir() -> Path:
+    """CuPy's kernel cache (CUPY_CACHE_DIR, default ~/.cupy/kernel_cache)."""
+    given = os.environ.get("CUPY_CACHE_DIR")
+    return Path(given) if given else Path.home() / ".cupy" / "kernel_cache"
+
+
+@contextlib.contextmanager
+def _compile_lock(key: str):
+    """An exclusive lock on the module `key` across processes, while one compiles it (none where
+    the cache folder cannot be written: each process then compiles alone, as before)."""
+    import fcntl
+
+    try:
+        folder = _cache_dir() / "kparity-locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock", "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _compiled(source_file: str, defines: tuple, names: tuple[str, ...]):
+    """A `cupy.RawModule` of `names` (name expressions) from `kernels/source_file`, compiled
+    (or loaded from CuPy's disk cache) under the module's lock."""
+    import cupy
+
+    code = _source(source_file)
+    if len(names) > 1:
+        code += "\n// instances: " + " ".join(names) + "\n"
+    options = ("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines))
+    start = time.perf_counter()
+    with _compile_lock("\n".join((code, *options, *names))):
+        compiled = cupy.RawModule(code=code, options=options, name_expressions=list(names))
+        compiled.get_function(names[0])  # CuPy compiles (or loads) at the first lookup
+    log = os.environ.get("KPARITY_COMPILE_LOG")
+    if log:  # one line per module: pid, seconds to compile or load it, what it holds
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {time.perf_counter() - start:.3f} {source_file} "
+                    f"{len(names)} {names[0]} {' '.join(defines)}\n")
+    return compiled
+
+
+@functools.lru_cache(maxsize=None)
+def batch_module(source_file: str, batch: tuple[str, ...]):
+    """The module of one batch of listed instances (`batches`)."""
+    return _compiled(source_file, (), batch)
+
+
 @functools.lru_cache(maxsize=None)
 def module(source_file: str, name: str, dtype: str, defines: tuple = (),
            template_args: tuple = ()):
     """The `cupy.RawModule` holding `name<TRAIT[dtype], *template_args>` from
-    `kernels/source_file` (its `get_global` reads a kernel's `__device__` variables)."""
-    import cupy
-
-    return cupy.RawModule(
-        code=_source(source_file),
-        options=("-std=c++17", f"-I{KERNEL_DIR}", *(f"-D{d}" for d in defines)),
-        name_expressions=[name_expression(name, dtype, template_args)])
+    `kernels/source_file`: its batch's where a wrapper lists it, else its own."""
+    wanted = name_expression(name, dtype, template_args)
+    if not defines:
+        for batch in batches(source_file, dtype):
+            if wanted in batch:
+                return batch_module(source_file, batch)
+    return _compiled(source_file, defines, (wanted,))
 
 
 @functools.lru_cache(maxsize=None)

@@ -120,7 +120,9 @@ def kp_sum_orders(bits: int, warps: int, chunks: int) -> Numerics:
       chunk_x    the chunk's sum of x, one chain of adds in code order
       row        per thread, one FMA chain over chunks c = step * threads + t in step order,
                  each adding b * xs then s * dot; a warp's 32 lanes by xor butterfly; the
-                 warps in warp order."""
+                 warps in warp order.
+    Every product is an explicit `fmaf` and nothing else is computed in f32 (no function, no
+    division): one answer (`oracle/emulated.py`), which the check holds it to."""
     if bits == 4:
         chunk_dot = plan({"word": 4, "byte": 4, "nibble": 2},
                          ("word nibble", "fma"), ("byte", "pairwise"))
@@ -131,7 +133,7 @@ def kp_sum_orders(bits: int, warps: int, chunks: int) -> Numerics:
                ("step term", "fma"), ("lane", "butterfly"), ("warp", "sequential"))
     return Numerics(form="chunk_split", sums=(
         ("chunk_dot", chunk_dot), ("chunk_x", plan({"code": 128 // bits}, ("code", "sequential"))),
-        ("row", row)))
+        ("row", row)), one_answer=True)
 
 
 def _kp_numerics(case) -> Numerics:

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
 import os
-import pkgutil
 import re
 import shutil
 import subprocess
@@ -45,6 +43,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpu_impls.cuda._module import KERNEL_DIR, TRAIT, name_expression
+from gpu_impls.cuda.listed import Kernel, listed_kernels
 from oracle.diskcache import CacheConfigError, digest, open_cache, positive_env
 
 MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT",
@@ -74,30 +73,10 @@ MUTANT_DEFINES = ("KPARITY_MUTANT_DROP_EPS", "KPARITY_MUTANT_ROUND_BEFORE_WEIGHT
                   "KPARITY_DIAG_NO_X_LOADS", "KPARITY_DIAG_LATE_DEPENDENTS",
                   "KPARITY_DIAG_SUBTRACT",  # tests/test_gpu.py, scripts/kp_variants.py
                   "KPARITY_DIAG_TRACE")  # scripts/mma_trace.py
-NOT_WRAPPERS = {"backend", "nvcc_check"}
 VARIANT_DTYPE = "bf16"  # the one dtype a define's variant instantiates
 FLAGS = ("-std=c++17",)
 HANG_GUARD_S = 3600.0  # per nvcc process (KPARITY_NVCC_TIMEOUT): a hang, not a slow machine
 CACHE_FORMAT = 1
-
-
-Kernel = tuple[str, tuple[tuple, ...]]  # (name, template-argument tuples after the trait)
-
-
-def listed_kernels() -> dict[str, list[Kernel]]:
-    """source file -> (kernel name, extra template-argument tuples), from every wrapper module's
-    `KERNELS` list; a 2-tuple entry has none (`((),)`: the trait alone)."""
-    import gpu_impls.cuda as package
-
-    out: dict[str, list[Kernel]] = {}
-    for mod in pkgutil.iter_modules(package.__path__):
-        if mod.name in NOT_WRAPPERS or mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{package.__name__}.{mod.name}")
-        for source, name, *rest in getattr(module, "KERNELS", ()):
-            args = tuple(tuple(a) for a in rest[0]) if rest else ((),)
-            out.setdefault(source, []).append((name, args))
-    return out
 
 
 def instantiation_unit(source: str, kernels: list[Kernel], dtypes=None) -> str:
