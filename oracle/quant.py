@@ -128,7 +128,7 @@ def dequantize(words: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: 
                group_size: int) -> np.ndarray:
     """w_hat = s * q + b in float64 (exact: every term is a T or a small integer)."""
     k = np.shape(scales)[-1] * group_size
-    q = unpack(words, bits, k).astype(np.float64)
-    s = np.repeat(np.asarray(scales).astype(np.float64), group_size, axis=-1)
-    b = np.repeat(np.asarray(biases).astype(np.float64), group_size, axis=-1)
-    return q * s + b
+    q = _groups(unpack(words, bits, k), group_size)  # [..., groups, G], the scale's axis added
+    s = np.asarray(scales).astype(np.float64)[..., None]
+    b = np.asarray(biases).astype(np.float64)[..., None]
+    return (q * s + b).reshape(*q.shape[:-2], k)
