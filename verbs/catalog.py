@@ -163,6 +163,8 @@ MATRIX_LEGEND = (  # under the terminal matrix, each line within MATRIX_WIDTH
     "has no case of that dtype",
     "sum order: the order of the f32 sums the impl declares (`Impl.numerics`), held to by the "
     "bounds;",
+    "  [green]one answer[/]: every f32 operation declared, the check wants its one result "
+    "(oracle/emulated.py);",
     "  [yellow]undeclared[/]: every order admitted (a wider bound); -: no sum to declare. "
     "--html FILE: every reason in full")
 CELL = {"runs": "green", "ref": "yellow", "no": "red", "-": "dim"}  # a dtype cell's colour
@@ -298,7 +300,8 @@ def _summing_case(cases):
 
 def _sum_order(impl, case) -> str:
     """"-" (no sum to declare), the declared order, "per case" (plans from the case's
-    geometry), "partly" (some of the op's sums declared), or "undeclared"."""
+    geometry), "one answer" (every f32 operation declared), "partly" (some of the op's sums
+    declared), or "undeclared"."""
     if case is None:
         return "-"
     if not impl.declares_order:
@@ -318,6 +321,8 @@ def _sum_order(impl, case) -> str:
     if open_sites:
         named = sorted(site for site in sites - open_sites if site)
         return f"[green]partly[/] ({', '.join(named)})"
+    if numerics.one_answer:  # every f32 operation declared: held to one answer
+        return "[green]one answer[/]"
     if callable(impl.numerics):
         return "[green]per case[/]"  # e.g. kp_rms_norm: threads per row follow the shape
     return f"[green]{escape(str(numerics.reduction))}[/]"
