@@ -82,8 +82,8 @@ pair, MLX), the store's rounding dominating; f32 outputs 0.001-0.06 of it (a bou
 Llama's 128-wide heads over 256 keys against errors of ~4e-7): the any-order bound of a D-term
 dot product ((D/2) u, `oracle/numerics.py`), which an impl declaring its order tightens.
 
-NaN and inf (the `nonfinite` cases put them in attended slots only): IEEE propagation through
-the formula above. A NaN or +inf score makes the head's output NaN (exp(inf − inf)); an inf in
+NaN and inf (the `nonfinite` cases put them in attended slots only, `finite_unattended`): IEEE
+propagation through the formula above. A NaN or +inf score makes the head's output NaN (exp(inf − inf)); an inf in
 an attended v with a nonzero weight makes its column ±inf (or NaN with both signs). A weight
 that underflows f32 (e^x below 2^-149, or below 2^-126 where the exp flushes: MLX) is 0 in the
 kernel, so 0 · inf = NaN where the float64 oracle keeps its inf: an oracle ±inf may come out
@@ -470,6 +470,26 @@ def _key_slot(inputs: dict, case, b: int, t: int) -> tuple[str, str, tuple]:
                                   t % page)
 
 
+def finite_unattended(inputs: dict, names: tuple, axis: int, attended_at: list) -> dict:
+    """A `nonfinite` case's k and v with their NaN and inf kept only where a reader attends:
+    `attended_at` lists (index along axis 0, positions along `axis`) of every attended slot;
+    every other slot's nonfinite entries become 0. A NaN or inf that a query does not attend is
+    outside the contract (a masked kernel's P·V multiplies it by 0, a skipping one never reads
+    it), so a case that put one there would test no rule."""
+    inputs = dict(inputs)
+    for name in names:
+        a = np.array(inputs[name], copy=True)
+        keep = np.zeros((a.shape[0], a.shape[axis]), dtype=bool)
+        for lead, positions in attended_at:
+            keep[lead, positions] = True
+        shape = [a.shape[0]] + [1] * (a.ndim - 1)
+        shape[axis] = a.shape[axis]
+        outside = ~keep.reshape(shape) & ~np.isfinite(a.astype(np.float64))
+        a[outside] = 0
+        inputs[name] = a
+    return inputs
+
+
 def plant_scores(inputs: dict, case) -> dict:
     """The decode cases' planted structures (`cases/distributions.py`), per sequence over its
     attended keys, in every kv head:
@@ -481,7 +501,18 @@ def plant_scores(inputs: dict, case) -> dict:
     * `clear_margin`: that first key is set along the query so its score is ~30 above the
       others': one dominant key (p = 1, the rest e^-30).
     * `equal_keys`: every attended key equals the first: all scores tie, uniform weights.
+    * `nonfinite`: NaN and inf only in key slots their sequence attends (`finite_unattended`).
     Other distributions: unchanged."""
+    if case.dist == "nonfinite":
+        mine = attended(case, inputs["lengths"])
+        if "k" in inputs:
+            return finite_unattended(inputs, ("k", "v"), 2, [(b, keys) for b, keys in
+                                                              enumerate(mine)])
+        page = case.dims["page_size"]
+        table = np.asarray(inputs["page_table"])
+        slots = [(int(table[b, t // page]), [t % page]) for b, keys in enumerate(mine)
+                 for t in keys]
+        return finite_unattended(inputs, ("k_pages", "v_pages"), 2, slots)
     if case.dist not in ("near_tie", "clear_margin", "equal_keys"):
         return inputs
     inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}
@@ -537,8 +568,9 @@ over its attended keys (`attend_kernel`).
 NaN and inf: IEEE propagation over the attended keys, as in `sdpa_decode`; a NaN or inf in a
 key or value that a query does not attend (a later token of its sequence, another sequence's)
 is outside the contract: a masked kernel's P·V multiplies it by 0 (NaN), one that skips it
-does not. So are rows whose every attended score is −inf (exp(−inf − (−inf)): NaN here,
-0 in kernels that guard it). The gate has no `nonfinite` prefill case.
+does not: a `nonfinite` case puts them only at keys every query of its sequence attends
+(`plant_prefill`). So are rows whose every attended score is −inf (exp(−inf − (−inf)): NaN
+here, 0 in kernels that guard it). The gate has no `nonfinite` prefill case.
 """
 
 
@@ -601,6 +633,27 @@ PK = lambda d, p: (sum(p["k_lens"]), d["kv_heads"], d["head_dim"])  # noqa: E731
 CU = lambda d, p: (len(p["q_lens"]) + 1,)  # noqa: E731
 
 
+def plant_prefill(inputs: dict, case) -> dict:
+    """`nonfinite`: a NaN or inf in k or v only at keys every query of the packed batch
+    attends (the module docstring's contract; `finite_unattended`): with one sequence, the keys
+    every one of its queries attends; with several, none (each sequence's keys are ones the
+    others' queries do not attend; a kernel over the packed batch with a block-diagonal mask
+    multiplies them by 0). q keeps its own: a query row reaches only its own output. Other
+    distributions: unchanged."""
+    if case.dist != "nonfinite":
+        return inputs
+    slots, spans = [], varlen_spans(case)
+    for _, q_len, ko, k_len in spans if len(spans) == 1 else ():
+        common = set(range(k_len))
+        for i in range(q_len):
+            common &= set(prefill_keys(i, q_len, k_len, case.params).tolist())
+        slots += [(ko + j, [0]) for j in sorted(common)]
+    # packed rows [Σ k_len, Hkv, D]: a row is a key; axis 0 indexes it (the positions: all)
+    packed = finite_unattended({"k": inputs["k"][:, None], "v": inputs["v"][:, None]},
+                               ("k", "v"), 1, slots)
+    return {**inputs, "k": packed["k"][:, 0], "v": packed["v"][:, 0]}
+
+
 def _prefill_flops(case) -> int:
     p, d = case.params, case.dims
     pairs = sum(len(prefill_keys(i, q, k, p))
@@ -622,4 +675,4 @@ register(OpSpec(
     params={"q_lens": (2,), "k_lens": (5,), "causal": 1, "window": 0, "scale": 0.0,
             "probs": "f32", "ftz": 0},
     param_values={"causal": (0, 1), "probs": PROBS}, inf_may_be_nan=True, chain_input="q",
-    doc=PREFILL_DOC))
+    doc=PREFILL_DOC, plant=lambda inputs, case: plant_prefill(inputs, case)))
