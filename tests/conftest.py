@@ -148,15 +148,13 @@ def since_deselect(config, items) -> None:
 
 
 def start_prebuild(config) -> None:
-    """`pytest -m gpu` over whole files (no -k, no node ids), in the main process (the xdist
-    controller, or a run without -n), where CUDA is here: every listed CUDA kernel compiled ahead
+    """`pytest -m gpu -n N` over whole files (no -k, no node ids), in the xdist controller, where
+    CUDA is here: every listed CUDA kernel compiled ahead
     in the background on the cores but one (gpu_impls/cuda/prebuild.py), while the workers start
     and collect; a test that needs a module being compiled waits for it instead of compiling it
     again. KPARITY_PREBUILD=0 turns it off."""
-    import subprocess
-    import sys
-
     if (os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("KPARITY_PREBUILD") == "0"
+            or not getattr(config.option, "numprocesses", None)
             or config.getoption("keyword", "") or any("::" in a for a in config.args)
             or config.getoption("collectonly", False)):
         return
@@ -164,16 +162,18 @@ def start_prebuild(config) -> None:
 
     if not backend("cuda").available()[0]:
         return
-    config._kparity_prebuild = subprocess.Popen(
-        [sys.executable, "-m", "gpu_impls.cuda.prebuild"], cwd=os.path.dirname(
-            os.path.dirname(os.path.abspath(__file__))), stdout=subprocess.DEVNULL)
+    from gpu_impls.cuda.prebuild import start_background
+
+    config._kparity_prebuild = start_background(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
 
 
 def pytest_unconfigure(config):
     prebuild = getattr(config, "_kparity_prebuild", None)
-    if prebuild is not None and prebuild.poll() is None:
-        prebuild.terminate()
-        prebuild.wait()
+    if prebuild is not None:
+        from gpu_impls.cuda.prebuild import stop
+
+        stop(prebuild)
 
 
 def pytest_configure(config):

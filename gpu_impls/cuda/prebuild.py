@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -32,6 +34,57 @@ def jobs() -> list[tuple[str, tuple[str, ...]]]:
     todo = [(source, batch) for source in listed_kernels() for dtype in TRAIT
             for batch in batches(source, dtype)]
     return sorted(todo, key=lambda job: -len(job[1]))
+
+
+def start_background(cwd: str) -> subprocess.Popen:
+    """This module's main in the background, in its own process group (its pool's processes
+    with it), for `stop`; its summary goes to stderr."""
+    return subprocess.Popen([sys.executable, "-m", "gpu_impls.cuda.prebuild"], cwd=cwd,
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End a background prebuild and every process of its group, now. Its pool's processes
+    hold the stderr it inherited: left running after their parent ended, they kept a caller's
+    pipe open (`pytest ... | tail` waited for them: a gate call that never returned)."""
+    if process.poll() is None or _group_alive(process.pid):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies aside: a container's PID 1 may
+    never reap the orphans it inherits)."""
+    proc = "/proc"
+    if not os.path.isdir(proc):
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command's name
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            return True
+    return False
+
+
+def _die_with_parent() -> None:
+    """In a pool process (Linux): killed when the prebuild's main process ends, however it
+    ends."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def build(source: str, batch: tuple[str, ...]) -> float:
@@ -49,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     todo = jobs()
     start, failed, busy = time.perf_counter(), [], 0.0
-    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+    with ProcessPoolExecutor(max(1, args.jobs), initializer=_die_with_parent) as pool:
         futures = {pool.submit(build, source, batch): (source, batch) for source, batch in todo}
         for future in as_completed(futures):
             source, batch = futures[future]
