@@ -75,10 +75,12 @@
 #     bf16 (`liger-more`: f16, and kp_rope and silu_mul against Liger's), in `chain` (needs liger-kernel:
 #     carry its wheel and
 #     `pip install --no-index --no-deps --target /tmp/site liger_kernel-*.whl`, PYTHONPATH=/tmp/site)
-#   [TIER=commit] [N=8] [PASSES="cold warm"] [LIMIT=280] bash scripts/gpu_bench.sh tiers   issue 48:
+#   [TIER=commit] [N=8] [PASSES="cold warm"] [LIMIT=280] [STACKS_AFTER=30] bash scripts/gpu_bench.sh tiers
+#     issue 48:
 #     `pytest -m gpu --tier TIER -n N` from empty caches (oracle, nvcc, CuPy, Triton, Inductor),
 #     then again on the caches it filled; wall time, pytest's 40 longest tests and the JUnit file
-#     of each pass (test seconds by file: python3 scripts/same_tests.py FILE)
+#     of each pass (test seconds by file: python3 scripts/same_tests.py FILE); every thread's
+#     stack of a test still running after STACKS_AFTER s (default 30) goes to the pass's log
 #   [SWEEP=all] [WARM=1] bash scripts/gpu_bench.sh devices   issue 32: `check` plain against
 #     `--devices all` (same rows: scripts/same_rows.py; wall times), each from empty caches, or
 #     both on the caches a first (untimed) run filled
@@ -302,7 +304,7 @@ tiers)  # issue 48: the gate's tier, cold then warm (header above)
         TORCHINDUCTOR_CACHE_DIR=/tmp/tiers/inductor KPARITY_TIMELINE=$OUT/timeline-$pass \
         timeout -s INT -k 30 ${LIMIT:-280} \
         python3 -m pytest -m gpu -q -p no:cacheprovider -p scripts.timeline -n $N --tier $TIER \
-        --durations=40 \
+        --durations=40 -o faulthandler_timeout=${STACKS_AFTER:-30} \
         --junitxml=$OUT/$TIER-$pass.xml ${GATE:-} > $OUT/$TIER-$pass.log 2>&1
     echo "$TIER $pass -n $N: rc=$? wall $((SECONDS - start)) s; $(tail -1 $OUT/$TIER-$pass.log)" | tee -a "$LOG"
     python3 -m scripts.timeline $OUT/timeline-$pass > $OUT/timeline-$pass.txt 2>&1
