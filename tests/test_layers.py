@@ -121,3 +121,22 @@ def test_the_cycle_finder_finds_a_cycle():
     a, b, c = Path("a.py"), Path("b.py"), Path("c.py")
     assert set(cycle({a: {b}, b: {c}, c: {a}})) == {a, b, c}
     assert cycle({a: {b}, b: {c}, c: set()}) == []
+
+
+def test_every_gpu_test_lives_in_a_gpu_file():
+    """`pytest -m gpu` imports only tests/test_gpu*.py (tests/conftest.py,
+    `pytest_ignore_collect`): a gpu-marked test anywhere else would never run there."""
+    import fnmatch
+
+    from tests.conftest import GPU_FILES
+
+    strays = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        if fnmatch.fnmatch(path.name, GPU_FILES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr == "gpu"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"):
+                strays.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not strays, ("gpu-marked tests outside tests/" + GPU_FILES + " (move them into one, "
+                        "or `pytest -m gpu` skips them): " + ", ".join(strays))
