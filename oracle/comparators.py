@@ -109,13 +109,19 @@ class Comparator:
 
 # --- the element-wise bound and the logit gate ---------------------------------------------------
 
+NONFINITE_FREE = ":nonfinite_free"  # the suffix of an oracle's mask (`Bounded`)
+
+
 @dataclass(frozen=True)
 class Bounded(Comparator):
     """|out - exact| <= bound element-wise, NaN/Inf where the oracle has them (`metrics.compare`,
-    `OpSpec.inf_may_be_nan`)."""
+    `OpSpec.inf_may_be_nan`). An oracle may return, beside output `name`, a boolean mask
+    `name + NONFINITE_FREE`: where it is set and the oracle's value is NaN or ±inf, any NaN or
+    ±inf output is admitted (the contract leaves the sign open: `oracle/rope.py`)."""
 
     def judge(self, x: OutputCheck) -> Verdict:
-        m = compare(x.out, x.ref, x.exact, x.bound, x.dtype, x.inf_may_be_nan)
+        m = compare(x.out, x.ref, x.exact, x.bound, x.dtype, x.inf_may_be_nan,
+                    x.exacts.get(x.name + NONFINITE_FREE))
         if m["budget"] <= 1.0 and m["nonfinite_mismatch"] == 0:
             return Verdict(m, True)
         message = (f"{x.name}[{m['worst_index']}] = {m['worst_out']:.9g}, oracle "

@@ -39,9 +39,12 @@ from oracle.dtypes import tiny, ulp_distance
 
 
 def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarray,
-            dtype: str, inf_may_be_nan: bool = False) -> dict:
+            dtype: str, inf_may_be_nan: bool = False, nonfinite_free=None) -> dict:
     """The metrics of the table above. `inf_may_be_nan` (`OpSpec.inf_may_be_nan`): an output
-    NaN where the oracle has ±inf is no mismatch."""
+    NaN where the oracle has ±inf is no mismatch. `nonfinite_free` (a mask, broadcast to the
+    output; `comparators.Bounded`): where the contract leaves which nonfinite value open (an
+    infinity times a factor whose sign the kernel's rounding may flip), any NaN or ±inf is no
+    mismatch; a finite output there still is."""
     o = np.asarray(out).astype(np.float64).ravel()
     r = np.asarray(ref).astype(np.float64).ravel()
     e = np.broadcast_to(np.asarray(exact, dtype=np.float64), np.shape(ref)).ravel()
@@ -54,6 +57,9 @@ def compare(out: np.ndarray, ref: np.ndarray, exact: np.ndarray, bound: np.ndarr
     nonfinite_mismatch = (nan_o != nan_r) | (inf_o != inf_r) | (inf_o & inf_r & (o != r))
     if inf_may_be_nan:
         nonfinite_mismatch &= ~(nan_o & inf_r)
+    if nonfinite_free is not None:
+        free = np.broadcast_to(np.asarray(nonfinite_free, dtype=bool), np.shape(ref)).ravel()
+        nonfinite_mismatch &= ~(free & ~np.isfinite(o) & ~np.isfinite(r))
     finite = np.isfinite(o) & np.isfinite(r)
 
     with np.errstate(divide="ignore", invalid="ignore"):  # inf - inf where both are inf

@@ -63,7 +63,11 @@ element of the first pairs uses 0.7-0.85 of it (torch:rope_polar, a table declar
 and 0.35 (torch:rope_hf, the default 2 ULPs for a table off by 0.5-1).
 
 NaN and inf inputs propagate as in IEEE through the formula (a NaN in x1 makes both outputs of
-its pair NaN; inf · sin(0) at position 0 is NaN, as in every impl that multiplies).
+its pair NaN; inf · sin(0) at position 0 is NaN, as in every impl that multiplies). An inf
+times a cos or sin whose interval in the kernel model holds 0 (the angle's error reaches a zero
+of it: at far positions, e ~ 0.02 rad, one pair in ~80) may come out with either sign, or NaN
+where the kernel's factor is an exact 0: the oracle marks those outputs (`nonfinite_free`), where
+any NaN or ±inf is admitted and a finite value is not.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ import math
 import numpy as np
 
 from oracle.builders import kernel_view
+from oracle.comparators import NONFINITE_FREE
 from oracle.spec import OpSpec, TensorSpec, register
 
 POSITION_LIMIT = 1 << 24  # f32 holds every integer position below it exactly
@@ -213,7 +218,30 @@ def rope(inputs: dict, case) -> dict:
         x1, x2, rest = _halves(x, case)
         return _join(np.concatenate, x1 * c - x2 * s, x2 * c + x1 * s, rest, case)
 
-    return {"q_out": rotate(v["q"]), "k_out": rotate(v["k"])}
+    out = {"q_out": rotate(v["q"]), "k_out": rotate(v["k"])}
+    for name, x in (("q_out", v["q"]), ("k_out", v["k"])):
+        if np.isinf(x).any():
+            out[name + NONFINITE_FREE] = nonfinite_free(x, case, v)
+    return out
+
+
+def nonfinite_free(x: np.ndarray, case, v: dict) -> np.ndarray:
+    """Where an infinite x1 or x2 meets a cos or sin whose interval in the kernel model (the
+    widest declaration: `FUNCTION_ULPS`) holds 0, or a value T may round to 0 (compute "T"):
+    the output's sign is the kernel's rounding's (module docstring)."""
+    from oracle.dtypes import spacing
+    from oracle.numerics import Bounds, model_for
+
+    A = Bounds(model_for(case))
+    pos, table = _positions(v), inv_freq(case)
+    inv = A.table("inv_freq", table, table_conditioning(case, table))
+    angle = (A.load(pos.reshape(-1, 1)) * inv.reshape(1, -1)).reshape(len(pos), 1, -1)
+    # held in T, a factor below half T's least subnormal is 0 (inf · 0: NaN)
+    floor = 0.5 * float(spacing(0.0, case.dtype)) if case.params["compute"] == "T" else 0.0
+    c_open, s_open = ((np.abs(f.v) <= f.e + floor) for f in (angle.cos(), angle.sin()))
+    x1, x2, rest = _halves(np.isinf(x), case)
+    return _join(np.concatenate, (x1 & c_open) | (x2 & s_open), (x2 & c_open) | (x1 & s_open),
+                 np.zeros_like(rest), case)
 
 
 def rope_kernel(A, inputs: dict, case) -> dict:

@@ -374,15 +374,11 @@ TORCH_IMPLS = sorted(i for i, impl in impls().items()
 #   finding: the cases are in the contract (NaN and inf only in slots every reader attends:
 #   oracle/attention.py `finite_unattended`; before it, fuzzed cases also put them in slots a
 #   window, a sink or another sequence leaves unattended, which the contract leaves open).
-# - rope on nonfinite data: inf times a cos or sin within the angle's error of 0 may come out
-#   with either sign (or NaN); the oracle's IEEE propagation takes the exact angle's sign.
 TORCH_SDPA = {"torch:sdpa", "torch:sdpa_split_kv", "torch:paged_sdpa", "torch:paged_split_kv",
               "torch:sdpa_varlen"}
 KNOWN_GAPS = {
     "attention: torch's CPU SDPA reads a NaN score as 0": lambda impl, case: (
         impl.id in TORCH_SDPA and case.dist == "nonfinite"),
-    "rope: inf times a cos or sin near 0, its sign": lambda impl, case: (
-        impl.op == "rope" and case.dist == "nonfinite"),
 }
 FUZZ_PARAMS = TORCH_IMPLS
 

@@ -275,3 +275,36 @@ def test_kp_rope_geometry_from_the_dims():
     launch = impl.contract.check(impl.id, qwen)
     heads = qwen.dims["heads_q"] + qwen.dims["heads_kv"]
     assert launch.grid == (heads, 65535, 1) and launch.extra["rotary"] == 64
+
+
+def test_an_inf_times_a_factor_its_rounding_may_flip_admits_either_sign():
+    """inf · cos(θ) where the kernel's cos(θ) may land on either side of 0 (the angle's error
+    at a far position reaches a zero of it): the oracle marks that output `nonfinite_free` and
+    any NaN or ±inf passes there, a finite value does not; an inf times a sin near ±1 keeps its
+    sign (issue 49's "a correct kernel never fails": the fuzz's named rope gap)."""
+    import numpy as np
+
+    from cases.model import Case, make_inputs
+    from oracle.comparators import judge_outputs
+
+    p = 130962  # cos(p) = 0.00215, inside the angle's error there (~0.02 rad)
+    case = Case.make("rope", {"heads_q": 1, "heads_kv": 1, "head_dim": 64}, "f32",
+                     params={"positions": (p,)})
+    inputs = make_inputs(case)
+    q = np.array(inputs["q"], copy=True)
+    q[0, 0, 0] = np.inf  # x1 of pair 0 (neox: its partner is element 32)
+    inputs = {**inputs, "q": q}
+    exact, ref = case.spec.reference(inputs, case)
+    free = exact["q_out:nonfinite_free"]
+    assert free[0, 0, 0] and not free[0, 0, 32] and free.sum() == 1
+    bounds = case.spec.bounds(inputs, exact, case)
+
+    def passes(element: int, value) -> bool:
+        out = np.array(ref["q_out"], copy=True)
+        out[0, 0, element] = value(out[0, 0, element])
+        return judge_outputs(case.spec, case, inputs, {"q_out": out, "k_out": ref["k_out"]},
+                             exact, ref, bounds)["q_out"].ok
+
+    assert passes(0, lambda v: v) and passes(0, lambda v: -v) and passes(0, lambda v: np.nan)
+    assert not passes(0, lambda v: 1.0)  # finite where the oracle has an infinity
+    assert np.isinf(ref["q_out"][0, 0, 32]) and not passes(32, lambda v: -v)
