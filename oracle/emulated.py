@@ -33,7 +33,8 @@ The bound (`one_answer_bound`), with y the emulated f32 result and A = RNE_T(y) 
                     the exact one (the correctly rounded value, where y fell across a midpoint).
 
 A kernel that computes what it declares lands on A exactly and passes with its own error
-measured; one code off, one term dropped, one step reordered moves it by far more and fails.
+measured; one that does anything else lands elsewhere, and fails unless it lands within that
+last ULP: a code off by one or a dropped term by far more (`tests/test_emulated.py`).
 """
 
 from __future__ import annotations

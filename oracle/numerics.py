@@ -72,6 +72,9 @@ worst kernel. The property test (`tests/test_bounds_corners`)
 runs it and the correctly rounded answer on corner inputs: both must stay within the bound, and
 the bound with any one term shrunk by 10 % must fail one of them.
 
+A third arithmetic, `oracle/emulated.py`'s `Emulated`, computes the one result of an impl whose
+declaration fixes every f32 operation (`Numerics.one_answer`): the check then holds it to that.
+
 This module is the model's one door: it holds the arithmetics a kernel model runs in (`Bounds`,
 `Worst`) and hands on the rest from where it lives: the costs and what an impl declares
 (`oracle/float_model.py`), the orders of sums (`oracle/sum_orders.py`), `Val`
