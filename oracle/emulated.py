@@ -10,7 +10,7 @@ result instead of an interval:
     a + b, a - b, a * b     float64, then rounded to f32 (round to nearest even). Exact: for
                             operands of p = 24 bits, a float64 (53 >= 2p + 2) result rounded again
                             to f32 is the correctly rounded f32 result (Figueroa, 1995).
-    fma(a, b, c)            a b is exact in float64; a b + c is rounded to float64 *to odd*
+    fma(a, b, c)            (`fused` a * b, then + c) a b is exact in float64; a b + c is rounded to float64 *to odd*
                             (TwoSum's error term picks the odd neighbour of an inexact sum), then to
                             f32: round-to-odd at 53 >= p + 2 bits, then to nearest at p, is the
                             single rounding of the FMA (Boldo and Melquiond, 2008).
@@ -90,9 +90,14 @@ class Em:
         return self.x
 
     def __add__(self, o: "Em") -> "Em":
+        if self.fused != o.fused:  # fma(a, b, c): the fused product plus an f32 value
+            product, addend = (self, o) if self.fused else (o, self)
+            return Em(fma32(product.x, addend.x))
         return Em(rn32(self._plain("a sum") + o._plain("a sum")))
 
     def __sub__(self, o: "Em") -> "Em":
+        if self.fused != o.fused:
+            return self + o.neg()
         return Em(rn32(self._plain("a difference") - o._plain("a difference")))
 
     def __mul__(self, o: "Em") -> "Em":

@@ -154,3 +154,47 @@ def test_a_declaration_without_one_answer_keeps_the_interval():
     interval = case.spec.bounds(inputs, exact, case, dataclasses.replace(
         impl.numerics_for(case), one_answer=False))["out"]
     assert np.median(interval / one) > 20
+
+
+def test_a_fused_product_plus_a_value_is_one_fma():
+    a, b, c = 2.0 ** -24 * (1 + 2.0 ** -12), 1 - 2.0 ** -12 + 2.0 ** -24, 1.0
+    fused = Emulated.fused(Em(np.array(a)), Em(np.array(b)))
+    assert (fused + Em(np.array(c))).x == 1 + 2.0 ** -23 == (Em(np.array(c)) + fused).x
+    assert (Em(np.array(c)) - fused.neg()).x == 1 + 2.0 ** -23
+
+
+@pytest.mark.parametrize("bits, n, m, dtype", [(4, 1024, 1, "f32"), (4, 4096, 3, "bf16"),
+                                               (8, 4096, 5, "f32"), (8, 512, 32, "f16")])
+def test_kp_qmms_declaration_read_as_one_answer_is_its_source_arithmetic(bits, n, m, dtype):
+    """kp_qmm's declaration (form dequantized_fma: w = fma(q, s, b), then its FMA chains)
+    emulated equals the transcription of kp_qmm.cu bit for bit: complete enough to declare
+    one answer once the GPU kernel is measured equal too (tests/test_gpu_one_answer.py)."""
+    from oracle.quant import unpack
+
+    case = Case.make("qmm", {"m": m, "out": 64, "in": n, "bits": bits, "group_size": 64}, dtype)
+    inputs = make_inputs(case)
+    source = emulate_kp.kp_qmm(unpack(inputs["w"], bits, n), inputs["scales"], inputs["biases"],
+                               inputs["x"], bits).astype(np.float64)
+    numerics = dataclasses.replace(gpu_impls.impls()["cuda:kp_qmm"].numerics_for(case),
+                                   one_answer=True)
+    answer = case.spec.kernel(Emulated(model_for(case, numerics)), inputs, case)["out"].x
+    assert np.array_equal(source, answer), case.short()
+
+
+@pytest.mark.parametrize("fmt, n, m", [("nvfp4", 1024, 1), ("nvfp4", 8192, 3),
+                                       ("mxfp4", 4096, 1), ("mxfp4", 16384, 4)])
+def test_kp_fp4_gemvs_declaration_read_as_one_answer_is_its_source_arithmetic(fmt, n, m):
+    from gpu_impls.cuda.fp4 import _gemv_warps
+    from oracle.fp4 import e2m1_values, scale_values, unpack
+
+    case = Case.make("fp4_gemv", {"m": m, "out": 32, "in": n}, "f32", "normal",
+                     params={"format": fmt, "scale_rule": "ocp" if fmt == "mxfp4" else "exact"})
+    inputs = make_inputs(case)
+    ts = float(np.asarray(inputs["tensor_scale"]).reshape(-1)[0])
+    source = emulate_kp.kp_fp4_gemv(
+        e2m1_values(unpack(inputs["codes"])), scale_values(inputs["scales"], fmt),
+        ts if fmt == "nvfp4" else 1.0, inputs["x"], fmt, _gemv_warps(case.dims))
+    numerics = dataclasses.replace(gpu_impls.impls()["cuda:kp_fp4_gemv"].numerics_for(case),
+                                   one_answer=True)
+    answer = case.spec.kernel(Emulated(model_for(case, numerics)), inputs, case)["y"].x
+    assert np.array_equal(source.astype(np.float64), answer), case.short()
