@@ -470,24 +470,18 @@ def _key_slot(inputs: dict, case, b: int, t: int) -> tuple[str, str, tuple]:
                                   t % page)
 
 
-def finite_unattended(inputs: dict, names: tuple, axis: int, attended_at: list) -> dict:
-    """A `nonfinite` case's k and v with their NaN and inf kept only where a reader attends:
-    `attended_at` lists (index along axis 0, positions along `axis`) of every attended slot;
-    every other slot's nonfinite entries become 0. A NaN or inf that a query does not attend is
-    outside the contract (a masked kernel's P·V multiplies it by 0, a skipping one never reads
-    it), so a case that put one there would test no rule."""
-    inputs = dict(inputs)
+def finite_unattended(inputs: dict, names: tuple, attended: np.ndarray) -> dict:
+    """A `nonfinite` case's k and v with their NaN and inf kept only where a reader attends
+    (`attended`: a boolean mask that broadcasts to each of them); every other slot's nonfinite
+    entries become 0. A NaN or inf that a query does not attend is outside the contract (a
+    masked kernel's P·V multiplies it by 0, a skipping one never reads it), so a case that put
+    one there would test no rule."""
+    out = dict(inputs)
     for name in names:
         a = np.array(inputs[name], copy=True)
-        keep = np.zeros((a.shape[0], a.shape[axis]), dtype=bool)
-        for lead, positions in attended_at:
-            keep[lead, positions] = True
-        shape = [a.shape[0]] + [1] * (a.ndim - 1)
-        shape[axis] = a.shape[axis]
-        outside = ~keep.reshape(shape) & ~np.isfinite(a.astype(np.float64))
-        a[outside] = 0
-        inputs[name] = a
-    return inputs
+        a[~attended & ~np.isfinite(a.astype(np.float64))] = 0
+        out[name] = a
+    return out
 
 
 def plant_scores(inputs: dict, case) -> dict:
@@ -503,16 +497,17 @@ def plant_scores(inputs: dict, case) -> dict:
     * `equal_keys`: every attended key equals the first: all scores tie, uniform weights.
     * `nonfinite`: NaN and inf only in key slots their sequence attends (`finite_unattended`).
     Other distributions: unchanged."""
-    if case.dist == "nonfinite":
-        mine = attended(case, inputs["lengths"])
-        if "k" in inputs:
-            return finite_unattended(inputs, ("k", "v"), 2, [(b, keys) for b, keys in
-                                                              enumerate(mine)])
-        page = case.dims["page_size"]
-        table = np.asarray(inputs["page_table"])
-        slots = [(int(table[b, t // page]), [t % page]) for b, keys in enumerate(mine)
-                 for t in keys]
-        return finite_unattended(inputs, ("k_pages", "v_pages"), 2, slots)
+    if case.dist == "nonfinite":  # k, v: [B, Hkv, max_len, D], or pages [N, Hkv, P, D]
+        names = ("k", "v") if "k" in inputs else ("k_pages", "v_pages")
+        shape = np.shape(inputs[names[0]])
+        read = np.zeros((shape[0], 1, shape[2], 1), dtype=bool)
+        page = case.dims.get("page_size")
+        for b, keys in enumerate(attended(case, inputs["lengths"])):
+            if page is None:
+                read[b, 0, keys] = True
+            else:
+                read[np.asarray(inputs["page_table"])[b, keys // page], 0, keys % page] = True
+        return finite_unattended(inputs, names, read)
     if case.dist not in ("near_tie", "clear_margin", "equal_keys"):
         return inputs
     inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}
@@ -642,16 +637,14 @@ def plant_prefill(inputs: dict, case) -> dict:
     distributions: unchanged."""
     if case.dist != "nonfinite":
         return inputs
-    slots, spans = [], varlen_spans(case)
+    spans = varlen_spans(case)
+    read = np.zeros((np.shape(inputs["k"])[0], 1, 1), dtype=bool)  # packed keys [Σ k_len, Hkv, D]
     for _, q_len, ko, k_len in spans if len(spans) == 1 else ():
         common = set(range(k_len))
         for i in range(q_len):
             common &= set(prefill_keys(i, q_len, k_len, case.params).tolist())
-        slots += [(ko + j, [0]) for j in sorted(common)]
-    # packed rows [Σ k_len, Hkv, D]: a row is a key; axis 0 indexes it (the positions: all)
-    packed = finite_unattended({"k": inputs["k"][:, None], "v": inputs["v"][:, None]},
-                               ("k", "v"), 1, slots)
-    return {**inputs, "k": packed["k"][:, 0], "v": packed["v"][:, 0]}
+        read[[ko + j for j in sorted(common)]] = True
+    return finite_unattended(inputs, ("k", "v"), read)
 
 
 def _prefill_flops(case) -> int:

@@ -232,10 +232,7 @@ def nonfinite_free(x: np.ndarray, case, v: dict) -> np.ndarray:
     from oracle.dtypes import spacing
     from oracle.numerics import Bounds, model_for
 
-    A = Bounds(model_for(case))
-    pos, table = _positions(v), inv_freq(case)
-    inv = A.table("inv_freq", table, table_conditioning(case, table))
-    angle = (A.load(pos.reshape(-1, 1)) * inv.reshape(1, -1)).reshape(len(pos), 1, -1)
+    angle = _angle(Bounds(model_for(case)), v, case)
     # held in T, a factor below half T's least subnormal is 0 (inf · 0: NaN)
     floor = 0.5 * float(spacing(0.0, case.dtype)) if case.params["compute"] == "T" else 0.0
     c_open, s_open = ((np.abs(f.v) <= f.e + floor) for f in (angle.cos(), angle.sin()))
@@ -244,13 +241,18 @@ def nonfinite_free(x: np.ndarray, case, v: dict) -> np.ndarray:
                  np.zeros_like(rest), case)
 
 
+def _angle(A, v: dict, case):
+    """The kernel's angles [tokens, 1, R/2]: each position times its table entry (the table
+    within the impl's declared ULPs, `table_conditioning`)."""
+    pos, table = _positions(v), inv_freq(case)
+    inv = A.table("inv_freq", table, table_conditioning(case, table))
+    return (A.load(pos.reshape(-1, 1)) * inv.reshape(1, -1)).reshape(len(pos), 1, -1)
+
+
 def rope_kernel(A, inputs: dict, case) -> dict:
     """The admissible kernel (module docstring): table, angle, cos/sin, rotation."""
     v = kernel_view(inputs, case)
-    pos = _positions(v)
-    table = inv_freq(case)
-    inv = A.table("inv_freq", table, table_conditioning(case, table))
-    angle = (A.load(pos.reshape(-1, 1)) * inv.reshape(1, -1)).reshape(len(pos), 1, -1)
+    angle = _angle(A, v, case)
     c, s = angle.cos(), angle.sin()
     m = attention_factor(case)
     T, in_t = case.dtype, case.params["compute"] == "T"

@@ -483,3 +483,58 @@ def test_declared_orders_keep_the_correct_and_worst_kernels_within_bound(impl_id
             checked += 1
     assert checked, f"no corner of {impl.op} is admitted by {impl_id}"
     assert not failures, "\n".join(failures[:8])
+
+
+# --- one answer (`Numerics.one_answer`, oracle/emulated.py) --------------------------------------
+
+def _one_answer_impls() -> list[str]:
+    """The impls whose declaration reads as one answer on their own gate cases."""
+    import gpu_impls
+    from cases.generate import valid_cases
+
+    out = []
+    for impl_id in _declaring_impls():
+        impl = gpu_impls.impls()[impl_id]
+        case = next(iter(valid_cases(impl)), None)
+        if case is not None and impl.numerics_for(case).one_answer:
+            out.append(impl_id)
+    return out
+
+
+@pytest.mark.parametrize("impl_id", _one_answer_impls())
+def test_one_answer_is_an_admissible_kernel_and_its_bound_bites(impl_id):
+    """On every admitted corner (midpoints, binade edges, subnormals, same-sign sums): the one
+    answer passes its own bound and lies within the interval of every kernel of the same
+    declaration (it is one of them: the two models agree), and the answer off by 4 ULPs of T
+    (scaled by 1 + 4 eps_T) fails the one-answer bound on some corner. The correctly rounded
+    answer is not held to it: one answer admits the declared kernel's result alone."""
+    import gpu_impls
+    from oracle.dtypes import eps
+    from oracle.emulated import Emulated
+    from oracle.numerics import model_for
+    from runners.oracle_cache import _oracle_case
+
+    impl = gpu_impls.impls()[impl_id]
+    failures, checked, bitten = [], 0, 0
+    for dtype in FLOAT_DTYPES:
+        for label, case, inputs in _admitted_corners(impl, dtype):
+            numerics = impl.numerics_for(case)
+            judged = _oracle_case(case, False, numerics)
+            exact = judged.spec.reference(inputs, judged)[0]
+            one = judged.spec.bounds(inputs, exact, judged, numerics)
+            interval = _bound(judged, inputs, exact, numerics)
+            with np.errstate(all="ignore"):
+                y = judged.spec.kernel(Emulated(model_for(judged, numerics)), inputs, judged)
+            answer = {t.name: round_to(y[t.name].x, t.dtype(judged)).astype(np.float64)
+                      for t in judged.spec.outputs}
+            for name, bound in (("its one-answer bound", one), ("the interval", interval)):
+                budget = _budget(answer, exact, bound)
+                if not budget <= 1.0:
+                    failures.append(f"{label} {dtype}: the answer's budget under {name} "
+                                    f"{budget:.4f} ({case.to_json()})")
+            off = {name: a * (1 + 4 * eps(dtype)) for name, a in answer.items()}
+            bitten += _budget(off, exact, one) > 1.0
+            checked += 1
+    assert checked, f"no corner of {impl.op} is admitted by {impl_id}"
+    assert not failures, "\n".join(failures[:8])
+    assert bitten, f"{impl_id}: the answer off by 4 ULPs passed every corner ({checked})"

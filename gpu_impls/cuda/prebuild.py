@@ -38,7 +38,7 @@ def jobs() -> list[tuple[str, tuple[str, ...]]]:
 
 def start_background(cwd: str) -> subprocess.Popen:
     """This module's main in the background, in its own process group (its pool's processes
-    with it), for `stop`; its summary goes to stderr."""
+    with it: `stop` ends them all, the main gone or not); its summary goes to stderr."""
     return subprocess.Popen([sys.executable, "-m", "gpu_impls.cuda.prebuild"], cwd=cwd,
                             stdout=subprocess.DEVNULL, start_new_session=True)
 
@@ -78,15 +78,6 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _die_with_parent() -> None:
-    """In a pool process (Linux): killed when the prebuild's main process ends, however it
-    ends."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def build(source: str, batch: tuple[str, ...]) -> float:
     start = time.perf_counter()
     batch_module(source, batch)
@@ -102,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     todo = jobs()
     start, failed, busy = time.perf_counter(), [], 0.0
-    with ProcessPoolExecutor(max(1, args.jobs), initializer=_die_with_parent) as pool:
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         futures = {pool.submit(build, source, batch): (source, batch) for source, batch in todo}
         for future in as_completed(futures):
             source, batch = futures[future]
