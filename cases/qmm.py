@@ -6,7 +6,10 @@ handle a partial tile) at int4 g64 in every dtype; the layout sweep (bits 3, 4, 
 at M = 3 and 32; the adversarial x distributions at M = 3 and 16 (`zero_rows` makes every third
 row of x zero, `outlier_rows` one element per row 1000x, `constant_rows` a constant per row).
 Shapes are small: (8, 512), and (40, 1536) whose 40 rows are one whole and one partial block of
-32 rows, with in = 1536 not a power of two.
+32 rows, with in = 1536 not a power of two. A K that is not a whole number of a K-splitting
+kernel's steps (kp_qmm walks 256 int4 / 128 int8 codes a step): SmolLM2's hidden 576 (int4: two
+steps and 2 of 8 chunks; int8: four and 4 of 8) at M = 1, 3, 8, 32, and in = 64 (one partial
+step).
 
 Bench (timing): Llama-3-8B's MLP up projection (14336 x 4096) at int4 g64 for M in
 {1, 4, 16, 32} (`docs/model_shapes.md`).
@@ -44,7 +47,10 @@ def qmm_cases():
                                                     FLOAT_DTYPES)]
     adversarial = [_case(m, GATE_SHAPES[1], 4, 64, dtype, dist)
                    for m, dtype, dist in product((3, 16), FLOAT_DTYPES, ADVERSARIAL)]
-    return every_m + layouts + adversarial
+    partial_steps = [*(_case(m, (24, 576), 4, 64, dtype)
+                       for m, dtype in product((1, 3, 8, 32), FLOAT_DTYPES)),
+                     _case(8, (24, 576), 8, 32, "bf16"), _case(2, (8, 64), 4, 32, "f32")]
+    return every_m + layouts + adversarial + partial_steps
 
 
 @bench_cases("qmm")

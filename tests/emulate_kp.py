@@ -121,7 +121,8 @@ def kp_qmm(q: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
            bits: int) -> np.ndarray:
     """kp_qmm.cu for codes q [out, in], scales and biases [out, groups], x [m, in] as f32
     values: w = fma(q, s, b) per code; lane l of 8 runs acc = fma(w, x, acc) over its chunks
-    c = step * 8 + l, codes in order; then the 8 lanes by xor butterfly (4, 2, 1)."""
+    c = step * 8 + l < in / codes (a partial last step: the lanes past the row add nothing),
+    codes in order; then the 8 lanes by xor butterfly (4, 2, 1)."""
     out, n = q.shape
     codes = 128 // bits
     group = n // scales.shape[1]
@@ -129,10 +130,12 @@ def kp_qmm(q: np.ndarray, scales: np.ndarray, biases: np.ndarray, x: np.ndarray,
     w = fma(q.astype(F32), scales.astype(F32)[:, g], biases.astype(F32)[:, g])  # [out, in]
     xf = x.astype(F32)
     acc = np.zeros((x.shape[0], out, 8), F32)
-    for step in range(n // (8 * codes)):
+    chunks = n // codes
+    for step in range(-(-chunks // 8)):
+        lanes = np.arange(8)[step * 8 + np.arange(8) < chunks]
         for k in range(codes):
-            d = (step * 8 + np.arange(8)) * codes + k  # each lane's code k of this step
-            acc = fma(w[None, :, d], xf[:, None, d], acc)
+            d = (step * 8 + lanes) * codes + k  # each live lane's code k of this step
+            acc[..., lanes] = fma(w[None, :, d], xf[:, None, d], acc[..., lanes])
     for offset in (4, 2, 1):
         acc = (acc + acc[..., np.arange(8) ^ offset]).astype(F32)
     return acc[..., 0]

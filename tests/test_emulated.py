@@ -164,7 +164,8 @@ def test_a_fused_product_plus_a_value_is_one_fma():
 
 
 @pytest.mark.parametrize("bits, n, m, dtype", [(4, 1024, 1, "f32"), (4, 4096, 3, "bf16"),
-                                               (8, 4096, 5, "f32"), (8, 512, 32, "f16")])
+                                               (8, 4096, 5, "f32"), (8, 512, 32, "f16"),
+                                               (4, 576, 8, "bf16"), (8, 704, 3, "f32")])
 def test_kp_qmms_declaration_read_as_one_answer_is_its_source_arithmetic(bits, n, m, dtype):
     """kp_qmm's declaration (form dequantized_fma: w = fma(q, s, b), then its FMA chains)
     emulated equals the transcription of kp_qmm.cu bit for bit: complete enough to declare

@@ -50,7 +50,8 @@ def _declared_answer(impl, case, inputs, output: str):
 
 
 @pytest.mark.parametrize("bits, n, m, dtype", [(4, 1024, 1, "f32"), (4, 4096, 3, "bf16"),
-                                               (8, 4096, 5, "f32"), (8, 512, 32, "f16")])
+                                               (8, 4096, 5, "f32"), (8, 512, 32, "f16"),
+                                               (4, 576, 8, "bf16"), (8, 704, 3, "f32")])
 def test_kp_qmm_computes_its_declared_order_bit_for_bit(bits, n, m, dtype):
     """kp_qmm's declaration (w = fma(q, s, b), one FMA chain a lane, the butterflies) read as one
     answer equals its transcription on the CPU (tests/emulate_kp.py); here, the kernel itself:

@@ -236,15 +236,15 @@ def test_the_cuda_plan_runs_kparitys_kernels_at_the_models_shapes(model, gemv):
 
 
 def test_the_cuda_plans_prefill_runs_kp_qmm_up_to_32_rows():
-    """cuda:kp_qmm takes m <= 32 rows and in % 256 == 0 (int4): Llama-3-8B's 32-token prompt
-    runs it, its 512-token prompt falls back to torch, as SmolLM2's hidden 576 always does."""
+    """cuda:kp_qmm takes m <= 32 rows, any K (SmolLM2's hidden 576 too): Llama-3-8B's and
+    SmolLM2's 32-token prompts run it, a 512-token prompt falls back to torch."""
     cfg = config("llama3-8b")
     assert plan_impls("cuda", cfg, "bf16", 1024, False, prefill=32)["q_proj"] == ["cuda:kp_qmm"]
     long = plan_impls("cuda", cfg, "bf16", 1024, False, prefill=512)
     assert long["q_proj"] == ["torch:qmm_dequant_linear"]
     assert long["attention"] == ["torch:sdpa_varlen"] and long["rope"] == ["cuda:kp_rope"]
     smol = plan_impls("cuda", config("smollm2-135m"), "bf16", 1024, False, prefill=32)
-    assert smol["q_proj"] == ["torch:qmm_dequant_linear"]
+    assert smol["q_proj"] == ["cuda:kp_qmm"]
 
 
 def test_a_plan_never_falls_back_to_another_backend_silently(weights):

@@ -329,7 +329,8 @@ def test_the_report_and_the_matrix_say_what_each_impl_declares():
 
 
 @pytest.mark.parametrize("bits, n, m, dist", [(4, 1024, 1, "normal"), (4, 4096, 3, "quantized"),
-                                              (8, 4096, 5, "normal"), (8, 512, 32, "outlier_rows")])
+                                              (8, 4096, 5, "normal"), (8, 512, 32, "outlier_rows"),
+                                              (4, 576, 8, "normal"), (4, 64, 2, "quantized")])
 def test_kp_qmms_source_arithmetic_stays_within_its_declared_bound(bits, n, m, dist):
     """kp_qmm declares dequantize-then-dot with w = fma(q, s, b) and one FMA chain per lane:
     its transcription stays within that bound, which is far below the any-order one."""

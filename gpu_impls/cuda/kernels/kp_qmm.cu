@@ -33,13 +33,19 @@
 // Cost: every code costs one FMA per x row after one dequantizing FMA, so past M ~ 4 the kernel is
 // bound by f32 FMA throughput, not by the weight's bytes (an MMA kernel is the next step there).
 //
-// DISPATCH INVARIANTS (gpu_impls/cuda/qmm.py): BITS in (4, 8); in % TILE == 0 (whole steps:
-// 256 codes for int4, 128 for int8); 1 <= M <= 32; the MLX layout (group_size in 32/64/128 is a
-// multiple of CODES, so a chunk has one scale and bias; in % group_size == 0); 16-byte aligned
-// w and x (checked by the wrapper).
+// A partial last step (in % TILE != 0: SmolLM2's 576 = 2 steps of 256 int4 codes and 2 chunks):
+// its x tile is staged only up to in, and a lane whose chunk c lies past the row's in / CODES
+// chunks loads and adds nothing there (its chain is one chunk shorter; the butterfly adds its
+// exact partial as before). Every other lane's chain is unchanged, so the order stays a function
+// of the lane and K only.
 //
-// Test-only mutant (tests/test_gpu_invariance.py): KPARITY_MUTANT_M_DEPENDENT_SUM sums the 8 lanes
-// in another order when M > 1: still within the oracle's bound, no longer batch invariant.
+// DISPATCH INVARIANTS (gpu_impls/cuda/qmm.py): BITS in (4, 8); 1 <= M <= 32; the MLX layout
+// (group_size in 32/64/128 is a multiple of CODES, so a chunk has one scale and bias and a row
+// whole chunks; in % group_size == 0); 16-byte aligned w and x (checked by the wrapper).
+//
+// Test-only mutants (tests/test_gpu_invariance.py): KPARITY_MUTANT_M_DEPENDENT_SUM sums the 8 lanes
+// in another order when M > 1: still within the oracle's bound, no longer batch invariant;
+// KPARITY_MUTANT_NO_PARTIAL_STEP drops a partial last step (the kernel before it took one).
 #include "common.cuh"
 
 #define KPM_BLOCK 256  // threads per block
@@ -89,7 +95,6 @@ kp_qmm(const uint4* __restrict__ w, const typename T::storage* __restrict__ scal
     constexpr int CODES = 128 / BITS;         // codes per 16-byte chunk
     constexpr int TILE = KPM_TPR * CODES;     // codes of K per step
     constexpr int SEG = CODES + KPM_PAD;      // floats per lane segment of staged x
-    constexpr int TILE_VECS = TILE / V::N;    // 16-byte vectors of one x row per step
     __shared__ __align__(16) float xs[MT][KPM_TPR * SEG];
 
     const int t = threadIdx.x;
@@ -99,18 +104,24 @@ kp_qmm(const uint4* __restrict__ w, const typename T::storage* __restrict__ scal
     const size_t wrow = live ? (size_t)row : 0;  // rows past `out` read row 0, store nothing
     const uint4* wr = w + wrow * (size_t)(in_dim / CODES);
     const size_t grow = wrow * (size_t)(in_dim / group_size);
-    const int steps = in_dim / TILE;
+    const int chunks = in_dim / CODES;                // whole 16-byte chunks of a row
+#ifdef KPARITY_MUTANT_NO_PARTIAL_STEP
+    const int steps = chunks / KPM_TPR;  // the codes of a partial last step never summed
+#else
+    const int steps = (chunks + KPM_TPR - 1) / KPM_TPR;  // the last one may be partial
+#endif
     const int chunks_per_group = group_size / CODES;
 
     float acc[MT];
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
 
-    uint4 next = wr[lane];
+    uint4 next = lane < chunks ? wr[lane] : make_uint4(0, 0, 0, 0);
     for (int step = 0; step < steps; ++step) {
         __syncthreads();  // the previous step's readers are done with xs
-        for (int i = t; i < m_rows * TILE_VECS; i += KPM_BLOCK) {
-            const int m = i / TILE_VECS, k = (i % TILE_VECS) * V::N;  // k: code in the tile
+        const int tile_vecs = min(TILE, in_dim - step * TILE) / V::N;  // a partial last tile
+        for (int i = t; i < m_rows * tile_vecs; i += KPM_BLOCK) {
+            const int m = i / tile_vecs, k = (i % tile_vecs) * V::N;  // k: code in the tile
             float f[V::N];
             V::unpack(*reinterpret_cast<const uint4*>(x + (size_t)m * in_dim
                                                       + (size_t)step * TILE + k), f);
@@ -122,7 +133,8 @@ kp_qmm(const uint4* __restrict__ w, const typename T::storage* __restrict__ scal
 
         const int c = step * KPM_TPR + lane;  // this lane's chunk of the row
         const uint4 cur = next;
-        if (step + 1 < steps) next = wr[c + KPM_TPR];  // in flight during the math
+        if (c + KPM_TPR < chunks) next = wr[c + KPM_TPR];  // in flight during the math
+        if (c >= chunks) continue;  // past the row (a partial last step): nothing to add
         const int g = c / chunks_per_group;
         float wf[CODES];
         kpm::dequant_chunk<BITS>(cur, T::load(scales, grow + g), T::load(biases, grow + g), wf);
