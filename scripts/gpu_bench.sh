@@ -75,7 +75,7 @@
 #     bf16 (`liger-more`: f16, and kp_rope and silu_mul against Liger's), in `chain` (needs liger-kernel:
 #     carry its wheel and
 #     `pip install --no-index --no-deps --target /tmp/site liger_kernel-*.whl`, PYTHONPATH=/tmp/site)
-#   [TIER=commit] [N=8] [PASSES="cold warm"] [LIMIT=280] [STACKS_AFTER=30] bash scripts/gpu_bench.sh tiers
+#   [TIER=commit] [N=8] [PASSES="cold warm"] [LIMIT=280] [WARM_LIMIT=LIMIT] [STACKS_AFTER=30] bash scripts/gpu_bench.sh tiers
 #     issue 48:
 #     `pytest -m gpu --tier TIER -n N` from empty caches (oracle, nvcc, CuPy, Triton, Inductor),
 #     then again on the caches it filled; wall time, pytest's 40 longest tests and the JUnit file
@@ -302,7 +302,7 @@ tiers)  # issue 48: the gate's tier, cold then warm (header above)
     start=$SECONDS
     env KPARITY_CACHE=/tmp/tiers/kp CUPY_CACHE_DIR=/tmp/tiers/cupy TRITON_CACHE_DIR=/tmp/tiers/triton \
         TORCHINDUCTOR_CACHE_DIR=/tmp/tiers/inductor KPARITY_TIMELINE=$OUT/timeline-$pass \
-        timeout -s INT -k 30 ${LIMIT:-280} \
+        timeout -s INT -k 30 $([ $pass = warm ] && echo ${WARM_LIMIT:-${LIMIT:-280}} || echo ${LIMIT:-280}) \
         python3 -m pytest -m gpu -q -p no:cacheprovider -p scripts.timeline -n $N --tier $TIER \
         --durations=40 -o faulthandler_timeout=${STACKS_AFTER:-30} \
         --junitxml=$OUT/$TIER-$pass.xml ${GATE:-} > $OUT/$TIER-$pass.log 2>&1
