@@ -374,13 +374,17 @@ def _init_worker(plugins: list[str]) -> None:
     _PLUGINS[:] = plugins
 
 
-def spawn_pool(size: int, plugins: list[str] | None = None) -> ProcessPoolExecutor:
+def spawn_pool(size: int, plugins: list[str] | None = None, peers: int = 1
+               ) -> ProcessPoolExecutor:
     """`size` spawned processes (spawn: never a forked CUDA context), each starting with its
-    share of the host's BLAS / OpenMP threads (`runners/threads.py`). A process that dies
+    share of the host's BLAS / OpenMP threads (`runners/threads.py`) among the `size * peers`
+    pool processes on the host (`peers`: processes that each run such a pool, pytest-xdist's
+    workers: with 8 workers' pools of 2 on 16 cores, each process took 8 threads, 128 in all,
+    before `peers` counted them). A process that dies
     (killed, out of memory) breaks the pool: every task not done fails at once
     (BrokenProcessPool), which `Prefetch.wait` takes as "failed" (the check computes the entry
     itself), where multiprocessing.Pool hung on the queue lock the dead process held."""
-    return ProcessPoolExecutor(size, mp_context=SharedSpawnContext(share(size)),
+    return ProcessPoolExecutor(size, mp_context=SharedSpawnContext(share(size * peers)),
                                initializer=_init_worker, initargs=(list(plugins or []),))
 
 
@@ -417,13 +421,14 @@ class Prefetch:
     A context manager; on exit the pool stops (`close`)."""
 
     def __init__(self, work, backend_of, plugins: list[str] | None = None,
-                 workers: int | None = None, start: int = 0):
+                 workers: int | None = None, start: int = 0, peers: int = 1):
         """`backend_of(name)`: the backend object (only its `flushes_subnormals` is read).
         `start`: the index in `work` where this process's own run begins; the pool computes
         from there to the end, then the items before it. Several processes that split one
         work list (pytest-xdist's workers, each starting on its own stretch of the same list)
         so compute each other's entries last, not all the same ones first: `wait` also takes
-        an entry another process wrote."""
+        an entry another process wrote. `peers`: how many such processes run a pool on
+        this host (`spawn_pool`)."""
         self.futures: dict[tuple, Future] = {}
         self.outcomes: Counter = Counter()
         self._counting = threading.Lock()  # wait() runs on every --devices thread
@@ -450,7 +455,7 @@ class Prefetch:
         size = min(workers if workers is not None else pool_size(), len(tasks))
         if len(tasks) < PREFETCH_MIN or size < 1:
             return
-        self.pool = spawn_pool(size, plugins)
+        self.pool = spawn_pool(size, plugins, peers)
         self.workers = size
         self.futures = {key: self.pool.submit(warm, *args) for key, args in tasks.items()}
         self._backend_of = backend_of

@@ -11,6 +11,9 @@ import pytest
 
 from runners import threads
 
+# as this process started (the autouse fixture below removes them for each test)
+STARTED_WITH = {var: os.environ.get(var) for var in threads.THREAD_VARS}
+
 
 @pytest.fixture(autouse=True)
 def no_thread_settings(monkeypatch):
@@ -102,3 +105,17 @@ def test_the_oracle_pool_starts_its_processes_within_their_share(monkeypatch):
         assert isinstance(ctx, threads.SharedSpawnContext) and ctx.threads == 4
     finally:
         pool.shutdown()
+    # 4 xdist workers' pools of 2 on 8 cores: one thread each, not the 4 a pool alone takes
+    pool = oracle_cache.spawn_pool(2, peers=4)
+    try:
+        assert pool._mp_context.threads == 1
+    finally:
+        pool.shutdown()
+
+
+def test_an_xdist_worker_runs_one_blas_thread():
+    """tests/conftest.py: under pytest-xdist this process starts with one thread (its pool and
+    the other workers take the rest of the cores)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("not an xdist worker")
+    assert STARTED_WITH["OMP_NUM_THREADS"] == STARTED_WITH["OPENBLAS_NUM_THREADS"] == "1"
