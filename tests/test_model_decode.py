@@ -245,6 +245,8 @@ def test_the_cuda_plans_prefill_runs_kp_qmm_up_to_32_rows():
     assert long["attention"] == ["torch:sdpa_varlen"] and long["rope"] == ["cuda:kp_rope"]
     smol = plan_impls("cuda", config("smollm2-135m"), "bf16", 1024, False, prefill=32)
     assert smol["q_proj"] == ["cuda:kp_qmm"]
+    batch = plan_impls("cuda", config("smollm2-135m"), "f16", 1024, False, batch=8)
+    assert batch["q_proj"] == batch["down_proj"] == batch["lm_head"] == ["cuda:kp_qmm"]
 
 
 def test_a_plan_never_falls_back_to_another_backend_silently(weights):
