@@ -19,9 +19,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # (`runners/threads.py`): the workers and their oracle pools already fill the cores, and a
     # worker's second thread only waits on its first whenever the host is oversubscribed (the
     # cold GPU gate: 8 workers, their pools, the prebuild). Measured on 2 cores under 6 busy
-    # processes: the float64 oracle of a gdn_chunked case 5.9 s with one thread, 23 s with two;
-    # on the H100 host, `-n 8` with two threads a worker, the GDN pipeline tests that compute
-    # theirs in the worker took 44-159 s (under 2 s alone). A smaller count set by hand is kept.
+    # processes: the float64 oracle of a gdn_chunked case 5.9 s with one thread, 23 s with two.
+    # On the H100 host under `-n 8`, two threads a worker, the GDN pipeline tests, which compute
+    # theirs in the worker, took 44-159 s (the cause this names; not yet remeasured there).
+    # A smaller count set by hand is kept.
     os.environ.update(limited(1))
 
 from cases import strategies  # noqa: E402, F401  (registers the hypothesis profiles)

@@ -212,6 +212,10 @@ def _targeted(op: str, dtype: str):
         dims = {**_dims(op), "bits": 2, "group_size": 128, "in": 1536, "out": 33}
         case = Case.make(op, dims, dtype, "normal", seed=4)
         yield "same-sign terms", case, _same_sign(case, make_inputs(case))
+    if op == "qmm":  # a K of 2 whole steps and 2 of 8 chunks (kp_qmm's partial step: SmolLM2)
+        case = Case.make(op, {**DIMS[op], "in": 576}, dtype, "normal", seed=4)
+        yield "partial K step", case, make_inputs(case)
+        yield "partial K step, same-sign terms", case, _same_sign(case, make_inputs(case))
     if op == "rope":  # the model's other forms: YaRN's factor (f32 and T), T with llama3, gptj
         dims = {"heads_q": 4, "heads_kv": 2, "head_dim": 64}
         yarn = {"scaling": "yarn", "factor": 32.0, "original_max_position": 4096,

@@ -62,11 +62,12 @@ def test_kp_qmm_mutant_that_drops_a_partial_step_fails_the_commit_tier():
     SmolLM2's in = 576): the commit tier's cases with a partial last step fail it, and the real
     kernel passes them (tests/test_gpu.py)."""
     from gpu_impls.cuda._module import mutant
+    from gpu_impls.cuda.qmm import step_codes
 
     impl = mutant("cuda:kp_qmm", "mutant_kp_qmm_no_partial_step", "KPARITY_MUTANT_NO_PARTIAL_STEP")
     cuda = gpu_impls.backend("cuda")
     partial = [w for w in plan([impl], tier="commit", invalid=False)
-               if w.case.dims["in"] % (1024 // w.case.dims["bits"])]
+               if w.case.dims["in"] % step_codes(w.case.dims["bits"])]
     assert partial, "the commit tier has no qmm case with a partial K step"
     rows = [check(w, cuda) for w in partial]
     assert all(r["status"] == "fail" for r in rows), [

@@ -350,6 +350,25 @@ def test_kp_qmms_source_arithmetic_stays_within_its_declared_bound(bits, n, m, d
     assert np.median(bound) < np.median(wide) / 10
 
 
+def test_kp_qmm_without_its_partial_step_fails_its_declared_bound():
+    """The kernel's mutant KPARITY_MUTANT_NO_PARTIAL_STEP (whole steps only) transcribed: at
+    in = 576 (int4: two steps and 2 of 8 chunks) the last 64 codes go unsummed, which the
+    declared bound refuses."""
+    from cases.model import make_inputs
+    from oracle.quant import unpack
+
+    case = Case.make("qmm", {"m": 3, "out": 64, "in": 576, "bits": 4, "group_size": 64}, "f32")
+    inputs = make_inputs(case)
+    x = np.array(inputs["x"], copy=True)
+    x[:, 512:] = 0  # the partial step's chunks never added
+    y = emulate_kp.kp_qmm(unpack(inputs["w"], 4, 576), inputs["scales"], inputs["biases"], x,
+                          4).astype(np.float64)
+    exact = case.spec.reference(inputs, case)[0]["out"]
+    impl = gpu_impls.impls()["cuda:kp_qmm"]
+    bound = case.spec.bounds(inputs, {"out": exact}, case, impl.numerics_for(case))["out"]
+    assert np.any(np.abs(y - exact) > bound)
+
+
 @pytest.mark.parametrize("fmt, n, m", [("nvfp4", 1024, 1), ("nvfp4", 8192, 3),
                                        ("mxfp4", 4096, 1), ("mxfp4", 16384, 4)])
 def test_kp_fp4_gemvs_source_arithmetic_stays_within_its_declared_bound(fmt, n, m):

@@ -40,7 +40,7 @@ VEC_BYTES = 16
 KERNELS = [(SOURCE, "kp_qmm", [(b, mt) for b in BITS for mt in MT_CHOICES])]
 
 
-def _step_codes(bits: int) -> int:
+def step_codes(bits: int) -> int:
     """Codes of K per step: 8 lanes x one 16-byte chunk of 128 / bits codes."""
     return LANES_PER_ROW * 128 // bits
 
@@ -54,7 +54,7 @@ def sum_order(bits: int, n: int) -> Numerics:
     rows of x a thread carries."""
     codes = 128 // bits
     return Numerics(form="dequantized_fma", sums=(("dot", plan(
-        {"step": -(-n // _step_codes(bits)), "lane": LANES_PER_ROW, "code": codes},
+        {"step": -(-n // step_codes(bits)), "lane": LANES_PER_ROW, "code": codes},
         ("step code", "fma"), ("lane", "butterfly"))),))
 
 
