@@ -18,3 +18,5 @@ VARIANTS += [(f"kp_sdpa_decode_e8_s{n}", n, 8) for n in SPLITS]
 
 register(*(decode_impl("sdpa_decode", name, splits, epl) for name, splits, epl in VARIANTS
            if f"cuda:{name}" not in impls()))
+if "cuda:kp_sdpa_decode_2k" not in impls():
+    register(decode_impl("sdpa_decode", "kp_sdpa_decode_2k", fused=False))

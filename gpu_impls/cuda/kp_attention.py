@@ -10,7 +10,13 @@ so that 3 tiles are in flight while one is computed. Each run of LPK lanes takes
 elements a lane (D / 16 lanes, rounded up to a power of two), U = 2 keys of each tile, with one
 online-softmax max update per tile. Key groups merge by warp butterfly, warps through shared
 memory. One split writes `out` directly (the sink joins the denominator there); several write
-f32 partials (acc, m, l) for pass 2, `kp_attn_combine<T>` (one block per (sequence, head)).
+f32 partials (acc, m, l), and the last block of a (sequence, kv head, chunk) to take its ticket
+(an atomic counter per block group, after a fence) merges them: M = max(max_s m_s, sink), one
+weight c_s = e^(m_s - M) per split (a warp per head, into the freed tile ring), L = sum_s c_s l_s
+(+ e^(sink - M)), out = sum_s c_s acc_s / L, the splits in order. One kernel per call: a second
+kernel's launch and its wait for pass 1's last block are gone. `fused=False` (or weights that
+do not fit the ring) keeps the two-kernel form: pass 2 is `kp_attn_combine<T>` (one block per
+(sequence, head)), also the `attn_combine` op on its own.
 
 Split count (from B, Hkv, the head chunks, the keys and the SM count, `split_count`): blocks =
 B·Hkv·chunks·splits should fill whole waves of `RESIDENT` blocks per SM (232 registers a thread
@@ -131,16 +137,19 @@ def _combine_geometry(dims, params):
 _WORKSPACE: dict[tuple, tuple] = {}
 
 
-def _workspace(rows: int, splits: int, dim: int):
-    """Pass 1's f32 partials (o [rows, S, D], m, l [rows, S]), kept per shape: allocated once,
-    outside any timed region or graph capture (the first call is a warm-up)."""
+def _workspace(rows: int, splits: int, dim: int, groups: int):
+    """Pass 1's f32 partials (o [rows, S, D], m, l [rows, S]) and the fused combine's tickets
+    (one int32 per block group, zero between launches: the last block resets its own), kept per
+    shape: allocated once, outside any timed region or graph capture (the first call is a
+    warm-up)."""
     import cupy
 
-    key = (cupy.cuda.Device().id, rows, splits, dim)
+    key = (cupy.cuda.Device().id, rows, splits, dim, groups)
     if key not in _WORKSPACE:
         _WORKSPACE[key] = (cupy.empty(rows * splits * dim, cupy.float32),
                            cupy.empty(rows * splits, cupy.float32),
-                           cupy.empty(rows * splits, cupy.float32))
+                           cupy.empty(rows * splits, cupy.float32),
+                           cupy.zeros(groups, cupy.int32))
     return _WORKSPACE[key]
 
 
@@ -154,7 +163,13 @@ def _aligned(inputs, names):
                              "vectors")
 
 
-def _decode_launcher(defines: tuple = (), pdl: bool = True):
+def fuses_combine(splits: int, head_dim: int, group: int, dtype: str, epl: int = EPL) -> bool:
+    """Whether pass 1's last block merges the splits itself: its weights [G, splits] (f32) must
+    fit the tile ring it reuses."""
+    return splits > 1 and 4 * group * splits <= ring_bytes(head_dim, dtype, epl)
+
+
+def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = True):
     def run(launch, inputs, outputs, case):
         d, p = case.dims, case.params
         paged = "k_pages" in inputs
@@ -162,10 +177,15 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True):
         _aligned(inputs, ("q", "k_pages", "v_pages") if paged else ("q", "k", "v"))
         e = launch["split"].extra
         splits, rows, dim = e["splits"], d["batch"] * d["heads"], d["head_dim"]
-        part = _workspace(rows, splits, dim) if splits > 1 else (NULL, NULL, NULL)
+        grid = launch["split"].grid
+        work = (_workspace(rows, splits, dim, grid[0] * grid[2]) if splits > 1
+                else (NULL, NULL, NULL, NULL))
+        part = work[:3]
+        fuse = fused and fuses_combine(splits, dim, e["group"], case.dtype, e["epl"])
+        tickets = work[3] if fuse else NULL
         sinks = inputs["sinks"] if p["sinks"] else NULL
         table = inputs["page_table"] if paged else NULL
-        args = (inputs["q"], k, v, inputs["lengths"], table, sinks, outputs["out"], *part,
+        args = (inputs["q"], k, v, inputs["lengths"], table, sinks, outputs["out"], *part, tickets,
                 np.float32(scale_of(case)), np.int32(d["heads"]), np.int32(d["kv_heads"]),
                 np.int32(d.get("max_len", 0)), np.int32(d.get("page_size", 0)),
                 np.int32(d.get("max_pages", 0)), np.int32(p["window"]),
@@ -175,7 +195,7 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True):
                     (dim, e["group"]))
         cuda_launch(k1, launch["split"].grid, launch["split"].block, args, pdl=pdl,
                     shared_bytes=launch["split"].shared_bytes)
-        if splits > 1:
+        if splits > 1 and not fuse:
             k2 = kernel(SOURCE, "kp_attn_combine", case.dtype, defines)
             cuda_launch(k2, (rows, 1, 1), (THREADS, 1, 1),
                         (*part, sinks, outputs["out"], NULL, np.int32(d["heads"]),
@@ -227,13 +247,16 @@ def _decode_numerics(epl: int):
     return numerics
 
 
-def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL):
+def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL,
+                fused: bool = True):
     """`cuda:name` for `op` (contiguous or paged) at the derived split count, or a fixed one
-    (the split-invariance test); `epl` elements of a key row per lane (8 or 16)."""
-    return cuda_impl(name, op, NO_CONTRACT, _decode_launcher,
+    (the split-invariance test); `epl` elements of a key row per lane (8 or 16); `fused`: the
+    splits merged by pass 1's last block, else by a second kernel (kp_attn_combine)."""
+    return cuda_impl(name, op, NO_CONTRACT, functools.partial(_decode_launcher, fused=fused),
                      f"kparity split-KV decode: G heads of a kv head per block, {epl} elements "
                      f"a lane, U={U} keys a tile per key group, {splits or 'SM-derived'} "
-                     "splits, then the combine", launches=launches(splits, epl),
+                     f"splits, then the combine ({'the last block' if fused else 'pass 2'})",
+                     launches=launches(splits, epl),
                      numerics=_decode_numerics(epl))
 
 
