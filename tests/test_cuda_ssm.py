@@ -87,8 +87,7 @@ def test_wrapper_constants_are_the_kernels():
     step, conv = _defines(ssm.SSM_SOURCE), _defines(ssm.CONV_SOURCE)
     assert ssm.SSM_THREADS == 32 * step["KP_SSM_WARPS"]
     assert ssm.SSM_SLICE == step["KP_SSM_WARPS"] * step["KP_SSM_ROWS"] == step["KP_SSM_COLS"]
-    assert (ssm.CONV_THREADS, ssm.CONV_SPAN, ssm.CONV_MAX_W) == (
-        conv["KP_CONV_THREADS"], conv["KP_CONV_SPAN"], conv["KP_CONV_MAX_W"])
+    assert (ssm.CONV_THREADS, ssm.CONV_MAX_W) == (conv["KP_CONV_THREADS"], conv["KP_CONV_MAX_W"])
     assert max(ssm.CONV_STEP_THREADS) == conv["KP_CONV_STEP_MAX_THREADS"]
 
 
@@ -246,7 +245,7 @@ def test_runs_pass_each_kernel_its_declared_arguments(monkeypatch):
     step = _conv("conv1d_causal_step", batch=3, channels=6144, width=3).replace(silu=False)
     pre = _conv("conv1d_causal", batch=2, tokens=70, channels=37).replace(bias=False)
     for name, case, ints in (("kp_conv1d_causal_step", step, [3, 6144, 768, 1, 0, 1]),
-                             ("kp_conv1d_causal", pre, [70, 37, 5, 1, 3, 0, 1, 0])):
+                             ("kp_conv1d_causal", pre, [70, 37, 5, 1, 3, 32, 0, 1, 0])):
         seen = _recorded(name, case, monkeypatch)
         assert seen["kernel"] == (ssm.CONV_SOURCE, name, "bf16", (), (case.dims["width"],))
         assert _kinds(seen["args"]) == entries[name]["params"]

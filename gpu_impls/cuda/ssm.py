@@ -52,7 +52,7 @@ CONV_THREADS = 64        # KP_CONV_THREADS: the prefill's block
 # B = 1, where 64 spread the few chunks over more SMs.
 CONV_STEP_THREADS = (64, 256)    # KP_CONV_STEP_MAX_THREADS is the larger
 CONV_STEP_WIDE_AT = 32768
-CONV_SPAN = 32           # KP_CONV_SPAN: prefill tokens per block
+CONV_SPAN = 32           # prefill: tokens per block (the kernel's span_len)
 CONV_MAX_W = 4           # KP_CONV_MAX_W: the instances W in 2..4
 CONV_VEC_BYTES = 16      # a thread's channels: one 16-byte vector
 ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -150,11 +150,12 @@ def _conv_step_geometry(dims, params):
     return derived, Launch(grid=(max(1, blocks), 1, 1), block=(threads, 1, 1), extra=derived)
 
 
-def _conv_geometry(dims, params):
+def _conv_geometry(dims, params, span: int = CONV_SPAN):
     vec, chunks = _chunks(dims, params)
     chunk_blocks = -(-chunks // CONV_THREADS)
-    spans = max(1, -(-dims["tokens"] // CONV_SPAN))  # T = 0: one span that copies the state
-    derived = {"vec": vec, "chunks": chunks, "chunk_blocks": chunk_blocks, "spans": spans}
+    spans = max(1, -(-dims["tokens"] // span))  # T = 0: one span that copies the state
+    derived = {"vec": vec, "chunks": chunks, "chunk_blocks": chunk_blocks, "spans": spans,
+               "span": span}
     blocks = dims["batch"] * spans * chunk_blocks
     return derived, Launch(grid=(max(1, blocks), 1, 1), block=(CONV_THREADS, 1, 1),
                            extra=derived)
@@ -195,7 +196,8 @@ def _conv(defines: tuple = ()):
         arrays = (inputs["x"], inputs["weight"], inputs["bias"], inputs["conv_state_in"],
                   outputs["conv_state"], outputs["y"])
         args = (*arrays, np.int32(d["tokens"]), np.int32(d["channels"]), np.int32(e["chunks"]),
-                np.int32(e["chunk_blocks"]), np.int32(e["spans"]), np.int32(bool(p["bias"])),
+                np.int32(e["chunk_blocks"]), np.int32(e["spans"]), np.int32(e["span"]),
+                np.int32(bool(p["bias"])),
                 np.int32(bool(p["silu"])), np.int32(_vectors(case, e, *arrays)))
         k = kernel(CONV_SOURCE, "kp_conv1d_causal", case.dtype, defines, (d["width"],))
         cuda_launch(k, launch.grid, launch.block, args)

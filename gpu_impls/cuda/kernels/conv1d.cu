@@ -17,7 +17,7 @@
 // kp_conv1d_causal_step: one token per batch row, the state shifted by one:
 //   state_out[k] = state_in[k + 1] (k < W-2), state_out[W-2] = x. Thread (b, chunk), flat grid.
 // kp_conv1d_causal: the prefill over T tokens. A block takes KP_CONV_THREADS chunks of one
-//   batch row over one span of KP_CONV_SPAN tokens [t0, t1); each thread starts from the W-1 rows
+//   batch row over one span of span_len tokens [t0, t1); each thread starts from the W-1 rows
 //   of xx before t0 (the halo: the initial state's rows where t0 < W-1, else x's), walks its
 //   tokens with the W-1 previous inputs in registers (the seed's `_silu_cast_many`), KP_CONV_AHEAD
 //   tokens' loads issued before their outputs, and the block of the last span writes the
@@ -43,8 +43,12 @@
 #define KP_CONV_MAX_W 4      // the instances: W in 2..4 (causal-conv1d's widths)
 #define KP_CONV_THREADS 64   // threads per block of the prefill
 #define KP_CONV_STEP_MAX_THREADS 256  // the step: 64 or 256 threads a block (the wrapper's choice)
-#define KP_CONV_SPAN 32      // prefill: tokens per block
+#ifndef KP_CONV_MIN_BLOCKS
+#define KP_CONV_MIN_BLOCKS 1  // __launch_bounds__' blocks per SM (more caps the registers)
+#endif
+#ifndef KP_CONV_AHEAD
 #define KP_CONV_AHEAD 8      // prefill: tokens whose x loads are issued together
+#endif
 
 namespace kp_conv_detail {
 
@@ -194,14 +198,14 @@ __device__ __forceinline__ uint4 kp_conv_xx(const typename T::storage* x,
 // x, y [B, T, D]; weight [W, D]; bias [D]; state_in, state_out [B, W-1, D] (all T). Block:
 // KP_CONV_THREADS threads; grid: B spans chunk_blocks (module comment).
 template <typename T, int W>
-__global__ void __launch_bounds__(KP_CONV_THREADS)
+__global__ void __launch_bounds__(KP_CONV_THREADS, KP_CONV_MIN_BLOCKS)
 kp_conv1d_causal(const typename T::storage* __restrict__ x,
                  const typename T::storage* __restrict__ weight,
                  const typename T::storage* __restrict__ bias,
                  const typename T::storage* __restrict__ state_in,
                  typename T::storage* __restrict__ state_out,
                  typename T::storage* __restrict__ y, int tokens, int channels, int chunks,
-                 int chunk_blocks, int spans, int use_bias, int silu, int vec) {
+                 int chunk_blocks, int spans, int span_len, int use_bias, int silu, int vec) {
     using namespace kp_conv_detail;
     typedef Chunk<T> C;
     constexpr int N = Vec<T>::N;
@@ -211,8 +215,8 @@ kp_conv1d_causal(const typename T::storage* __restrict__ x,
     if (chunk >= chunks) return;
     const int c0 = chunk * N;
     const int valid = min(N, channels - c0);
-    const int t0 = span * KP_CONV_SPAN;
-    const int t1 = min(tokens, t0 + KP_CONV_SPAN);
+    const int t0 = span * span_len;
+    const int t1 = min(tokens, t0 + span_len);
 
     // 1. The halo: xx[t0 .. t0+W-2], the W-1 inputs before token t0; then the weights.
     uint4 raw[W - 1];
