@@ -58,6 +58,10 @@
 #     and mamba_ssm's selective_state_update, the conv step (B = 1, 64) and prefill (T = 2048)
 #     beside torch, ssd_chunked (T = 2048 / 16384, dots f32 and T) beside torch's listing and
 #     mamba_ssm's mamba_chunk_scan_combined
+#   bash scripts/gpu_bench.sh attention-fused  issue 52: kp_sdpa_decode (the splits merged by the last
+#     block) beside kp_sdpa_decode_2k (a second kernel) and torch SDPA, bench and A/Bs in `chain`
+#   bash scripts/gpu_bench.sh conv-variants  issue 53: kp_conv1d_causal's span / load batching /
+#     register budget variants at Nemotron-3-Nano's conv, T = 2048, in `chain`
 #   bash scripts/gpu_bench.sh mamba-decode  issue 30: ssm_step and the conv step at B = 1, 64 against
 #     a copy of each case's own bytes in `chain` (--copy-same-bytes)
 #   bash scripts/gpu_bench.sh mamba-ab  issue 30: the A/Bs in `chain`: kp_ssd_chunked against torch's
@@ -239,6 +243,23 @@ mamba)
   run bench --op conv1d_causal_step --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal_step,torch:conv1d_causal_step
   run bench --op conv1d_causal --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal,torch:conv1d_causal --no-verify
   run bench --op ssd_chunked --preset nemotron-3-nano $B --impl cuda:kp_ssd_chunked,torch:ssd_chunked,torch:mamba_chunk_scan_combined --no-verify
+  ;;
+attention-fused)
+  # issue 52: kp_sdpa_decode with the fused combine beside its two-kernel form (kp_sdpa_decode_2k)
+  # and torch SDPA, bench and A/Bs in `chain`; the attention GPU tests of this build first
+  A="--preset llama-3.1-8b-b1-4096,llama-3.1-8b-b32-4096,llama-3.1-8b-b1-32768 --dtype bf16"
+  V="--plugin scripts/kp_attn_variants.py"
+  timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_gpu_attention.py >> "$LOG" 2>&1; echo "gate rc=$?" >> "$LOG"
+  run $V bench --op sdpa_decode $A --impl cuda:kp_sdpa_decode,cuda:kp_sdpa_decode_2k,torch:sdpa --mode chain --min-time 0.2
+  run $V ab cuda:kp_sdpa_decode_2k cuda:kp_sdpa_decode --preset llama-3.1-8b-b1-4096 --dtype bf16 --min-time 0.1
+  run ab torch:sdpa cuda:kp_sdpa_decode $A --min-time 0.1
+  ;;
+conv-variants)
+  # issue 53: kp_conv1d_causal's span and register budget (scripts/kp_conv_variants.py) at
+  # Nemotron-3-Nano's conv, T = 2048, against the copy ceiling, in `chain`
+  V="--plugin scripts/kp_conv_variants.py"
+  run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp8,cuda:kp_conv1d_causal_a4m8_sp8 --show-failures 3
+  run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp4,cuda:kp_conv1d_causal_sp8,cuda:kp_conv1d_causal_sp16,cuda:kp_conv1d_causal_a4,cuda:kp_conv1d_causal_a4m8,cuda:kp_conv1d_causal_a4m8_sp4,cuda:kp_conv1d_causal_a4m8_sp8,cuda:kp_conv1d_causal_a4m8_sp16
   ;;
 mamba-decode)
   # the decode step and the conv step against a copy of their own bytes in chain
