@@ -12,11 +12,16 @@ from gpu_impls import impls, register
 from gpu_impls.cuda.kp_attention import decode_impl
 
 SPLITS = (8, 16, 30, 60, 120)
-VARIANTS = [(f"kp_sdpa_decode_s{n}", n, 16) for n in SPLITS]
-VARIANTS += [(f"kp_sdpa_decode_e{e}", None, e) for e in (8, 16)]
-VARIANTS += [(f"kp_sdpa_decode_e8_s{n}", n, 8) for n in SPLITS]
+VARIANTS = [(f"kp_sdpa_decode_s{n}", n, 16, 4) for n in SPLITS]
+VARIANTS += [(f"kp_sdpa_decode_e{e}", None, e, 4) for e in (8, 16)]
+VARIANTS += [(f"kp_sdpa_decode_e8_s{n}", n, 8, 4) for n in SPLITS]
 
-register(*(decode_impl("sdpa_decode", name, splits, epl) for name, splits, epl in VARIANTS
-           if f"cuda:{name}" not in impls()))
-if "cuda:kp_sdpa_decode_2k" not in impls():
-    register(decode_impl("sdpa_decode", "kp_sdpa_decode_2k", fused=False))
+VARIANTS += [(f"kp_sdpa_decode_w8{s}", n, 16, 8) for s, n in (("", None), ("_s8", 8), ("_s16", 16),
+                                                                   ("_s30", 30))]
+VARIANTS += [(f"kp_sdpa_decode_e8_w8{s}", n, 8, 8) for s, n in (("", None), ("_s16", 16),
+                                                                      ("_s30", 30))]
+VARIANTS += [("kp_sdpa_decode_e8_w16", None, 8, 16)]
+register(*(decode_impl("sdpa_decode", v[0], v[1], v[2], warps=v[3])
+           for v in VARIANTS if f"cuda:{v[0]}" not in impls()))
+if "cuda:kp_sdpa_decode_fused" not in impls():
+    register(decode_impl("sdpa_decode", "kp_sdpa_decode_fused", fused=True))

@@ -55,7 +55,8 @@ from oracle.numerics import SEQUENTIAL, Numerics, plan
 
 SOURCE = "kp_sdpa_decode.cu"
 U = 2             # keys per key group per step (KP_U in the .cu)
-THREADS = 128     # KP_WARPS * 32
+WARPS = 4         # KP_WARPS: pass 1's warps a block (a knob: `decode_impl(warps=)`)
+THREADS = 128     # the combine's block (and pass 1's at WARPS)
 EPL = 16          # elements of a key row per lane (KP_EPL)
 STAGE_BUDGET = 65536  # bytes of shared memory for pass 1's tile ring (KP_STAGE_BUDGET)
 GROUP_SIZES = (1, 2, 4)  # G: query heads per block
@@ -105,25 +106,28 @@ def split_count(base_blocks: int, keys: int, sms: int, resident: int = 2) -> int
     return best
 
 
-def _geometry(dims, params, splits: int | None = None, epl: int = EPL):
+def _geometry(dims, params, splits: int | None = None, epl: int = EPL, warps: int = WARPS):
     g = dims["heads"] // max(1, dims["kv_heads"])
     G = group_size(g)
     chunks = -(-g // G)
     base = dims["batch"] * dims["kv_heads"] * chunks
     keys = keys_read(dims, params)
     sms = sm_count()
-    count = splits or params.get("splits") or split_count(base, keys, sms, RESIDENT[epl])
-    derived = {"group": G, "chunks": chunks, "splits": count, "sms": sms, "epl": epl}
+    resident = max(1, RESIDENT[epl] * WARPS // warps)  # the register file is the limit
+    count = splits or params.get("splits") or split_count(base, keys, sms, resident)
+    derived = {"group": G, "chunks": chunks, "splits": count, "sms": sms, "epl": epl,
+               "warps": warps}
     return derived, Launch(grid=(chunks, count, dims["batch"] * dims["kv_heads"]),
-                           block=(THREADS, 1, 1),
-                           shared_bytes=ring_bytes(dims["head_dim"], params["dtype"], epl),
+                           block=(32 * warps, 1, 1),
+                           shared_bytes=ring_bytes(dims["head_dim"], params["dtype"], epl,
+                                                   warps),
                            extra=derived)
 
 
-def ring_bytes(head_dim: int, dtype: str, epl: int = EPL) -> int:
+def ring_bytes(head_dim: int, dtype: str, epl: int = EPL, warps: int = WARPS) -> int:
     """Pass 1's dynamic shared memory: its ring of tiles (`Shape` in the .cu, mirrored)."""
     lanes = 1 << max(0, (-(-head_dim // epl) - 1).bit_length())  # next power of two
-    tile = (THREADS // lanes) * U
+    tile = (32 * warps // lanes) * U
     stage = 2 * tile * head_dim * (4 if dtype == "f32" else 2)
     return min(4, max(2, STAGE_BUDGET // stage)) * stage
 
@@ -163,10 +167,11 @@ def _aligned(inputs, names):
                              "vectors")
 
 
-def fuses_combine(splits: int, head_dim: int, group: int, dtype: str, epl: int = EPL) -> bool:
+def fuses_combine(splits: int, head_dim: int, group: int, dtype: str, epl: int = EPL,
+                  warps: int = WARPS) -> bool:
     """Whether pass 1's last block merges the splits itself: its weights [G, splits] (f32) must
     fit the tile ring it reuses."""
-    return splits > 1 and 4 * group * splits <= ring_bytes(head_dim, dtype, epl)
+    return splits > 1 and 4 * group * splits <= ring_bytes(head_dim, dtype, epl, warps)
 
 
 def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = True):
@@ -181,7 +186,7 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = True):
         work = (_workspace(rows, splits, dim, grid[0] * grid[2]) if splits > 1
                 else (NULL, NULL, NULL, NULL))
         part = work[:3]
-        fuse = fused and fuses_combine(splits, dim, e["group"], case.dtype, e["epl"])
+        fuse = fused and fuses_combine(splits, dim, e["group"], case.dtype, e["epl"], e["warps"])
         tickets = work[3] if fuse else NULL
         sinks = inputs["sinks"] if p["sinks"] else NULL
         table = inputs["page_table"] if paged else NULL
@@ -190,8 +195,9 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = True):
                 np.int32(d.get("max_len", 0)), np.int32(d.get("page_size", 0)),
                 np.int32(d.get("max_pages", 0)), np.int32(p["window"]),
                 np.int32(p["sink_end"]), np.int32(splits))
-        epl = () if e["epl"] == EPL else (f"KP_EPL={e['epl']}",)
-        k1 = kernel(SOURCE, "kp_sdpa_decode_split", case.dtype, (*defines, *epl),
+        knobs = ((() if e["epl"] == EPL else (f"KP_EPL={e['epl']}",))
+                 + (() if e["warps"] == WARPS else (f"KP_WARPS={e['warps']}",)))
+        k1 = kernel(SOURCE, "kp_sdpa_decode_split", case.dtype, (*defines, *knobs),
                     (dim, e["group"]))
         cuda_launch(k1, launch["split"].grid, launch["split"].block, args, pdl=pdl,
                     shared_bytes=launch["split"].shared_bytes)
@@ -221,8 +227,8 @@ COMBINE_D = Invariant(
     fix=lambda ns: "head_dim <= 512", violation={"head_dim": 520}, shows=("head_dim",))
 
 
-def launches(splits: int | None = None, epl: int = EPL) -> dict:
-    geometry = functools.partial(_geometry, splits=splits, epl=epl)
+def launches(splits: int | None = None, epl: int = EPL, warps: int = WARPS) -> dict:
+    geometry = functools.partial(_geometry, splits=splits, epl=epl, warps=warps)
     return {"split": Contract(invariants=(GQA, HEAD_DIM), geometry=geometry),
             "combine": Contract(geometry=_combine_geometry)}
 
@@ -248,7 +254,7 @@ def _decode_numerics(epl: int):
 
 
 def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL,
-                fused: bool = True):
+                fused: bool = False, warps: int = WARPS):
     """`cuda:name` for `op` (contiguous or paged) at the derived split count, or a fixed one
     (the split-invariance test); `epl` elements of a key row per lane (8 or 16); `fused`: the
     splits merged by pass 1's last block, else by a second kernel (kp_attn_combine)."""
@@ -256,7 +262,7 @@ def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL,
                      f"kparity split-KV decode: G heads of a kv head per block, {epl} elements "
                      f"a lane, U={U} keys a tile per key group, {splits or 'SM-derived'} "
                      f"splits, then the combine ({'the last block' if fused else 'pass 2'})",
-                     launches=launches(splits, epl),
+                     launches=launches(splits, epl, warps),
                      numerics=_decode_numerics(epl))
 
 

@@ -17,7 +17,9 @@
 #ifndef KP_U
 #define KP_U 2  // keys per key group per tile (Numerics.softmax_block in kp_attention.py)
 #endif
-#define KP_WARPS 4
+#ifndef KP_WARPS
+#define KP_WARPS 4  // warps per block of pass 1 (kp_attention.py WARPS)
+#endif
 #ifndef KP_EPL
 #define KP_EPL 16           // elements of a key row per lane
 #endif
