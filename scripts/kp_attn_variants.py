@@ -9,6 +9,7 @@ another geometry, for choosing it on a GPU (gpu_impls/cuda/kp_attention.py):
 from __future__ import annotations
 
 from gpu_impls import impls, register
+from gpu_impls.cuda._module import mutant
 from gpu_impls.cuda.kp_attention import decode_impl
 
 SPLITS = (8, 16, 30, 60, 120)
@@ -25,3 +26,7 @@ register(*(decode_impl("sdpa_decode", v[0], v[1], v[2], warps=v[3])
            for v in VARIANTS if f"cuda:{v[0]}" not in impls()))
 if "cuda:kp_sdpa_decode_fused" not in impls():
     register(decode_impl("sdpa_decode", "kp_sdpa_decode_fused", fused=True))
+if "cuda:kp_sdpa_decode_solo" not in impls():
+    # the same code compiled as a module of its own (a define equal to the default) instead of
+    # in its batch of listed instances: does the batch build change the kernel's speed?
+    register(mutant("cuda:kp_sdpa_decode", "kp_sdpa_decode_solo", "KP_U=2"))
