@@ -258,8 +258,9 @@ conv-variants)
   # issue 53: kp_conv1d_causal's span and register budget (scripts/kp_conv_variants.py) at
   # Nemotron-3-Nano's conv, T = 2048, against the copy ceiling, in `chain`
   V="--plugin scripts/kp_conv_variants.py"
-  run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp8,cuda:kp_conv1d_causal_a4m8_sp8 --show-failures 3
-  run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp4,cuda:kp_conv1d_causal_sp8,cuda:kp_conv1d_causal_sp16,cuda:kp_conv1d_causal_a4,cuda:kp_conv1d_causal_a4m8,cuda:kp_conv1d_causal_a4m8_sp4,cuda:kp_conv1d_causal_a4m8_sp8,cuda:kp_conv1d_causal_a4m8_sp16
+  run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_a8m1_sp32 --show-failures 3
+  run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp4,cuda:kp_conv1d_causal_sp16,cuda:kp_conv1d_causal_sp32,cuda:kp_conv1d_causal_a8,cuda:kp_conv1d_causal_a8m1,cuda:kp_conv1d_causal_a8m1_sp4,cuda:kp_conv1d_causal_a8m1_sp16,cuda:kp_conv1d_causal_a8m1_sp32
+  run $V ab cuda:kp_conv1d_causal_a8m1_sp32 cuda:kp_conv1d_causal --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --min-time 0.1
   ;;
 mamba-decode)
   # the decode step and the conv step against a copy of their own bytes in chain

@@ -1,11 +1,12 @@
 """Plugin (`kparity --plugin scripts/kp_conv_variants.py bench ...`): cuda:kp_conv1d_causal with
 another span or register budget, for choosing them on a GPU (gpu_impls/cuda/ssm.py, conv1d.cu):
 
-    cuda:kp_conv1d_causal_sp{S}: S tokens per block instead of CONV_SPAN (more blocks)
-    cuda:kp_conv1d_causal_a4[m8]: 4 tokens' loads issued together instead of 8 (fewer
-        registers: 126 against 158 at bf16, W = 4, ptxas sm_90), m8: `__launch_bounds__(64, 8)`
-        (120 registers, no spills): 16 warps an SM instead of 12
-    cuda:kp_conv1d_causal_a4m8_sp{S}: both
+    cuda:kp_conv1d_causal_sp{S}: S tokens per block instead of CONV_SPAN
+    cuda:kp_conv1d_causal_a8m1[_sp{S}]: 8 tokens' loads issued together instead of 4 and no
+        register cap (`__launch_bounds__(64, 1)`: 158 registers at bf16, W = 4, ptxas sm_90,
+        12 warps an SM; the shipped kernel 120 and 16); a8m1_sp32 is the kernel before
+        2026-12-07 (an `ab` against it: the change's gain)
+    cuda:kp_conv1d_causal_a8: 8 loads ahead under the register cap (spills)
 Same kernel, same order of arithmetic: only the launch shape and the load batching differ.
 """
 
@@ -19,8 +20,8 @@ from gpu_impls.cuda import ssm
 from gpu_impls.cuda._module import MAKERS
 
 BASE = "cuda:kp_conv1d_causal"
-SPANS = (4, 8, 16)
-DEFINES = {"": (), "a4": ("KP_CONV_AHEAD=4",), "a4m8": ("KP_CONV_AHEAD=4", "KP_CONV_MIN_BLOCKS=8")}
+SPANS = (4, 16, 32)
+DEFINES = {"": (), "a8": ("KP_CONV_AHEAD=8",), "a8m1": ("KP_CONV_AHEAD=8", "KP_CONV_MIN_BLOCKS=1")}
 
 
 def conv_variant(suffix: str, defines: tuple, span: int):
@@ -32,6 +33,6 @@ def conv_variant(suffix: str, defines: tuple, span: int):
                                doc=f"{impl.doc} [span {span}, -D {' '.join(defines) or '-'}]")
 
 
-_variants = [(f"{d}_sp{s}".strip("_"), DEFINES[d], s) for d in ("", "a4m8") for s in SPANS]
-_variants += [("a4", DEFINES["a4"], ssm.CONV_SPAN), ("a4m8", DEFINES["a4m8"], ssm.CONV_SPAN)]
+_variants = [(f"{d}_sp{s}".strip("_"), DEFINES[d], s) for d in ("", "a8m1") for s in SPANS]
+_variants += [("a8", DEFINES["a8"], ssm.CONV_SPAN), ("a8m1", DEFINES["a8m1"], ssm.CONV_SPAN)]
 register(*(conv_variant(*v) for v in _variants if f"{BASE}_{v[0]}" not in impls()))

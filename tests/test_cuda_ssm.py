@@ -137,7 +137,7 @@ def test_conv_threads_cover_every_channel_vector(dtype, vec, channels):
     assert (step.extra["vec"], step.extra["chunks"]) == (vec, chunks)
     t = step.block[0]
     assert (step.grid[0] - 1) * t < 3 * chunks <= step.grid[0] * t
-    for tokens, spans in ((1, 1), (32, 1), (33, 2), (2048, 64)):
+    for tokens, spans in ((1, 1), (8, 1), (9, 2), (33, 5), (2048, 256)):
         pre = _launch("kp_conv1d_causal", _conv("conv1d_causal", dtype, batch=3, tokens=tokens,
                                                 channels=channels))
         blocks = -(-chunks // ssm.CONV_THREADS)
@@ -245,7 +245,7 @@ def test_runs_pass_each_kernel_its_declared_arguments(monkeypatch):
     step = _conv("conv1d_causal_step", batch=3, channels=6144, width=3).replace(silu=False)
     pre = _conv("conv1d_causal", batch=2, tokens=70, channels=37).replace(bias=False)
     for name, case, ints in (("kp_conv1d_causal_step", step, [3, 6144, 768, 1, 0, 1]),
-                             ("kp_conv1d_causal", pre, [70, 37, 5, 1, 3, 32, 0, 1, 0])):
+                             ("kp_conv1d_causal", pre, [70, 37, 5, 1, 9, 8, 0, 1, 0])):
         seen = _recorded(name, case, monkeypatch)
         assert seen["kernel"] == (ssm.CONV_SOURCE, name, "bf16", (), (case.dims["width"],))
         assert _kinds(seen["args"]) == entries[name]["params"]

@@ -8,7 +8,7 @@ only the model shapes: N % 32 == 0):
   large states) at Nemotron-3-Nano's heads; batch 64; applied T times, feeding its state back,
   it follows `ssd_scan`: every y and the final state within the scan's own bound;
 * `cuda:kp_conv1d_causal_step` and `cuda:kp_conv1d_causal` at W 2, 3, 4, at channel counts
-  with and without a partial 16-byte vector, over one and several 32-token spans (the halo),
+  with and without a partial 16-byte vector, over one and several 8-token spans (the halo),
   non-finite inputs (raw copies in the state), batch 64; a prefill over [0, T1) then T - T1
   steps equals one prefill for T1 in {0, 1, 3, 4, 5, T-1} (the state bit for bit, y within the
   one-prefill bound); two prefill calls equal one;
@@ -204,7 +204,8 @@ def test_conv_step_widths_and_tails(width, channels, dtype):
                    _conv("conv1d_causal_step", dtype, 3, channels, width))
 
 
-# tokens: one, a span and one more (the halo from x), a partial look-ahead of 8 (70: 3 spans)
+# tokens: one; 4 spans and one more token (the halo from x, a look-ahead of 1); 70: 9 spans,
+# the last of 6 tokens (a partial look-ahead of 4)
 @pytest.mark.parametrize("tokens", [1, 33, 70])
 @pytest.mark.parametrize("width", [2, 3, 4])
 @pytest.mark.parametrize("channels", [37, 64])

@@ -15,7 +15,7 @@
   by one (raw bits). Any D: where D is no multiple of the vector (or a pointer is not 16-byte
   aligned) the same threads load element by element, guarded.
 * `cuda:kp_conv1d_causal` (op `conv1d_causal`): the prefill, a thread per channel vector
-  walking a span of 32 tokens with the W-1 previous inputs in registers (the seed's
+  walking a span of 8 tokens (CONV_SPAN) with the W-1 previous inputs in registers (the seed's
   `_silu_cast_many`), spans in parallel (each starts from a halo of the W-1 rows before it:
   the initial state's or x's), the last span's block writing the final state. Both conv kernels
   have an instance per W in 2..4: contract W <= 4.
@@ -52,7 +52,11 @@ CONV_THREADS = 64        # KP_CONV_THREADS: the prefill's block
 # B = 1, where 64 spread the few chunks over more SMs.
 CONV_STEP_THREADS = (64, 256)    # KP_CONV_STEP_MAX_THREADS is the larger
 CONV_STEP_WIDE_AT = 32768
-CONV_SPAN = 32           # prefill: tokens per block (the kernel's span_len)
+# prefill: tokens per block (the kernel's span_len). 8: at Nemotron-3-Nano's conv (6144 bf16
+# channels, T = 2048) on an H100, `chain`, 33.07 us against 37.04 for 32-token spans with 8 loads
+# ahead and no register cap (scripts/kp_conv_variants.py, benchmarks/data/mamba-h100/
+# conv-variants.log); more blocks fill the SMs that the register cap opened
+CONV_SPAN = 8
 CONV_MAX_W = 4           # KP_CONV_MAX_W: the instances W in 2..4
 CONV_VEC_BYTES = 16      # a thread's channels: one 16-byte vector
 ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -217,7 +221,7 @@ register(
               "kparity conv1d decode step: a thread per 16 bytes of channels, the ring shifted "
               "by one as raw bits, bias, silu", numerics=CONV_ORDER),
     cuda_impl("kp_conv1d_causal", "conv1d_causal", CONV_CONTRACT, _conv,
-              "kparity conv1d prefill: a thread per channel vector walking 32-token spans with "
+              "kparity conv1d prefill: a thread per channel vector walking 8-token spans with "
               "the W-1 previous inputs in registers (halo), the final state from the last span",
               numerics=CONV_ORDER),
 )

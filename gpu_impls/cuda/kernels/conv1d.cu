@@ -44,11 +44,13 @@
 #define KP_CONV_THREADS 64   // threads per block of the prefill
 #define KP_CONV_STEP_MAX_THREADS 256  // the step: 64 or 256 threads a block (the wrapper's choice)
 #ifndef KP_CONV_MIN_BLOCKS
-#define KP_CONV_MIN_BLOCKS 1  // __launch_bounds__' blocks per SM (more caps the registers)
+// __launch_bounds__' blocks per SM for the prefill: 8 caps it at 128 registers (120 used, no
+// spills, ptxas sm_90), 16 warps an SM instead of the 12 that 158 registers left
+#define KP_CONV_MIN_BLOCKS 8
 #endif
 #ifndef KP_CONV_AHEAD
-#define KP_CONV_AHEAD 8      // prefill: tokens whose x loads are issued together
-#endif
+#define KP_CONV_AHEAD 4      // prefill: tokens whose x loads are issued together (8: 32 more
+#endif                       // registers and slower on an H100, scripts/kp_conv_variants.py)
 
 namespace kp_conv_detail {
 
