@@ -47,15 +47,20 @@ def dequant_gemv_cases():
 
 # An lm_head (out = vocab) for the logit gate: Llama-2's 32000-token vocabulary over a 1024
 # hidden size (Qwen3-0.6B's; its 151936 vocabulary is the bench case: 10 GB of float64 oracle
-# intermediates is no gate). Normal logits, a planted near-tie, a planted clear margin.
+# intermediates is no gate). Normal logits, a planted near-tie, a planted clear margin. The
+# plants (`oracle.gemv.plant_logits`) need no vocabulary's size: the same three at 4096 x 512
+# carry them into the commit tier (a second of float64 oracle each, where the 32k ones take
+# five: those are nightly's).
 LM_HEAD_GATE = (32000, 1024)
+LM_HEAD_SMALL = (4096, 512)
 LM_HEAD_DISTS = ("normal", "near_tie", "clear_margin")
 
 
 def lm_head_cases():
-    out, n = LM_HEAD_GATE
     return [Case.make("dequant_gemv", {"out": out, "in": n, "bits": 4, "group_size": 64}, dtype,
-                      dist, label="preset:lm_head-32k")
+                      dist, label=label)
+            for (out, n), label in ((LM_HEAD_SMALL, "logits:4k"),
+                                    (LM_HEAD_GATE, "preset:lm_head-32k"))
             for dtype, dist in product(FLOAT_DTYPES, LM_HEAD_DISTS)]
 
 
