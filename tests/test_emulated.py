@@ -168,8 +168,8 @@ def test_a_fused_product_plus_a_value_is_one_fma():
                                                (4, 576, 8, "bf16"), (8, 704, 3, "f32")])
 def test_kp_qmms_declaration_read_as_one_answer_is_its_source_arithmetic(bits, n, m, dtype):
     """kp_qmm's declaration (form dequantized_fma: w = fma(q, s, b), then its FMA chains)
-    emulated equals the transcription of kp_qmm.cu bit for bit: complete enough to declare
-    one answer once the GPU kernel is measured equal too (tests/test_gpu_one_answer.py)."""
+    emulated equals the transcription of kp_qmm.cu bit for bit: complete enough to declare one
+    answer, which it does since the GPU kernel measured equal too (tests/test_gpu_one_answer.py)."""
     from oracle.quant import unpack
 
     case = Case.make("qmm", {"m": m, "out": 64, "in": n, "bits": bits, "group_size": 64}, dtype)

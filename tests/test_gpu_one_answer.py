@@ -54,8 +54,8 @@ def _declared_answer(impl, case, inputs, output: str):
                                                (4, 576, 8, "bf16"), (8, 704, 3, "f32")])
 def test_kp_qmm_computes_its_declared_order_bit_for_bit(bits, n, m, dtype):
     """kp_qmm's declaration (w = fma(q, s, b), one FMA chain a lane, the butterflies) read as one
-    answer equals its transcription on the CPU (tests/emulate_kp.py); here, the kernel itself:
-    where it does, the declaration can say `one_answer` (not yet declared: first measured here)."""
+    answer equals its transcription on the CPU (tests/emulate_kp.py); here, the kernel itself.
+    Equal on an H100 on all six (2026-12-07), kp_qmm declares `one_answer`."""
     kp = impl("cuda:kp_qmm")
     case = Case.make("qmm", {"m": m, "out": 64, "in": n, "bits": bits, "group_size": 64}, dtype)
     inputs = make_inputs(case)

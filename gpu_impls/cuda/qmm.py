@@ -51,11 +51,14 @@ def sum_order(bits: int, n: int) -> Numerics:
     over (step, code); the 8 lanes meet by xor butterfly (offsets 4, 2, 1). Where n is not a
     whole number of steps, the last step's chunks past the row are absent (the plan's terms
     past n): those lanes' chains end a chunk earlier. No geometry enters: MT only sets how many
-    rows of x a thread carries."""
+    rows of x a thread carries. Every f32 operation is an explicit fmaf or a butterfly add: one
+    answer (`oracle/emulated.py`), which the kernel computes bit for bit on an H100 (f32, f16,
+    bf16; int4 and int8; whole and partial last steps at in = 576 and 704:
+    tests/test_gpu_one_answer.py, 2026-12-07)."""
     codes = 128 // bits
     return Numerics(form="dequantized_fma", sums=(("dot", plan(
         {"step": -(-n // step_codes(bits)), "lane": LANES_PER_ROW, "code": codes},
-        ("step code", "fma"), ("lane", "butterfly"))),))
+        ("step code", "fma"), ("lane", "butterfly"))),), one_answer=True)
 
 
 def _declared(case) -> Numerics:
