@@ -62,6 +62,8 @@
 #     block) beside kp_sdpa_decode_2k (a second kernel) and torch SDPA, bench and A/Bs in `chain`
 #   bash scripts/gpu_bench.sh conv-variants  issue 53: kp_conv1d_causal's span / load batching /
 #     register budget variants at Nemotron-3-Nano's conv, T = 2048, in `chain`
+#   bash scripts/gpu_bench.sh collect-profile  issue 48: a `pytest -m gpu --collect-only` under
+#     -X importtime and cProfile (a gate worker's 34 s before its first test)
 #   bash scripts/gpu_bench.sh mamba-decode  issue 30: ssm_step and the conv step at B = 1, 64 against
 #     a copy of each case's own bytes in `chain` (--copy-same-bytes)
 #   bash scripts/gpu_bench.sh mamba-ab  issue 30: the A/Bs in `chain`: kp_ssd_chunked against torch's
@@ -261,6 +263,15 @@ conv-variants)
   run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_a8m1_sp32 --show-failures 3
   run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp4,cuda:kp_conv1d_causal_sp16,cuda:kp_conv1d_causal_sp32,cuda:kp_conv1d_causal_a8,cuda:kp_conv1d_causal_a8m1,cuda:kp_conv1d_causal_a8m1_sp4,cuda:kp_conv1d_causal_a8m1_sp16,cuda:kp_conv1d_causal_a8m1_sp32
   run $V ab cuda:kp_conv1d_causal_a8m1_sp32 cuda:kp_conv1d_causal --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --min-time 0.1
+  ;;
+collect-profile)
+  # issue 48: where a worker's 34 s before its first test go (the same cold or warm): one
+  # `pytest -m gpu --collect-only` under -X importtime and one under cProfile (cumulative top 40)
+  timeout 90 python3 -X importtime -m pytest -m gpu --collect-only -q -p no:cacheprovider > $OUT/collect0.txt 2> $OUT/importtime.txt
+  echo "collect rc=$? $(tail -1 $OUT/collect0.txt)" >> "$LOG"
+  sort -t'|' -k2 -n -r $OUT/importtime.txt | head -30 >> "$LOG"
+  timeout 90 python3 -m cProfile -o $OUT/collect.prof -m pytest -m gpu --collect-only -q -p no:cacheprovider > /dev/null 2>&1
+  python3 -c "import pstats; pstats.Stats('$OUT/collect.prof').sort_stats('cumulative').print_stats(40)" >> "$LOG" 2>&1
   ;;
 mamba-decode)
   # the decode step and the conv step against a copy of their own bytes in chain
