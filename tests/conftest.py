@@ -21,8 +21,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # cold GPU gate: 8 workers, their pools, the prebuild). Measured on 2 cores under 6 busy
     # processes: the float64 oracle of a gdn_chunked case 5.9 s with one thread, 23 s with two.
     # On the H100 host under `-n 8`, two threads a worker, the GDN pipeline tests, which compute
-    # theirs in the worker, took 44-159 s (the cause this names; not yet remeasured there).
-    # A smaller count set by hand is kept.
+    # theirs in the worker, took 44-159 s each (405 s over 4); one thread, 103 s over 10 (the
+    # cold commit tier, 2026-12-07, benchmarks/README.md "Tiers"). A smaller count set by hand
+    # is kept.
     os.environ.update(limited(1))
 
 from cases import strategies  # noqa: E402, F401  (registers the hypothesis profiles)
