@@ -10,13 +10,16 @@ so that 3 tiles are in flight while one is computed. Each run of LPK lanes takes
 elements a lane (D / 16 lanes, rounded up to a power of two), U = 2 keys of each tile, with one
 online-softmax max update per tile. Key groups merge by warp butterfly, warps through shared
 memory. One split writes `out` directly (the sink joins the denominator there); several write
-f32 partials (acc, m, l), and the last block of a (sequence, kv head, chunk) to take its ticket
-(an atomic counter per block group, after a fence) merges them: M = max(max_s m_s, sink), one
-weight c_s = e^(m_s - M) per split (a warp per head, into the freed tile ring), L = sum_s c_s l_s
-(+ e^(sink - M)), out = sum_s c_s acc_s / L, the splits in order. One kernel per call: a second
-kernel's launch and its wait for pass 1's last block are gone. `fused=False` (or weights that
-do not fit the ring) keeps the two-kernel form: pass 2 is `kp_attn_combine<T>` (one block per
-(sequence, head)), also the `attn_combine` op on its own.
+f32 partials (acc, m, l) for pass 2, `kp_attn_combine<T>` (one block per (sequence, head)), also
+the `attn_combine` op on its own.
+
+`fused=True` (`decode_impl`; `cuda:kp_sdpa_decode_fused` in scripts/kp_attn_variants.py) merges
+the splits in pass 1 instead: the last block of a (sequence, kv head, chunk) to take its ticket
+(an atomic counter per block group, after a fence) computes M = max(max_s m_s, sink), one weight
+c_s = e^(m_s - M) per split (a warp per head, into the freed tile ring), L = sum_s c_s l_s
+(+ e^(sink - M)), out = sum_s c_s acc_s / L, the splits in order. One kernel instead of two, but
+slower on an H100 (B=1 L=4096, `chain`: 27.11 against 19.91 us; benchmarks/HISTORY.md): the
+merge runs in one block per kv head after the others, where pass 2 spreads it over every head.
 
 Split count (from B, Hkv, the head chunks, the keys and the SM count, `split_count`): blocks =
 B·Hkv·chunks·splits should fill whole waves of `RESIDENT` blocks per SM (232 registers a thread
@@ -174,7 +177,7 @@ def fuses_combine(splits: int, head_dim: int, group: int, dtype: str, epl: int =
     return splits > 1 and 4 * group * splits <= ring_bytes(head_dim, dtype, epl, warps)
 
 
-def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = True):
+def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = False):
     def run(launch, inputs, outputs, case):
         d, p = case.dims, case.params
         paged = "k_pages" in inputs

@@ -1,8 +1,9 @@
 // kparity's split-KV decode attention (gpu_impls/cuda/kp_attention.py has the design and the
 // numerics): pass 1 `kp_sdpa_decode_split<T, D, G>` over one split of one sequence's keys for G
-// query heads of one kv head; the last block of the splits to finish merges them (`tickets`),
-// or pass 2 `kp_attn_combine<T>` does (also the `attn_combine` op on its own). One key row is
-// read once per block, for all G heads.
+// query heads of one kv head; pass 2 `kp_attn_combine<T>` merges the splits (also the
+// `attn_combine` op on its own), or, given `tickets`, the last block of the splits to finish
+// does (the fused form: slower on an H100, kp_attention.py). One key row is read once per
+// block, for all G heads.
 //
 // Loads: the block stages tiles of TILE keys (K and V rows) in shared memory with cp.async, in a
 // ring of STAGES tiles, so that STAGES - 1 tiles are in flight while one is computed.
