@@ -18,8 +18,9 @@ the splits in pass 1 instead: the last block of a (sequence, kv head, chunk) to 
 (an atomic counter per block group, after a fence) computes M = max(max_s m_s, sink), one weight
 c_s = e^(m_s - M) per split (a warp per head, into the freed tile ring), L = sum_s c_s l_s
 (+ e^(sink - M)), out = sum_s c_s acc_s / L, the splits in order. One kernel instead of two, but
-slower on an H100 (B=1 L=4096, `chain`: 27.11 against 19.91 us; benchmarks/HISTORY.md): the
-merge runs in one block per kv head after the others, where pass 2 spreads it over every head.
+slower on an H100 (B=1 L=4096, `chain`: 27.11 against 19.91 us; benchmarks/HISTORY.md); not
+profiled, the likely cause: the merge runs in one block per kv head after the others, where
+pass 2 spreads it over a block per head.
 
 Split count (from B, Hkv, the head chunks, the keys and the SM count, `split_count`): blocks =
 B·Hkv·chunks·splits should fill whole waves of `RESIDENT` blocks per SM (232 registers a thread
