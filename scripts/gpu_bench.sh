@@ -60,6 +60,8 @@
 #     mamba_ssm's mamba_chunk_scan_combined
 #   bash scripts/gpu_bench.sh attention-fused  issue 52: kp_sdpa_decode (the splits merged by the last
 #     block) beside kp_sdpa_decode_2k (a second kernel) and torch SDPA, bench and A/Bs in `chain`
+#   bash scripts/gpu_bench.sh attention-variants  issue 52: the attention GPU tests, kp_sdpa_decode's
+#     variants (built alone, combine unrolled, 16 splits, 8/16 warps) beside torch SDPA, A/Bs
 #   bash scripts/gpu_bench.sh conv-variants  issue 53: kp_conv1d_causal's span / load batching /
 #     register budget variants at Nemotron-3-Nano's conv, T = 2048, in `chain`
 #   bash scripts/gpu_bench.sh collect-profile  issue 48: a `pytest -m gpu --collect-only` under
@@ -254,6 +256,17 @@ attention-fused)
   timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_gpu_attention.py >> "$LOG" 2>&1; echo "gate rc=$?" >> "$LOG"
   run $V bench --op sdpa_decode $A --impl cuda:kp_sdpa_decode,cuda:kp_sdpa_decode_2k,torch:sdpa --mode chain --min-time 0.2
   run $V ab cuda:kp_sdpa_decode_2k cuda:kp_sdpa_decode --preset llama-3.1-8b-b1-4096 --dtype bf16 --min-time 0.1
+  run ab torch:sdpa cuda:kp_sdpa_decode $A --min-time 0.1
+  ;;
+attention-variants)
+  # issue 52, next: the attention GPU tests, then kp_sdpa_decode's variants (scripts/kp_attn_variants.py:
+  # built alone, the combine unrolled, 16 splits, 8 / 16 warps) beside torch SDPA, and A/Bs in `chain`
+  A="--preset llama-3.1-8b-b1-4096,llama-3.1-8b-b32-4096,llama-3.1-8b-b1-32768 --dtype bf16"
+  V="--plugin scripts/kp_attn_variants.py"
+  timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_gpu_attention.py >> "$LOG" 2>&1; echo "gate rc=$?" >> "$LOG"
+  run $V check --op sdpa_decode,attn_combine --impl cuda:kp_sdpa_decode_cu8,cuda:kp_attn_combine_u8,cuda:kp_sdpa_decode_w8,cuda:kp_sdpa_decode_e8_w16 --show-failures 3
+  run $V bench --op sdpa_decode $A --mode chain --min-time 0.1 --impl cuda:kp_sdpa_decode,cuda:kp_sdpa_decode_solo,cuda:kp_sdpa_decode_cu8,cuda:kp_sdpa_decode_s16,cuda:kp_sdpa_decode_s16_cu8,cuda:kp_sdpa_decode_w8,cuda:kp_sdpa_decode_w8_s16,cuda:kp_sdpa_decode_e8_w8,cuda:kp_sdpa_decode_e8_w16,torch:sdpa
+  run $V ab cuda:kp_sdpa_decode cuda:kp_sdpa_decode_cu8 --preset llama-3.1-8b-b1-4096,llama-3.1-8b-b1-32768 --dtype bf16 --min-time 0.1
   run ab torch:sdpa cuda:kp_sdpa_decode $A --min-time 0.1
   ;;
 conv-variants)

@@ -30,3 +30,10 @@ if "cuda:kp_sdpa_decode_solo" not in impls():
     # the same code compiled as a module of its own (a define equal to the default) instead of
     # in its batch of listed instances: does the batch build change the kernel's speed?
     register(mutant("cuda:kp_sdpa_decode", "kp_sdpa_decode_solo", "KP_U=2"))
+# kp_attn_combine's loops unrolled by 8 with l staged in shared memory (KP_COMBINE_UNROLL in
+# kp_sdpa_decode.cu: the same operations in the same order, more loads in flight)
+for _base, _name in (("cuda:kp_sdpa_decode", "kp_sdpa_decode_cu8"),
+                     ("cuda:kp_sdpa_decode_s16", "kp_sdpa_decode_s16_cu8"),
+                     ("cuda:kp_attn_combine", "kp_attn_combine_u8")):
+    if f"cuda:{_name}" not in impls():
+        register(mutant(_base, _name, "KP_COMBINE_UNROLL=8"))

@@ -25,6 +25,22 @@
 #define KP_EPL 16           // elements of a key row per lane
 #endif
 #define KP_STAGE_BUDGET 65536  // bytes of shared memory for the tile ring (kp_attention.py)
+#ifndef KP_COMBINE_UNROLL
+// kp_attn_combine's loops over a chunk of splits: 1 (as shipped) reads l in thread 0 and o in
+// each column's loop one split at a time; N > 1 stages l in shared memory with the weights and
+// unrolls the loops by N, so that N splits' loads are in flight at once. The same operations
+// in the same order either way (bit for bit); `cuda:kp_sdpa_decode_cu8` (scripts/
+// kp_attn_variants.py) is the variant to time.
+#define KP_COMBINE_UNROLL 1
+#endif
+// `#pragma unroll` takes a constant expression, not a macro: the knob as one, and no pragma at 1
+// (the compiler's own choice, as shipped)
+constexpr int kp_combine_unroll = KP_COMBINE_UNROLL;
+#if KP_COMBINE_UNROLL > 1
+#define KP_COMBINE_PRAGMA _Pragma("unroll kp_combine_unroll")
+#else
+#define KP_COMBINE_PRAGMA
+#endif
 #ifndef KP_MIN_BLOCKS
 #define KP_MIN_BLOCKS 1  // __launch_bounds__' blocks per SM: more caps the registers
 #endif
@@ -416,6 +432,9 @@ __global__ void __launch_bounds__(128) kp_attn_combine(
     using kp_attn::rescale;
     constexpr int N = 128;
     __shared__ float weight[N], part[N / 32];
+#if KP_COMBINE_UNROLL > 1
+    __shared__ float lsh[N];  // this chunk's l, beside its weights
+#endif
     const int row = blockIdx.x, h = row % heads, tid = threadIdx.x, lane = tid & 31;
     pdl_wait();  // the partials are pass 1's
     pdl_launch_dependents();
@@ -443,23 +462,32 @@ __global__ void __launch_bounds__(128) kp_attn_combine(
         const float c = s < splits ? rescale(mr[s], top) : 0.0f;
 #endif
         weight[tid] = s < splits ? c : 0.0f;
+#if KP_COMBINE_UNROLL > 1
+        lsh[tid] = s < splits ? lr[s] : 0.0f;
+#define KP_L(i) lsh[i]
+#else
+#define KP_L(i) lr[base + (i)]
+#endif
         __syncthreads();
         const int count = min(N, splits - base);
         if (tid == 0) {
-            for (int i = 0; i < count; ++i) total = fmaf(weight[i], lr[base + i], total);
+            KP_COMBINE_PRAGMA
+            for (int i = 0; i < count; ++i) total = fmaf(weight[i], KP_L(i), total);
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const int d = tid + k * N;
             if (d < D) {
                 float a = acc[k];
+                KP_COMBINE_PRAGMA
                 for (int i = 0; i < count; ++i) {
-                    const float w = normalized ? weight[i] * lr[base + i] : weight[i];
+                    const float w = normalized ? weight[i] * KP_L(i) : weight[i];
                     a = fmaf(w, o[((size_t)row * splits + base + i) * D + d], a);
                 }
                 acc[k] = a;
             }
         }
+#undef KP_L
         __syncthreads();
     }
     if (tid == 0) {
