@@ -58,8 +58,6 @@
 #     and mamba_ssm's selective_state_update, the conv step (B = 1, 64) and prefill (T = 2048)
 #     beside torch, ssd_chunked (T = 2048 / 16384, dots f32 and T) beside torch's listing and
 #     mamba_ssm's mamba_chunk_scan_combined
-#   bash scripts/gpu_bench.sh attention-fused  issue 52: kp_sdpa_decode (the splits merged by the last
-#     block) beside kp_sdpa_decode_2k (a second kernel) and torch SDPA, bench and A/Bs in `chain`
 #   bash scripts/gpu_bench.sh attention-variants  issue 52: the attention GPU tests, kp_sdpa_decode's
 #     variants (built alone, combine unrolled, 16 splits, 8/16 warps) beside torch SDPA, A/Bs
 #   bash scripts/gpu_bench.sh conv-variants  issue 53: kp_conv1d_causal's span / load batching /
@@ -247,16 +245,6 @@ mamba)
   run bench --op conv1d_causal_step --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal_step,torch:conv1d_causal_step
   run bench --op conv1d_causal --preset nemotron-3-nano $B --impl cuda:kp_conv1d_causal,torch:conv1d_causal --no-verify
   run bench --op ssd_chunked --preset nemotron-3-nano $B --impl cuda:kp_ssd_chunked,torch:ssd_chunked,torch:mamba_chunk_scan_combined --no-verify
-  ;;
-attention-fused)
-  # issue 52: kp_sdpa_decode with the fused combine beside its two-kernel form (kp_sdpa_decode_2k)
-  # and torch SDPA, bench and A/Bs in `chain`; the attention GPU tests of this build first
-  A="--preset llama-3.1-8b-b1-4096,llama-3.1-8b-b32-4096,llama-3.1-8b-b1-32768 --dtype bf16"
-  V="--plugin scripts/kp_attn_variants.py"
-  timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_gpu_attention.py >> "$LOG" 2>&1; echo "gate rc=$?" >> "$LOG"
-  run $V bench --op sdpa_decode $A --impl cuda:kp_sdpa_decode,cuda:kp_sdpa_decode_2k,torch:sdpa --mode chain --min-time 0.2
-  run $V ab cuda:kp_sdpa_decode_2k cuda:kp_sdpa_decode --preset llama-3.1-8b-b1-4096 --dtype bf16 --min-time 0.1
-  run ab torch:sdpa cuda:kp_sdpa_decode $A --min-time 0.1
   ;;
 attention-variants)
   # issue 52, next: the attention GPU tests, then kp_sdpa_decode's variants (scripts/kp_attn_variants.py:

@@ -24,8 +24,6 @@ VARIANTS += [(f"kp_sdpa_decode_e8_w8{s}", n, 8, 8) for s, n in (("", None), ("_s
 VARIANTS += [("kp_sdpa_decode_e8_w16", None, 8, 16)]
 register(*(decode_impl("sdpa_decode", v[0], v[1], v[2], warps=v[3])
            for v in VARIANTS if f"cuda:{v[0]}" not in impls()))
-if "cuda:kp_sdpa_decode_fused" not in impls():
-    register(decode_impl("sdpa_decode", "kp_sdpa_decode_fused", fused=True))
 if "cuda:kp_sdpa_decode_solo" not in impls():
     # the same code compiled as a module of its own (a define equal to the default) instead of
     # in its batch of listed instances: does the batch build change the kernel's speed?

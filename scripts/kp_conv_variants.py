@@ -12,12 +12,9 @@ Same kernel, same order of arithmetic: only the launch shape and the load batchi
 
 from __future__ import annotations
 
-import dataclasses
-from functools import partial
-
 from gpu_impls import impls, register
 from gpu_impls.cuda import ssm
-from gpu_impls.cuda._module import MAKERS
+from gpu_impls.cuda._module import variant
 
 BASE = "cuda:kp_conv1d_causal"
 SPANS = (4, 16, 32)
@@ -25,12 +22,8 @@ DEFINES = {"": (), "a8": ("KP_CONV_AHEAD=8",), "a8m1": ("KP_CONV_AHEAD=8", "KP_C
 
 
 def conv_variant(suffix: str, defines: tuple, span: int):
-    impl, make = MAKERS[BASE]
-    contract = dataclasses.replace(impl.contract,
-                                   geometry=partial(ssm._conv_geometry, span=span))
-    return dataclasses.replace(impl, name=f"{impl.name}_{suffix}", run=make(defines),
-                               contract=contract,
-                               doc=f"{impl.doc} [span {span}, -D {' '.join(defines) or '-'}]")
+    return variant(BASE, f"kp_conv1d_causal_{suffix}", defines, geometry=ssm._conv_geometry,
+                   span=span)
 
 
 _variants = [(f"{d}_sp{s}".strip("_"), DEFINES[d], s) for d in ("", "a8m1") for s in SPANS]

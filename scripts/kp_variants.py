@@ -25,19 +25,17 @@ geometry, for A/B-ing a geometry change before adopting it (same kernels, other 
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
-from gpu_impls import impls, register
-from gpu_impls.cuda import gemv
+from gpu_impls import register
+from gpu_impls.cuda import _module, gemv
 from gpu_impls.cuda._module import MAKERS, mutant
 from gpu_impls.cuda import kp_norms as kp
 
 
 def variant(impl_id: str, geometry, suffix: str, **knobs):
-    impl = impls()[impl_id]
-    contract = dataclasses.replace(impl.contract, geometry=partial(geometry, **knobs))
-    return dataclasses.replace(impl, name=f"{impl.name}_{suffix}", contract=contract,
-                               doc=f"{impl.doc} [geometry {knobs}]")
+    """`impl_id` named with `suffix`, its geometry called with `knobs`."""
+    return _module.variant(impl_id, f"{impl_id.split(':')[1]}_{suffix}", geometry=geometry,
+                           **knobs)
 
 
 for _impl, _geometry in (("cuda:kp_rms_norm", kp._row_geometry),
@@ -55,14 +53,13 @@ register(mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_diag_load_only", "KPARITY_DIA
          mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_late", "KPARITY_DIAG_LATE_DEPENDENTS"),
          mutant("cuda:kp_qgemv_mma", "kp_qgemv_mma_subtract", "KPARITY_DIAG_SUBTRACT"))
 register(mutant("cuda:kp_qgemv", "kp_qgemv_diag_load_only", "KPARITY_DIAG_LOAD_ONLY"))
-_kp_impl, _kp_make = MAKERS["cuda:kp_qgemv"]
 for _suffix, _defines in (
         ("diag_codes_x", ("KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS")),
         ("diag_codes", ("KPARITY_DIAG_LOAD_ONLY", "KPARITY_DIAG_NO_GROUP_LOADS",
                         "KPARITY_DIAG_NO_X_LOADS")),
         ("diag_math_no_groups", ("KPARITY_DIAG_NO_GROUP_LOADS",))):
-    register(dataclasses.replace(_kp_impl, name=f"kp_qgemv_{_suffix}", run=_kp_make(_defines),
-                                 doc=f"timing diagnostic: kp_qgemv with {' '.join(_defines)}"))
+    register(_module.variant("cuda:kp_qgemv", f"kp_qgemv_{_suffix}", _defines,
+                             doc=f"timing diagnostic: kp_qgemv with {' '.join(_defines)}"))
 
 register(variant("cuda:kp_rms_norm", kp._row_geometry, "t4", small_target=4))
 

@@ -36,25 +36,19 @@ CASES = (("sdpa_decode", {**SMALL, "max_len": 300}, "near_tie", {}),
 @pytest.mark.parametrize("op, dims, dist, params", CASES)
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 def test_split_invariance(op, dims, dist, params, dtype):
-    """1 to 64 splits, and 300 (more than any sequence's keys): every output within the bound,
-    the splits merged by pass 1's last block and (2 and 64) by the second kernel. A second call
-    gives the same bits: the last block left its ticket at zero for it."""
+    """1 to 64 splits, and 300 (more than any sequence's keys): every output within the bound."""
     from gpu_impls.cuda.kp_attention import decode_impl
 
     backend = _cuda()
     case = Case.make(op, dims, dtype, dist, params=params)
     inputs = make_inputs(case)
-    for splits, fused in ((1, True), (2, True), (2, False), (3, True), (7, True), (64, True),
-                          (64, False), (300, True)):
-        impl = decode_impl(op, f"kp_split{splits}{'' if fused else '_2k'}", splits, fused=fused)
+    for splits in (1, 2, 3, 7, 64, 300):
+        impl = decode_impl(op, f"kp_split{splits}", splits)
         exact, _, bound = oracle_for(impl, backend, case, inputs)
         out = np.asarray(run_impl(impl, backend, case, inputs)["out"]).astype(np.float64)
         ok = np.isfinite(exact["out"])
         budget = np.max(np.abs(out - exact["out"])[ok] / bound["out"][ok])
-        name = f"{splits} splits{'' if fused else ' (two kernels)'}"
-        assert budget <= 1.0, f"{name}: budget {budget:.3f} ({case.to_json()})"
-        again = np.asarray(run_impl(impl, backend, case, inputs)["out"]).astype(np.float64)
-        assert np.array_equal(again, out, equal_nan=True), f"{name}: a second call differs"
+        assert budget <= 1.0, f"{splits} splits: budget {budget:.3f} ({case.to_json()})"
 
 
 def test_paging_invariance():

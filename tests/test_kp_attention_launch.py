@@ -1,6 +1,6 @@
 """kp_sdpa_decode's launch on the CPU (`gpu_impls/cuda/kp_attention.py`): the split counts its
 docstring promises, the tile ring its kernel's `Shape` sizes, the warps knob's block and
-residency, the knobs reaching the compile as defines, and which form merges the splits."""
+residency, and the knobs reaching the compile as defines."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _compiled_with(impl, case, monkeypatch) -> list[tuple]:
     monkeypatch.setattr(ka, "kernel", lambda src, name, dtype, defines, *a: asked.append(
         (name, tuple(defines))) or name)
     monkeypatch.setattr(ka, "cuda_launch", lambda *a, **k: None)
-    monkeypatch.setattr(ka, "_workspace", lambda rows, splits, dim, groups: ("o", "m", "l", "t"))
+    monkeypatch.setattr(ka, "_workspace", lambda rows, splits, dim: ("o", "m", "l"))
     monkeypatch.setattr(ka, "_aligned", lambda inputs, names: None)
     spec = case.spec
     arrays = {t.name: np.zeros(1) for t in spec.inputs + spec.outputs}
@@ -71,20 +71,10 @@ def _compiled_with(impl, case, monkeypatch) -> list[tuple]:
     return asked
 
 
-def test_the_knobs_reach_the_compile_and_the_default_takes_two_kernels(monkeypatch):
+def test_the_knobs_reach_the_compile_of_pass_1_only(monkeypatch):
     case = _case(1, 4096)
     assert _compiled_with(gpu_impls.impls()["cuda:kp_sdpa_decode"], case, monkeypatch) == [
         ("kp_sdpa_decode_split", ()), ("kp_attn_combine", ())]
     knobs = ka.decode_impl("sdpa_decode", "kp_knobs_test", epl=8, warps=8)
     assert _compiled_with(knobs, case, monkeypatch)[0] == (
         "kp_sdpa_decode_split", ("KP_EPL=8", "KP_WARPS=8"))
-    fused = ka.decode_impl("sdpa_decode", "kp_fused_test", fused=True)
-    assert _compiled_with(fused, case, monkeypatch) == [("kp_sdpa_decode_split", ())]
-
-
-def test_the_fused_form_needs_its_weights_to_fit_the_ring():
-    """The last block's weights [G, splits] in f32 reuse the tile ring (64 KiB at D = 128):
-    one split needs no merge; 4 heads x 4096 splits fit exactly, one more does not."""
-    assert not ka.fuses_combine(1, 128, 4, "bf16")
-    assert ka.fuses_combine(30, 128, 4, "bf16")
-    assert ka.fuses_combine(4096, 128, 4, "bf16") and not ka.fuses_combine(4097, 128, 4, "bf16")

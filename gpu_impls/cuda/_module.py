@@ -253,9 +253,21 @@ def cuda_impl(name: str, op: str, contract, make, doc: str, **fields):
     return impl
 
 
+def variant(impl_id: str, name: str, defines: tuple = (), geometry=None, doc: str = "",
+            **knobs):
+    """A copy of `impl_id` (same op) named `name`: its kernels compiled with `defines` (-D
+    macros) and, given `geometry`, its contract's geometry replaced by `geometry(..., **knobs)`.
+    For choosing a launch on a GPU (scripts/kp_*variants.py) and for the test mutants."""
+    impl, make = MAKERS[impl_id]
+    contract = (impl.contract if geometry is None
+                else dataclasses.replace(impl.contract, geometry=functools.partial(geometry,
+                                                                                  **knobs)))
+    what = " ".join([*(f"-D{d}" for d in defines), *(f"{k}={v}" for k, v in knobs.items())])
+    return dataclasses.replace(impl, name=name, run=make(tuple(defines)), contract=contract,
+                               doc=doc or f"{impl_id} [{what}]")
+
+
 def mutant(impl_id: str, name: str, define: str):
     """A copy of `impl_id` (same op and contract) named `name`, its kernels compiled with
     `-D{define}`: a test mutant (KPARITY_MUTANT_*) or a timing diagnostic (KPARITY_DIAG_*)."""
-    impl, make = MAKERS[impl_id]
-    return dataclasses.replace(impl, name=name, run=make((define,)),
-                               doc=f"{impl_id} compiled with -D{define}")
+    return variant(impl_id, name, (define,), doc=f"{impl_id} compiled with -D{define}")

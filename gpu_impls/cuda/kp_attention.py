@@ -10,17 +10,7 @@ so that 3 tiles are in flight while one is computed. Each run of LPK lanes takes
 elements a lane (D / 16 lanes, rounded up to a power of two), U = 2 keys of each tile, with one
 online-softmax max update per tile. Key groups merge by warp butterfly, warps through shared
 memory. One split writes `out` directly (the sink joins the denominator there); several write
-f32 partials (acc, m, l) for pass 2, `kp_attn_combine<T>` (one block per (sequence, head)), also
-the `attn_combine` op on its own.
-
-`fused=True` (`decode_impl`; `cuda:kp_sdpa_decode_fused` in scripts/kp_attn_variants.py) merges
-the splits in pass 1 instead: the last block of a (sequence, kv head, chunk) to take its ticket
-(an atomic counter per block group, after a fence) computes M = max(max_s m_s, sink), one weight
-c_s = e^(m_s - M) per split (a warp per head, into the freed tile ring), L = sum_s c_s l_s
-(+ e^(sink - M)), out = sum_s c_s acc_s / L, the splits in order. One kernel instead of two, but
-slower on an H100 (B=1 L=4096, `chain`: 27.11 against 19.91 us; benchmarks/HISTORY.md); not
-profiled, the likely cause: the merge runs in one block per kv head after the others, where
-pass 2 spreads it over a block per head.
+f32 partials (acc, m, l) for pass 2, `kp_attn_combine<T>` (one block per (sequence, head)).
 
 Split count (from B, Hkv, the head chunks, the keys and the SM count, `split_count`): blocks =
 B·Hkv·chunks·splits should fill whole waves of `RESIDENT` blocks per SM (232 registers a thread
@@ -145,19 +135,16 @@ def _combine_geometry(dims, params):
 _WORKSPACE: dict[tuple, tuple] = {}
 
 
-def _workspace(rows: int, splits: int, dim: int, groups: int):
-    """Pass 1's f32 partials (o [rows, S, D], m, l [rows, S]) and the fused combine's tickets
-    (one int32 per block group, zero between launches: the last block resets its own), kept per
-    shape: allocated once, outside any timed region or graph capture (the first call is a
-    warm-up)."""
+def _workspace(rows: int, splits: int, dim: int):
+    """Pass 1's f32 partials (o [rows, S, D], m, l [rows, S]), kept per shape: allocated once,
+    outside any timed region or graph capture (the first call is a warm-up)."""
     import cupy
 
-    key = (cupy.cuda.Device().id, rows, splits, dim, groups)
+    key = (cupy.cuda.Device().id, rows, splits, dim)
     if key not in _WORKSPACE:
         _WORKSPACE[key] = (cupy.empty(rows * splits * dim, cupy.float32),
                            cupy.empty(rows * splits, cupy.float32),
-                           cupy.empty(rows * splits, cupy.float32),
-                           cupy.zeros(groups, cupy.int32))
+                           cupy.empty(rows * splits, cupy.float32))
     return _WORKSPACE[key]
 
 
@@ -171,14 +158,7 @@ def _aligned(inputs, names):
                              "vectors")
 
 
-def fuses_combine(splits: int, head_dim: int, group: int, dtype: str, epl: int = EPL,
-                  warps: int = WARPS) -> bool:
-    """Whether pass 1's last block merges the splits itself: its weights [G, splits] (f32) must
-    fit the tile ring it reuses."""
-    return splits > 1 and 4 * group * splits <= ring_bytes(head_dim, dtype, epl, warps)
-
-
-def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = False):
+def _decode_launcher(defines: tuple = (), pdl: bool = True):
     def run(launch, inputs, outputs, case):
         d, p = case.dims, case.params
         paged = "k_pages" in inputs
@@ -186,15 +166,10 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = False)
         _aligned(inputs, ("q", "k_pages", "v_pages") if paged else ("q", "k", "v"))
         e = launch["split"].extra
         splits, rows, dim = e["splits"], d["batch"] * d["heads"], d["head_dim"]
-        grid = launch["split"].grid
-        work = (_workspace(rows, splits, dim, grid[0] * grid[2]) if splits > 1
-                else (NULL, NULL, NULL, NULL))
-        part = work[:3]
-        fuse = fused and fuses_combine(splits, dim, e["group"], case.dtype, e["epl"], e["warps"])
-        tickets = work[3] if fuse else NULL
+        part = _workspace(rows, splits, dim) if splits > 1 else (NULL, NULL, NULL)
         sinks = inputs["sinks"] if p["sinks"] else NULL
         table = inputs["page_table"] if paged else NULL
-        args = (inputs["q"], k, v, inputs["lengths"], table, sinks, outputs["out"], *part, tickets,
+        args = (inputs["q"], k, v, inputs["lengths"], table, sinks, outputs["out"], *part,
                 np.float32(scale_of(case)), np.int32(d["heads"]), np.int32(d["kv_heads"]),
                 np.int32(d.get("max_len", 0)), np.int32(d.get("page_size", 0)),
                 np.int32(d.get("max_pages", 0)), np.int32(p["window"]),
@@ -205,7 +180,7 @@ def _decode_launcher(defines: tuple = (), pdl: bool = True, fused: bool = False)
                     (dim, e["group"]))
         cuda_launch(k1, launch["split"].grid, launch["split"].block, args, pdl=pdl,
                     shared_bytes=launch["split"].shared_bytes)
-        if splits > 1 and not fuse:
+        if splits > 1:
             k2 = kernel(SOURCE, "kp_attn_combine", case.dtype, defines)
             cuda_launch(k2, (rows, 1, 1), (THREADS, 1, 1),
                         (*part, sinks, outputs["out"], NULL, np.int32(d["heads"]),
@@ -258,15 +233,14 @@ def _decode_numerics(epl: int):
 
 
 def decode_impl(op: str, name: str, splits: int | None = None, epl: int = EPL,
-                fused: bool = False, warps: int = WARPS):
+                warps: int = WARPS):
     """`cuda:name` for `op` (contiguous or paged) at the derived split count, or a fixed one
-    (the split-invariance test); `epl` elements of a key row per lane (8 or 16); `fused`: the
-    splits merged by pass 1's last block, else by a second kernel (kp_attn_combine)."""
-    return cuda_impl(name, op, NO_CONTRACT, functools.partial(_decode_launcher, fused=fused),
+    (the split-invariance test); `epl` elements of a key row per lane (8 or 16); `warps` per
+    block of pass 1 (4; the variants' 8 and 16)."""
+    return cuda_impl(name, op, NO_CONTRACT, _decode_launcher,
                      f"kparity split-KV decode: G heads of a kv head per block, {epl} elements "
                      f"a lane, U={U} keys a tile per key group, {splits or 'SM-derived'} "
-                     f"splits, then the combine ({'the last block' if fused else 'pass 2'})",
-                     launches=launches(splits, epl, warps),
+                     "splits, then the combine", launches=launches(splits, epl, warps),
                      numerics=_decode_numerics(epl))
 
 

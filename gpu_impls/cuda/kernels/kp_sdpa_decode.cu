@@ -1,9 +1,7 @@
 // kparity's split-KV decode attention (gpu_impls/cuda/kp_attention.py has the design and the
 // numerics): pass 1 `kp_sdpa_decode_split<T, D, G>` over one split of one sequence's keys for G
 // query heads of one kv head; pass 2 `kp_attn_combine<T>` merges the splits (also the
-// `attn_combine` op on its own), or, given `tickets`, the last block of the splits to finish
-// does (the fused form: slower on an H100, kp_attention.py). One key row is read once per
-// block, for all G heads.
+// `attn_combine` op on its own). One key row is read once per block, for all G heads.
 //
 // Loads: the block stages tiles of TILE keys (K and V rows) in shared memory with cp.async, in a
 // ring of STAGES tiles, so that STAGES - 1 tiles are in flight while one is computed.
@@ -128,20 +126,18 @@ __device__ __forceinline__ void row_f32(const uint4* row, int sub, float (&f)[KP
 // kv head hk (so the chunks of one (b, hk, split) run side by side and share the rows in L2),
 // blockIdx.y the split, blockIdx.z = b * Hkv + hk. Split s of sequence b takes its attended keys
 // [s * per, min((s + 1) * per, count)), per = ceil(count / splits). With splits == 1 the block
-// writes out = acc / (l + e^(sink - M)) in T; else the split's f32 partials acc, m, l, merged
-// by the last block to take a ticket (tickets [B * Hkv * chunks], zero before the launch and
-// after it) or, with tickets null, by kp_attn_combine. Cache: contiguous k, v [B, Hkv, L, D]
-// (page_size == 0), or pages [num_pages, Hkv, page_size, D] with page_table [B, max_pages].
-// Dynamic shared memory: STAGES * STAGE_BYTES (kp_attention.py `ring_bytes`).
+// writes out = acc / (l + e^(sink - M)) in T; else the split's f32 partials acc, m, l for
+// kp_attn_combine. Cache: contiguous k, v [B, Hkv, L, D] (page_size == 0), or pages
+// [num_pages, Hkv, page_size, D] with page_table [B, max_pages]. Dynamic shared memory:
+// STAGES * STAGE_BYTES (kp_attention.py `ring_bytes`).
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(KP_WARPS * 32, KP_MIN_BLOCKS) kp_sdpa_decode_split(
     const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
     const typename T::storage* __restrict__ v, const int* __restrict__ lengths,
     const int* __restrict__ page_table, const float* __restrict__ sinks,
     typename T::storage* __restrict__ out, float* __restrict__ part_o,
-    float* __restrict__ part_m, float* __restrict__ part_l, int* __restrict__ tickets,
-    float scale, int hq, int hkv, int max_len, int page_size, int max_pages, int window,
-    int sink_end, int splits) {
+    float* __restrict__ part_m, float* __restrict__ part_l, float scale, int hq, int hkv,
+    int max_len, int page_size, int max_pages, int window, int sink_end, int splits) {
     using namespace kp_attn;
     typedef Shape<T, D> S;
     typedef typename T::storage storage;
@@ -350,69 +346,6 @@ __global__ void __launch_bounds__(KP_WARPS * 32, KP_MIN_BLOCKS) kp_sdpa_decode_s
                 part_l[at] = total;
             }
         }
-    }
-    if (splits == 1 || !tickets) return;  // pass 2, kp_attn_combine, merges the splits
-
-    // The fused combine: the last of the `splits` blocks of this (b, hk, chunk) to finish
-    // merges every split's partials (the classic last-block reduction: writes, fence, ticket).
-    __shared__ int last;
-    __threadfence();  // this block's partials are visible device-wide before its ticket
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* ticket = tickets + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
-        last = atomicAdd(ticket, 1) == splits - 1;
-        if (last) *ticket = 0;  // ready for the next launch (graph replays included)
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    float* w = reinterpret_cast<float*>(ring);  // the ring is free: [G][splits] weights
-    __shared__ float sm_top[G], sm_total[G];
-    // Warp j takes head j: M = max(max_s m_s, sink) (exact in any order), c_s = e^(m_s - M),
-    // L = sum_s c_s l_s (+ e^(sink - M)): each lane sums its splits s = lane, lane + 32, ...
-    // in order, then the lanes by butterfly (the softmax sums are declared in any order).
-    for (int j = warp; j < heads; j += KP_WARPS) {
-        const size_t row0 = ((size_t)b * hq + KP_HEAD(j)) * splits;
-#ifdef KPARITY_MUTANT_DROP_SINK
-        const float sink = -KP_INF;  // mutant: the sink's denominator term left out
-#else
-        const float sink = sinks ? sinks[KP_HEAD(j)] : -KP_INF;
-#endif
-        float top = sink;
-        for (int s = lane; s < splits; s += 32) top = fmaxf(top, __ldcg(part_m + row0 + s));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
-        float total = 0.0f;
-        for (int s = lane; s < splits; s += 32) {
-            const float ms = __ldcg(part_m + row0 + s);
-#ifdef KPARITY_MUTANT_NO_RESCALE
-            const float c = ms == -KP_INF ? 0.0f : 1.0f;  // mutant: the splits added at e^0
-#else
-            const float c = rescale(ms, top);
-#endif
-            w[j * splits + s] = c;
-            total = fmaf(c, __ldcg(part_l + row0 + s), total);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-        if (lane == 0) {
-            sm_top[j] = top;
-            sm_total[j] = total + rescale(sink, top);
-        }
-    }
-    __syncthreads();
-    // out[j][d] = sum_s c_s acc_s[d] / L, the splits in order (loads of a row coalesced in d)
-    for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {
-        const int j = idx / D, d = idx % D;
-        const size_t head_row = (size_t)b * hq + KP_HEAD(j);
-        const float* o = part_o + head_row * splits * D + d;
-        float a = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) a = fmaf(w[j * splits + s], __ldcg(o + (size_t)s * D), a);
-        const float total = sm_total[j];
-        // every split empty and no sink: out 0, as the oracle has it (a NaN split: NaN)
-        const bool empty = sm_top[j] == -KP_INF && total == 0.0f;
-        T::store(out, head_row * D + d, empty ? 0.0f : a / total);
     }
 #undef KP_HEAD
 }
