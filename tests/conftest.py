@@ -287,11 +287,14 @@ def pytest_collection_modifyitems(config, items):
     # Tests needing a backend that is absent skip with the backend's own reason.
     from gpu_impls import backend
 
+    availability = {}  # asked once per backend, not per test (CUDA's asks the driver)
     for item in items:
         if SHARED_GPU and item.get_closest_marker("timing"):
             item.add_marker(pytest.mark.skip(reason=SHARED_GPU))
         for name in ("cuda", "mlx", "metal"):
             if item.get_closest_marker(name):
-                ok, reason = backend(name).available()
+                if name not in availability:
+                    availability[name] = backend(name).available()
+                ok, reason = availability[name]
                 if not ok:
                     item.add_marker(pytest.mark.skip(reason=reason))

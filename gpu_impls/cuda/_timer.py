@@ -122,9 +122,9 @@ class CupyTimer(CudaTimer):
         return (lambda: cupy.matmul(a, b, out=c)), "f16"
 
     def l2_bytes(self):
-        import cupy
+        from gpu_impls.cuda.backend import device_properties
 
-        return int(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
+        return int(device_properties()["l2CacheSize"])
 
     def free_bytes(self):
         import cupy

@@ -5,6 +5,8 @@ f16 and bf16 cross as uint16 bits (CuPy has no bf16 dtype); kernels convert with
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from gpu_impls.backend import Backend
@@ -12,6 +14,17 @@ from oracle.dtypes import storage_dtype
 
 _BITS = {"f16": np.uint16, "bf16": np.uint16, "f32": np.float32, "u32": np.uint32,
          "i32": np.int32}
+
+
+@functools.lru_cache(maxsize=None)
+def device_properties() -> dict:
+    """Device 0's properties, read once per process: cudaGetDeviceProperties queries every
+    attribute and takes milliseconds a call on recent drivers, and each check's row names the
+    device (`device()`), as the collection of `pytest -m gpu` did per test (4,800 of them). A
+    process's device 0 is fixed once CUDA has started (CUDA_VISIBLE_DEVICES is read then)."""
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceProperties(0)
 
 
 class CupyBackend(Backend):
@@ -34,10 +47,7 @@ class CupyBackend(Backend):
         return True, f"cupy {cupy.__version__} on {self.device()}"
 
     def device(self) -> str:
-        import cupy
-
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        return f"cuda:0 {props['name'].decode()}"
+        return f"cuda:0 {device_properties()['name'].decode()}"
 
     def versions(self):
         import cupy
