@@ -85,7 +85,7 @@
 #     issue 48:
 #     `pytest -m gpu --tier TIER -n N` from empty caches (oracle, nvcc, CuPy, Triton, Inductor),
 #     then again on the caches it filled; wall time, pytest's 40 longest tests and the JUnit file
-#     of each pass (test seconds by file: python3 scripts/same_tests.py FILE); every thread's
+#     of each pass (test seconds by file: python3 scripts/same_tests.py --by-file FILE ...); every thread's
 #     stack of a test still running after STACKS_AFTER s (default 30) goes to the pass's log
 #   [SWEEP=all] [WARM=1] bash scripts/gpu_bench.sh devices   issue 32: `check` plain against
 #     `--devices all` (same rows: scripts/same_rows.py; wall times), each from empty caches, or

@@ -51,6 +51,19 @@ def test_same_tests_compares_each_test_and_catches_one_outcome(tmp_path, capsys)
     assert same_tests.main([one, _junit(tmp_path / "y.xml", {"t1": "passed"})]) == 1  # one missing
 
 
+def test_same_tests_by_file_counts_run_tests_and_sums_seconds(tmp_path, capsys):
+    xml = tmp_path / "a.xml"
+    xml.write_text('<testsuites><testsuite name="pytest">'
+                   '<testcase classname="tests.test_gpu" name="a" time="1.5"/>'
+                   '<testcase classname="tests.test_gpu" name="b" time="2.0"/>'
+                   '<testcase classname="tests.test_gpu_ssm" name="c" time="0.5"><skipped/>'
+                   '</testcase></testsuite></testsuites>')
+    assert same_tests.main(["--by-file", str(xml)]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows == {"test_gpu.py": ["2", "3.5"], "test_gpu_ssm.py": ["0", "0.5"],
+                    "total": ["2", "4.0"]}
+
+
 def test_long_tests_keeps_each_tests_longest_time_above_the_floor(tmp_path):
     from scripts import long_tests
 
