@@ -263,7 +263,7 @@ conv-variants)
   V="--plugin scripts/kp_conv_variants.py"
   run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_a8m1_sp32 --show-failures 3
   run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp4,cuda:kp_conv1d_causal_sp16,cuda:kp_conv1d_causal_sp32,cuda:kp_conv1d_causal_a8,cuda:kp_conv1d_causal_a8m1,cuda:kp_conv1d_causal_a8m1_sp4,cuda:kp_conv1d_causal_a8m1_sp16,cuda:kp_conv1d_causal_a8m1_sp32
-  run $V ab cuda:kp_conv1d_causal_a8m1_sp32 cuda:kp_conv1d_causal --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --min-time 0.1
+  run $V ab cuda:kp_conv1d_causal_a8m1_sp32 cuda:kp_conv1d_causal --preset nemotron-3-nano --dtype bf16 --min-time 0.1
   ;;
 collect-profile)
   # issue 48: where a worker's 34 s before its first test go (the same cold or warm): one
