@@ -7,7 +7,11 @@ another span or register budget, for choosing them on a GPU (gpu_impls/cuda/ssm.
         12 warps an SM; the shipped kernel 120 and 16); a8m1_sp32 is the kernel before
         2026-12-07 (an `ab` against it: the change's gain)
     cuda:kp_conv1d_causal_a8: 8 loads ahead under the register cap (spills)
-Same kernel, same order of arithmetic: only the launch shape and the load batching differ.
+    cuda:kp_conv1d_causal_rcp / _fastexp: silu by a 1-ULP reciprocal and a product, and also
+        __expf at 16-bit T (KP_CONV_FAST_SILU=1 / 2): is the prefill bound by silu's
+        instructions? Diagnostic: not declared to the oracle, so bench them with --no-verify
+Same kernel, same order of arithmetic (but the silu variants): only the launch shape and the
+load batching differ.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from gpu_impls.cuda._module import variant
 
 BASE = "cuda:kp_conv1d_causal"
 SPANS = (4, 16, 32)
-DEFINES = {"": (), "a8": ("KP_CONV_AHEAD=8",), "a8m1": ("KP_CONV_AHEAD=8", "KP_CONV_MIN_BLOCKS=1")}
+DEFINES = {"": (), "a8": ("KP_CONV_AHEAD=8",), "a8m1": ("KP_CONV_AHEAD=8", "KP_CONV_MIN_BLOCKS=1"),
+           "rcp": ("KP_CONV_FAST_SILU=1",), "fastexp": ("KP_CONV_FAST_SILU=2",)}
 
 
 def conv_variant(suffix: str, defines: tuple, span: int):
@@ -27,5 +32,5 @@ def conv_variant(suffix: str, defines: tuple, span: int):
 
 
 _variants = [(f"{d}_sp{s}".strip("_"), DEFINES[d], s) for d in ("", "a8m1") for s in SPANS]
-_variants += [("a8", DEFINES["a8"], ssm.CONV_SPAN), ("a8m1", DEFINES["a8m1"], ssm.CONV_SPAN)]
+_variants += [(d, DEFINES[d], ssm.CONV_SPAN) for d in ("a8", "a8m1", "rcp", "fastexp")]
 register(*(conv_variant(*v) for v in _variants if f"{BASE}_{v[0]}" not in impls()))

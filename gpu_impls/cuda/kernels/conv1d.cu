@@ -48,6 +48,12 @@
 // spills, ptxas sm_90), 16 warps an SM instead of the 12 that 158 registers left
 #define KP_CONV_MIN_BLOCKS 8
 #endif
+#ifndef KP_CONV_FAST_SILU
+// diagnostic (scripts/kp_conv_variants.py), not declared to the oracle: 1 forms silu as
+// y * rcp.approx.ftz(1 + expf(-y)) (a 1-ULP reciprocal and a product instead of the IEEE
+// divide), 2 also takes __expf at 16-bit T. Is the prefill bound by silu's instructions?
+#define KP_CONV_FAST_SILU 0
+#endif
 #ifndef KP_CONV_AHEAD
 #define KP_CONV_AHEAD 4      // prefill: tokens whose x loads are issued together (8: 32 more
 #endif                       // registers and slower on an H100, scripts/kp_conv_variants.py)
@@ -112,7 +118,19 @@ __device__ __forceinline__ uint4 conv_out(const float (&wt)[W][Vec<T>::N],
 #pragma unroll
         for (int j = 0; j < W - 1; ++j) acc += wt[j][e] * win[j][e];
         acc += wt[W - 1][e] * cur[e];
+#if KP_CONV_FAST_SILU
+        if (silu) {
+            const float ex = (KP_CONV_FAST_SILU >= 2 && sizeof(typename T::storage) == 2)
+                                 ? __expf(-acc) : expf(-acc);
+            float r;
+            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + ex));
+            out[e] = acc * r;
+        } else {
+            out[e] = acc;
+        }
+#else
         out[e] = silu ? acc / (1.0f + expf(-acc)) : acc;
+#endif
     }
     return Vec<T>::pack(out);
 }
