@@ -61,7 +61,7 @@
 #   bash scripts/gpu_bench.sh attention-variants  issue 52: the attention GPU tests, kp_sdpa_decode's
 #     variants (built alone, combine unrolled, 16 splits, 8/16 warps) beside torch SDPA, A/Bs
 #   bash scripts/gpu_bench.sh conv-variants  issue 53: kp_conv1d_causal's span / load batching /
-#     register budget variants at Nemotron-3-Nano's conv, T = 2048, in `chain`
+#     register budget / silu variants at Nemotron-3-Nano's conv, T = 2048, in `chain`
 #   bash scripts/gpu_bench.sh collect-profile  issue 48: a `pytest -m gpu --collect-only` under
 #     -X importtime and cProfile (a gate worker's 34 s before its first test)
 #   bash scripts/gpu_bench.sh mamba-decode  issue 30: ssm_step and the conv step at B = 1, 64 against
@@ -264,6 +264,10 @@ conv-variants)
   run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_a8m1_sp32 --show-failures 3
   run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_sp4,cuda:kp_conv1d_causal_sp16,cuda:kp_conv1d_causal_sp32,cuda:kp_conv1d_causal_a8,cuda:kp_conv1d_causal_a8m1,cuda:kp_conv1d_causal_a8m1_sp4,cuda:kp_conv1d_causal_a8m1_sp16,cuda:kp_conv1d_causal_a8m1_sp32
   run $V ab cuda:kp_conv1d_causal_a8m1_sp32 cuda:kp_conv1d_causal --preset nemotron-3-nano --dtype bf16 --min-time 0.1
+  # is it silu's instructions? The 1-ULP reciprocal is within what the op's bound charges (the
+  # divide at 2 ULP, then the product), so its gate must pass; __expf is not declared (bench only)
+  run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal_rcp --show-failures 3
+  run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --no-verify --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_rcp,cuda:kp_conv1d_causal_fastexp
   ;;
 collect-profile)
   # issue 48: where a worker's 34 s before its first test go (the same cold or warm): one
