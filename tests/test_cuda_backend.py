@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import types
 
-from gpu_impls.cuda import backend as cuda_backend
+from gpu_impls.cuda import _device, backend as cuda_backend
 
 
 def _fake_cupy(calls: list) -> types.ModuleType:
@@ -21,7 +21,7 @@ def _fake_cupy(calls: list) -> types.ModuleType:
 def test_device_properties_are_read_once(monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(calls))
-    cuda_backend.device_properties.cache_clear()
+    _device.device_properties.cache_clear()
     try:
         be = cuda_backend.CupyBackend()
         for _ in range(100):
@@ -33,4 +33,4 @@ def test_device_properties_are_read_once(monkeypatch):
         assert CupyTimer.l2_bytes(None) == 50 << 20
         assert calls == [0]
     finally:
-        cuda_backend.device_properties.cache_clear()  # the next test's CuPy is not this one
+        _device.device_properties.cache_clear()  # the next test's CuPy is not this one

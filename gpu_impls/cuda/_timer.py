@@ -122,7 +122,7 @@ class CupyTimer(CudaTimer):
         return (lambda: cupy.matmul(a, b, out=c)), "f16"
 
     def l2_bytes(self):
-        from gpu_impls.cuda.backend import device_properties
+        from gpu_impls.cuda._device import device_properties
 
         return int(device_properties()["l2CacheSize"])
 

@@ -5,26 +5,14 @@ f16 and bf16 cross as uint16 bits (CuPy has no bf16 dtype); kernels convert with
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from gpu_impls.backend import Backend
+from gpu_impls.cuda._device import device_properties
 from oracle.dtypes import storage_dtype
 
 _BITS = {"f16": np.uint16, "bf16": np.uint16, "f32": np.float32, "u32": np.uint32,
          "i32": np.int32}
-
-
-@functools.lru_cache(maxsize=None)
-def device_properties() -> dict:
-    """Device 0's properties, read once per process: cudaGetDeviceProperties queries every
-    attribute and takes milliseconds a call on recent drivers, and each check's row names the
-    device (`device()`), as the collection of `pytest -m gpu` did per test (4,800 of them). A
-    process's device 0 is fixed once CUDA has started (CUDA_VISIBLE_DEVICES is read then)."""
-    import cupy
-
-    return cupy.cuda.runtime.getDeviceProperties(0)
 
 
 class CupyBackend(Backend):
