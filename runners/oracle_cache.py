@@ -421,15 +421,22 @@ class Prefetch:
     A context manager; on exit the pool stops (`close`)."""
 
     def __init__(self, work, backend_of, plugins: list[str] | None = None,
-                 workers: int | None = None, start: int = 0, peers: int = 1):
+                 workers: int | None = None, start: int = 0, peers: int = 1,
+                 take_pending: bool = False):
         """`backend_of(name)`: the backend object (only its `flushes_subnormals` is read).
         `start`: the index in `work` where this process's own run begins; the pool computes
         from there to the end, then the items before it. Several processes that split one
         work list (pytest-xdist's workers, each starting on its own stretch of the same list)
         so compute each other's entries last, not all the same ones first: `wait` also takes
         an entry another process wrote. `peers`: how many such processes run a pool on
-        this host (`spawn_pool`)."""
+        this host (`spawn_pool`). `take_pending`: `wait` on an entry the pool has not started
+        returns at once (outcome "taken": the check computes it) where this process's order is
+        not the pool's (an xdist worker: long tests first, stolen tests), so that it does not
+        wait behind the entries queued before it (a 24 x 1536 GEMV case waited 76 s so in
+        the nightly H100 gate); a sweep in the pool's order keeps waiting (its threads would
+        compute in one process, under one GIL)."""
         self.futures: dict[tuple, Future] = {}
+        self.take_pending = take_pending
         self.outcomes: Counter = Counter()
         self._counting = threading.Lock()  # wait() runs on every --devices thread
         self.workers = 0
@@ -471,6 +478,10 @@ class Prefetch:
         future = self.futures.pop(_task_key(w.case, w.impl.numerics_for(w.case), ftz),
                                   None)
         if future is None:
+            return None
+        if self.take_pending and future.cancel():  # not started: the check computes it now
+            with self._counting:
+                self.outcomes["taken"] += 1
             return None
         from runners.limits import case_timeout
 

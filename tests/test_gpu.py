@@ -59,7 +59,7 @@ class _OracleAhead:
             start = next((i for i, x in enumerate(self.work) if x is w), 0)
             peers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
             self.prefetch = Prefetch(self.work, gpu_impls.backend, workers=pool_size(peers),
-                                     start=start, peers=peers)
+                                     start=start, peers=peers, take_pending=True)
         return self.prefetch.wait(w)
 
     def close(self) -> None:

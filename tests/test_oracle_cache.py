@@ -304,6 +304,30 @@ def test_wait_takes_an_entry_another_process_wrote(cache, monkeypatch):
         assert ahead.wait(work[0]) == "miss"
 
 
+def test_take_pending_computes_what_the_pool_has_not_started(cache, monkeypatch):
+    """With `take_pending` (the xdist gate, whose order is not the pool's), `wait` on an entry
+    still queued returns at once and the pool drops it; one it has started is waited for.
+    Without, a queued entry is waited for too."""
+    from concurrent.futures import Future
+
+    monkeypatch.setattr(oracle_cache, "PREFETCH_MIN", 1)
+    work = _two_dequant_cases()
+    for take, expected in ((True, None), (False, "miss")):
+        with oracle_cache.Prefetch(work, gpu_impls.backend, workers=1,
+                                   take_pending=take) as ahead:
+            ahead.close()  # the futures below stand for the pool's
+            queued, started = Future(), Future()
+            started.set_running_or_notify_cancel()
+            started.set_result("miss")
+            keys = list(ahead.futures)
+            ahead.futures[keys[0]], ahead.futures[keys[1]] = started, queued
+            if not take:
+                queued.set_result("miss")  # the pool reaches it while the check waits
+            assert ahead.wait(work[1]) == expected
+            assert queued.cancelled() is take and ahead.outcomes["taken"] == int(take)
+            assert ahead.wait(work[0]) == "miss"  # started: waited for, either way
+
+
 def test_pool_workers_leave_ctrl_c_to_the_sweep():
     """Ctrl-C reaches the whole process group; the prefetch pool's workers ignore it (the sweep
     terminates them), so none dies mid-task holding the pool's queue lock."""
