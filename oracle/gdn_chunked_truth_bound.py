@@ -132,10 +132,14 @@ def _carried_covariance(cols, weights, diag, m_chunk, m_q, h_round):
     [B, Hv, V, K]): `_carried_iterative`'s numbers without its K x K matrix per value row. Σ_n =
     Σ_{j<n} Q_j L_j Q_jᵀ with Q_j = M_{n-1}⋯M_{j+1} (the same for every row), so with u = Q_jᵀ m_i
     m_iᵀ Σ_n m_i = Σ_{j<n} Σ_col w_j[col] (a_colᵀ u)² + Σ_k diag_j[k] u_k²: per pair of chunks
-    j < n and head, K²C + K·M·C + (M + K)·C·V products instead of V·(2K³ + K²M) per chunk (the
-    commit tier's GDN pipeline cases: 27-34 s in an xdist worker, now under a second)."""
+    j < n and head, K²C + K·M·C + (M + K)·C·V products instead of V·K²(2K + M) per chunk (the
+    commit tier's GDN pipeline cases: 27-34 s in an xdist worker, now under a second); where
+    the pairs cost more (many chunks, few value rows), `_carried_iterative`."""
     b, nt, hv, dk = cols.shape[:4]
-    dv = weights.shape[3]
+    dv, m, c = weights.shape[3], cols.shape[-1], m_q.shape[2]
+    pairs = nt * (nt - 1) / 2 * c * (dk * dk + dk * m + (m + dk) * dv)
+    if pairs > nt * dv * dk * dk * (2 * dk + m):  # many small chunks, few rows: by chunk
+        return _carried_iterative(cols, weights, diag, m_chunk, m_q, h_round)
     t = lambda a: np.swapaxes(a, -1, -2)  # noqa: E731
     w_rows, d_rows = t(weights), t(diag)  # [B, NT, Hv, M | K, V]
     carried = np.empty(m_q.shape[:4] + (dv,))

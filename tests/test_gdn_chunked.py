@@ -103,6 +103,23 @@ def test_chunked_equals_recurrent_within_the_derived_bound(tokens, dtype):
         assert budgets["comp o"] > 0.01, budgets
 
 
+@pytest.mark.parametrize("b, nt, hv, dk, dv, c", [(2, 3, 4, 16, 8, 8), (1, 1, 2, 8, 4, 4),
+                                                  (1, 5, 3, 12, 1, 6), (1, 40, 2, 4, 1, 4)])
+def test_carried_covariance_by_pairs_equals_the_chunk_by_chunk_recurrence(b, nt, hv, dk, dv, c):
+    """`_carried_covariance` (by pairs of chunks, or chunk by chunk where that is cheaper: the
+    last shape) gives `_carried_iterative`'s Σ_{n+1} = M_n Σ_n M_nᵀ + L_n numbers."""
+    from oracle.gdn_chunked_truth_bound import _carried_covariance, _carried_iterative
+
+    rng = np.random.default_rng(nt)
+    m = 3 * c + dk
+    args = (rng.normal(size=(b, nt, hv, dk, m)), rng.random((b, nt, hv, dv, m)),
+            rng.random((b, nt, hv, dv, dk)), 0.3 * rng.normal(size=(b, nt, hv, dk, dk)),
+            rng.normal(size=(b, nt, c, hv, dk)), rng.random((b, nt, hv, dv, dk)))
+    for got, want in zip(_carried_covariance(*args), _carried_iterative(*args)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
 def test_chunk_size_invariance():
     """Chunks of 16, 32 and 64 give the same answer within the sum of their bounds (each is
     within its own B of the one truth), T = 130 (a tail in each)."""

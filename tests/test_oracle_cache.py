@@ -307,10 +307,14 @@ def test_wait_takes_an_entry_another_process_wrote(cache, monkeypatch):
 def test_take_pending_computes_what_the_pool_has_not_started(cache, monkeypatch):
     """With `take_pending` (the xdist gate, whose order is not the pool's), `wait` on an entry
     still queued returns at once and the pool drops it; one it has started is waited for.
-    Without, a queued entry is waited for too."""
+    Without (a sweep in the pool's order), a queued entry is waited for until the pool does it."""
+    import threading
     from concurrent.futures import Future
 
+    import runners.limits
+
     monkeypatch.setattr(oracle_cache, "PREFETCH_MIN", 1)
+    monkeypatch.setattr(runners.limits, "case_timeout", lambda case, first_of_shape: 2.0)
     work = _two_dequant_cases()
     for take, expected in ((True, None), (False, "miss")):
         with oracle_cache.Prefetch(work, gpu_impls.backend, workers=1,
@@ -321,9 +325,15 @@ def test_take_pending_computes_what_the_pool_has_not_started(cache, monkeypatch)
             started.set_result("miss")
             keys = list(ahead.futures)
             ahead.futures[keys[0]], ahead.futures[keys[1]] = started, queued
-            if not take:
-                queued.set_result("miss")  # the pool reaches it while the check waits
-            assert ahead.wait(work[1]) == expected
+            # the pool reaching the queued entry while the check waits (still pending when
+            # `wait` starts: cancellable until then)
+            late = threading.Timer(0.3, lambda: queued.set_running_or_notify_cancel()
+                                   and queued.set_result("miss"))
+            late.start()
+            try:
+                assert ahead.wait(work[1]) == expected
+            finally:
+                late.join()
             assert queued.cancelled() is take and ahead.outcomes["taken"] == int(take)
             assert ahead.wait(work[0]) == "miss"  # started: waited for, either way
 
