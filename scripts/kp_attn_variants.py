@@ -9,7 +9,7 @@ another geometry, for choosing it on a GPU (gpu_impls/cuda/kp_attention.py):
 from __future__ import annotations
 
 from gpu_impls import impls, register
-from gpu_impls.cuda._module import mutant
+from gpu_impls.cuda._module import variant
 from gpu_impls.cuda.kp_attention import decode_impl
 
 SPLITS = (8, 16, 30, 60, 120)
@@ -27,11 +27,11 @@ register(*(decode_impl("sdpa_decode", v[0], v[1], v[2], warps=v[3])
 if "cuda:kp_sdpa_decode_solo" not in impls():
     # the same code compiled as a module of its own (a define equal to the default) instead of
     # in its batch of listed instances: does the batch build change the kernel's speed?
-    register(mutant("cuda:kp_sdpa_decode", "kp_sdpa_decode_solo", "KP_U=2"))
+    register(variant("cuda:kp_sdpa_decode", "kp_sdpa_decode_solo", ("KP_U=2",)))
 # kp_attn_combine's loops unrolled by 8 with l staged in shared memory (KP_COMBINE_UNROLL in
 # kp_sdpa_decode.cu: the same operations in the same order, more loads in flight)
 for _base, _name in (("cuda:kp_sdpa_decode", "kp_sdpa_decode_cu8"),
                      ("cuda:kp_sdpa_decode_s16", "kp_sdpa_decode_s16_cu8"),
                      ("cuda:kp_attn_combine", "kp_attn_combine_u8")):
     if f"cuda:{_name}" not in impls():
-        register(mutant(_base, _name, "KP_COMBINE_UNROLL=8"))
+        register(variant(_base, _name, ("KP_COMBINE_UNROLL=8",)))

@@ -7,9 +7,9 @@ another span or register budget, for choosing them on a GPU (gpu_impls/cuda/ssm.
         12 warps an SM; the shipped kernel 120 and 16); a8m1_sp32 is the kernel before
         2026-12-07 (an `ab` against it: the change's gain)
     cuda:kp_conv1d_causal_a8: 8 loads ahead under the register cap (spills)
-    cuda:kp_conv1d_causal_rcp / _fastexp: silu by a 1-ULP reciprocal and a product, and also
-        __expf at 16-bit T (KP_CONV_FAST_SILU=1 / 2): is the prefill bound by silu's
-        instructions? Diagnostic: not declared to the oracle, so bench them with --no-verify
+    cuda:kp_conv1d_causal_rcp / _fastexp: silu by a 1-ULP reciprocal and a product (within
+        the op's bound), and also __expf at 16-bit T (not declared: --no-verify)
+        (KP_CONV_FAST_SILU=1 / 2): is the prefill bound by silu's instructions?
 Same kernel, same order of arithmetic (but the silu variants): only the launch shape and the
 load batching differ.
 """

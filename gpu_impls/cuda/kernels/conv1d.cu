@@ -49,9 +49,10 @@
 #define KP_CONV_MIN_BLOCKS 8
 #endif
 #ifndef KP_CONV_FAST_SILU
-// diagnostic (scripts/kp_conv_variants.py), not declared to the oracle: 1 forms silu as
-// y * rcp.approx.ftz(1 + expf(-y)) (a 1-ULP reciprocal and a product instead of the IEEE
-// divide), 2 also takes __expf at 16-bit T. Is the prefill bound by silu's instructions?
+// diagnostic (scripts/kp_conv_variants.py): is the prefill bound by silu's instructions? 1
+// forms silu as y * rcp.approx.ftz(1 + expf(-y)), a 1-ULP reciprocal and a product instead of
+// the IEEE divide (within the op's bound: the divide at 2 ULP, then the product); 2 also takes
+// __expf at 16-bit T, whose error grows with |y| (not declared: bench it with --no-verify).
 #define KP_CONV_FAST_SILU 0
 #endif
 #ifndef KP_CONV_AHEAD
