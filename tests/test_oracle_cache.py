@@ -325,15 +325,20 @@ def test_take_pending_computes_what_the_pool_has_not_started(cache, monkeypatch)
             started.set_result("miss")
             keys = list(ahead.futures)
             ahead.futures[keys[0]], ahead.futures[keys[1]] = started, queued
-            # the pool reaching the queued entry while the check waits (still pending when
-            # `wait` starts: cancellable until then)
-            late = threading.Timer(0.3, lambda: queued.set_running_or_notify_cancel()
+            # without: the pool reaches the queued entry while the check waits (still pending
+            # when `wait` starts, so a cancel there would succeed); with: it never does, and
+            # a `wait` that did not take it would sit out the 2 s timeout and return None
+            # without cancelling it
+            late = threading.Timer(0.5, lambda: queued.set_running_or_notify_cancel()
                                    and queued.set_result("miss"))
-            late.start()
+            if not take:
+                late.start()
             try:
                 assert ahead.wait(work[1]) == expected
             finally:
-                late.join()
+                late.cancel()
+                if not take:
+                    late.join()
             assert queued.cancelled() is take and ahead.outcomes["taken"] == int(take)
             assert ahead.wait(work[0]) == "miss"  # started: waited for, either way
 
