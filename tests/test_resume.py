@@ -162,7 +162,11 @@ def _wait_for_rows(proc: subprocess.Popen, store: Path, rows: int) -> None:
     deadline = time.monotonic() + 120
     while _journal_lines(store) < rows and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, "the sweep ended before it could be stopped"
+    if proc.poll() is not None:  # what the sweep said, to tell a crash from a fast finish
+        out, err = proc.communicate()
+        raise AssertionError(f"the sweep ended (exit {proc.returncode}, {_journal_lines(store)} "
+                             f"journal rows) before it could be stopped; its last output:\n"
+                             f"{out[-1500:]}\n{err[-1500:]}")
 
 
 def _workers(pid: int) -> list[int]:
