@@ -4,28 +4,28 @@ A model, not a measurement: replays the test times of a one-process run (JUnit X
 its tests in run order) through xdist's `worksteal` scheduler (xdist/scheduler/worksteal.py,
 pytest-xdist 3.8: contiguous equal chunks first; a worker left with fewer than two pending
 tests steals the last half of the longest queue, leaving its owner two) and prints the
-finishing time in the files' order and with tests/long_tests.json's tests first (what
-tests/conftest.py does under xdist). It leaves out what a real run adds: the workers' start
-and collection, and each test's own slow-down beside the other workers. Issue 32's reading of
+finishing time in the files' order and in tests/conftest.py's `long_first` order (each chunk
+led by its share of tests/long_tests.json's tests). It leaves out what a real run adds: the
+workers' start and collection, and each test's own slow-down beside the other workers. Issue 32's reading of
 the gate's Mamba part: benchmarks/README.md "Many GPUs".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+from types import SimpleNamespace
 
-from scripts.long_tests import TABLE, node_id
+from scripts.long_tests import node_id
 from scripts.same_tests import outcomes
+from tests.conftest import long_first, xdist_chunks
 
 KEEP = 2  # xdist's MIN_PENDING: a worker runs a test once it knows the next one
 
 
 def finish_time(seconds: list[float], workers: int) -> float:
     """When the last of `workers` workers is done with `seconds` (in this order)."""
-    n, start, queues = len(seconds), 0, []
-    for w in range(workers):
-        size = n // workers + (1 if w < n % workers else 0)
+    start, queues = 0, []
+    for size in xdist_chunks(len(seconds), workers):
         queues.append(list(range(start, start + size)))
         start += size
     now, ends = 0.0, {w: seconds[q[0]] for w, q in enumerate(queues) if q}
@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=2, help="workers (default 2)")
     args = ap.parse_args(argv)
     tests = [(node_id(test), t) for test, (_, t) in outcomes(args.run).items()]
-    long = json.loads(TABLE.read_text())
-    first = sorted(tests, key=lambda nt: -long.get(nt[0], 0.0))
+    items = [SimpleNamespace(nodeid=node, seconds=t) for node, t in tests]
+    long_first(items, workers=args.n)  # tests/conftest.py's order under `-n`
+    first = [(i.nodeid, i.seconds) for i in items]
     total = sum(t for _, t in tests)
     print(f"{args.run}: {len(tests)} tests, {total:.1f} s; {args.n} workers, modelled: "
           f"{finish_time([t for _, t in tests], args.n):.1f} s in the files' order, "
