@@ -6,7 +6,8 @@ gate runs these first, longest first (tests/conftest.py): left at the end of a w
 queue, a 25 s test is taken whole by a worker that runs out of work while the others idle
 (the gate's Mamba part on two H100s: 1.41x from two workers where its test time allowed
 about 1.9x; benchmarks/README.md "Many GPUs"). Regenerate from a full gate's JUnit file:
-`python3 -m pytest -m gpu --junit-xml gate.xml` then this script.
+`python3 -m pytest -m gpu --junit-xml gate.xml` then this script (`--update`: from a commit-tier
+run, keeping the table's times of the tests it did not run).
 """
 
 from __future__ import annotations
@@ -45,13 +46,21 @@ def stable_node_id(node: str) -> str:
     return CASE_ID.sub("-*]", node)
 
 
-def long_tests(paths: list[str], least: float) -> dict[str, float]:
+def long_tests(paths: list[str], least: float, old: dict | None = None) -> dict[str, float]:
+    """{stable node id: its longest time} over the runs, for those of `least` seconds or more;
+    with `old` (a table), its entries for tests none of the runs ran are kept (a commit-tier
+    run leaves the nightly tests' times as they were)."""
     longest: dict[str, float] = {}
+    ran: set[str] = set()
     for path in paths:
         for test, (_, seconds) in outcomes(path).items():
+            key = stable_node_id(node_id(test))
+            ran.add(key)
             if seconds >= least:
-                key = stable_node_id(node_id(test))
                 longest[key] = round(max(seconds, longest.get(key, 0.0)), 1)
+    for key, seconds in (old or {}).items():
+        if key not in ran:
+            longest[key] = seconds
     return dict(sorted(longest.items(), key=lambda kv: -kv[1]))
 
 
@@ -60,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", metavar="JUNIT_XML")
     ap.add_argument("--min", type=float, default=5.0, help="seconds (default 5)")
     ap.add_argument("--out", default=str(TABLE))
+    ap.add_argument("--update", action="store_true",
+                    help="keep the --out table's entries for the tests these runs did not run")
     args = ap.parse_args(argv)
-    table = long_tests(args.runs, args.min)
+    old = json.loads(Path(args.out).read_text()) if args.update and Path(args.out).is_file() else None
+    table = long_tests(args.runs, args.min, old)
     Path(args.out).write_text(json.dumps(table, indent=1) + "\n")
     print(f"{args.out}: {len(table)} tests of {args.min:g} s or more")
     return 0

@@ -101,3 +101,24 @@ def test_same_rows_lists_the_impls_whose_worker_seconds_grew():
     assert "torch:x" in lines[0] and "1.0 ->   4.0 s  on [1]" in lines[0]
     assert "cuda:y" in lines[1] and len(lines) == 3
     assert lines[2] == "  gross growth 3.5 s: torch 3.0 s, cuda 0.5 s"  # z shrank: not counted
+
+
+def test_long_tests_update_keeps_the_tests_a_run_did_not_run(tmp_path):
+    """`scripts/long_tests.py --update`: a test the runs ran takes its new time (or leaves the
+    table, under --min); one they did not run keeps its old entry."""
+    from scripts import long_tests
+
+    run = tmp_path / "commit.xml"
+    run.write_text('<testsuites><testsuite name="pytest">'
+                   '<testcase classname="tests.test_gpu" name="test_gate[cuda:a-0123456789ab]" time="12.5"/>'
+                   '<testcase classname="tests.test_gpu" name="test_gate[cuda:b-0123456789ab]" time="1.0"/>'
+                   '</testsuite></testsuites>')
+    table = tmp_path / "long.json"
+    table.write_text(json.dumps({"tests/test_gpu.py::test_gate[cuda:a-*]": 40.0,
+                                 "tests/test_gpu.py::test_gate[cuda:b-*]": 30.0,
+                                 "tests/test_gpu.py::test_nightly_only": 60.0}))
+    assert long_tests.main([str(run), "--out", str(table), "--update"]) == 0
+    assert json.loads(table.read_text()) == {"tests/test_gpu.py::test_nightly_only": 60.0,
+                                             "tests/test_gpu.py::test_gate[cuda:a-*]": 12.5}
+    assert long_tests.main([str(run), "--out", str(table)]) == 0  # without: the runs' alone
+    assert json.loads(table.read_text()) == {"tests/test_gpu.py::test_gate[cuda:a-*]": 12.5}
