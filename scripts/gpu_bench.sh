@@ -62,6 +62,9 @@
 #     variants (built alone, combine unrolled, 16 splits, 8/16 warps) beside torch SDPA, A/Bs
 #   bash scripts/gpu_bench.sh conv-variants  issue 53: kp_conv1d_causal's span / load batching /
 #     register budget / silu variants at Nemotron-3-Nano's conv, T = 2048, in `chain`
+#   bash scripts/gpu_bench.sh compile-start  issue 48: a process's first torch.compile on this machine,
+#     its phases cold and warm (scripts/compile_start.py, one profiled), then the three cold
+#     commit-tier tests over 20 s alone (-n 0), each from empty caches and again warm
 #   bash scripts/gpu_bench.sh collect-profile  issue 48: a `pytest -m gpu --collect-only` under
 #     -X importtime and cProfile (a gate worker's 34 s before its first test)
 #   bash scripts/gpu_bench.sh mamba-decode  issue 30: ssm_step and the conv step at B = 1, 64 against
@@ -268,6 +271,26 @@ conv-variants)
   # divide at 2 ULP, then the product), so its gate must pass; __expf is not declared (bench only)
   run $V check --op conv1d_causal --impl cuda:kp_conv1d_causal_rcp --show-failures 3
   run $V bench --op conv1d_causal --preset nemotron-3-nano --dtype bf16 --mode chain --min-time 0.2 --no-verify --impl cuda:kp_conv1d_causal,cuda:kp_conv1d_causal_rcp,cuda:kp_conv1d_causal_fastexp
+  ;;
+compile-start)
+  # issue 48: ~11 s of a compiled impl's first test in a process, cache warm or cold
+  export TORCHINDUCTOR_COMPILE_THREADS=1 OMP_NUM_THREADS=1  # as in a gate worker
+  C="TRITON_CACHE_DIR=/tmp/cs/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cs/inductor"
+  rm -rf /tmp/cs
+  for pass in cold warm; do echo "$pass: $(env $C python3 scripts/compile_start.py 2>&1 | tail -1)" >> "$LOG"; done
+  env $C python3 scripts/compile_start.py --profile 40 > $OUT/compile-start-profile.txt 2>&1
+  for t in "test_deterministic_impls_are_bit_identical_run_to_run[torch:flex_attention_varlen-7bfcb9147ebd]" \
+           "test_deterministic_impls_are_bit_identical_run_to_run[torch:rms_norm_compiled-0a40c1be564c]" \
+           "test_gate[torch:rope_hf_compiled-01b807f245ef]"; do
+    rm -rf /tmp/ca
+    for pass in cold warm; do
+      echo "\$ pytest -m gpu tests/test_gpu.py::$t ($pass)" >> "$LOG"
+      env KPARITY_CACHE=/tmp/ca/kp CUPY_CACHE_DIR=/tmp/ca/cupy TRITON_CACHE_DIR=/tmp/ca/triton \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/ca/inductor KPARITY_PREBUILD=0 python3 -m pytest -m gpu -q \
+        -p no:cacheprovider --durations=1 "tests/test_gpu.py::$t" 2>&1 | grep -E "s call|passed|failed" >> "$LOG"
+    done
+  done
+  cat "$LOG"; exit 0
   ;;
 collect-profile)
   # issue 48: where a worker's 34 s before its first test go (the same cold or warm): one

@@ -4,8 +4,8 @@ A model, not a measurement: replays the test times of a one-process run (JUnit X
 its tests in run order) through xdist's `worksteal` scheduler (xdist/scheduler/worksteal.py,
 pytest-xdist 3.8: contiguous equal chunks first; a worker left with fewer than two pending
 tests steals the last half of the longest queue, leaving its owner two) and prints the
-finishing time in the files' order and in tests/conftest.py's `long_first` order (each chunk
-led by its share of tests/long_tests.json's tests). It leaves out what a real run adds: the
+finishing time in the files' order and in tests/conftest.py's `long_first` order
+(tests/long_tests.json's tests first). It leaves out what a real run adds: the
 workers' start and collection, and each test's own slow-down beside the other workers. Issue 32's reading of
 the gate's Mamba part: benchmarks/README.md "Many GPUs".
 """
@@ -17,9 +17,20 @@ from types import SimpleNamespace
 
 from scripts.long_tests import node_id
 from scripts.same_tests import outcomes
-from tests.conftest import long_first, xdist_chunks
+from tests.conftest import long_first
 
 KEEP = 2  # xdist's MIN_PENDING: a worker runs a test once it knows the next one
+
+
+def xdist_chunks(n: int, workers: int) -> list[int]:
+    """The sizes of the first chunks xdist's `worksteal` sends to `workers` idle workers from
+    `n` pending tests, in its order (pytest-xdist 3.x `check_schedule`: each the pending count
+    over the workers left)."""
+    sizes = []
+    for left in range(max(workers, 1), 0, -1):
+        sizes.append(n // left)
+        n -= sizes[-1]
+    return sizes
 
 
 def finish_time(seconds: list[float], workers: int) -> float:
@@ -52,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tests = [(node_id(test), t) for test, (_, t) in outcomes(args.run).items()]
     items = [SimpleNamespace(nodeid=node, seconds=t) for node, t in tests]
-    long_first(items, workers=args.n)  # tests/conftest.py's order under `-n`
+    long_first(items)  # tests/conftest.py's order under `-n`
     first = [(i.nodeid, i.seconds) for i in items]
     total = sum(t for _, t in tests)
     print(f"{args.run}: {len(tests)} tests, {total:.1f} s; {args.n} workers, modelled: "

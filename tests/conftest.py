@@ -221,17 +221,21 @@ def pytest_configure(config):
         pass
 
 
-def long_first(items, workers: int | None = None, seconds: dict | None = None) -> None:
+def long_first(items, seconds: dict | None = None) -> None:
     """Under pytest-xdist, the long tests (tests/long_tests.json, measured: scripts/long_tests.py)
-    first in every worker's queue. xdist's `worksteal` hands the W workers W contiguous chunks of
-    the collection (sizes `xdist_chunks`) and an idle worker later steals the last half of the
-    longest queue: sorted longest first over the whole list, every long test landed in the first
-    chunk, run one after another by one worker while the others ran short ones (steals take
-    queue tails, so the long heads stayed). So the long tests are dealt to the chunks, each
-    group (`warm_group`) whole, longest first, to the chunk with the fewest long-test seconds
-    so far (LPT), and head it; the short tests fill the chunks in collection order. Every worker
-    sorts alike (xdist requires the same order); without -n the order is the files'.
-    `seconds`: {stable node id: seconds}, by default the table's."""
+    first, longest first; the rest keep their order. Every worker sorts alike (xdist requires
+    the same order); without -n the order is the files'. `seconds`: {stable node id: seconds},
+    by default the table's.
+
+    What xdist's `worksteal` then does with it (scripts/simulate_worksteal.py models it,
+    `xdist_chunks`): it hands the W workers W contiguous stretches of this list, so the long tests
+    all start in the first worker's stretch, and a worker that runs out steals the last half
+    of the longest queue, the long ones only once that queue is short. The first worker thus
+    runs many of the torch.compile tests one after another in one process, paying Dynamo's and
+    Inductor's start (about 11 s alone on the H100 host) once. Dealing the long tests to every
+    stretch instead (one call on the H100, 2026-12-08) put four cold tests over 20 s against
+    this order's three: each worker that got a compiled impl paid that start again
+    (benchmarks/HISTORY.md)."""
     import json
     from pathlib import Path
 
@@ -240,54 +244,7 @@ def long_first(items, workers: int | None = None, seconds: dict | None = None) -
     if seconds is None:
         table = Path(__file__).with_name("long_tests.json")
         seconds = json.loads(table.read_text()) if table.is_file() else {}
-    if workers is None:
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    groups: dict[str, list[int]] = {}
-    cost = [seconds.get(stable_node_id(item.nodeid), 0.0) for item in items]
-    for i, item in enumerate(items):
-        if cost[i] > 0:
-            groups.setdefault(warm_group(item), []).append(i)
-    sizes = xdist_chunks(len(items), workers)
-    heads, load = [[] for _ in sizes], [0.0] * len(sizes)
-    for members in sorted(groups.values(), key=lambda m: -group_seconds([cost[i] for i in m])):
-        fits = [c for c in range(len(sizes)) if sizes[c] - len(heads[c]) >= len(members)]
-        chunk = (min(fits, key=lambda c: (load[c], c)) if fits else
-                 max(range(len(sizes)), key=lambda c: sizes[c] - len(heads[c])))
-        heads[chunk] += [items[i] for i in members]
-        load[chunk] += group_seconds([cost[i] for i in members])
-    short = iter([item for item, c in zip(items, cost) if c <= 0])
-    order = [item for c, size in enumerate(sizes)
-             for item in heads[c] + [next(short) for _ in range(max(size - len(heads[c]), 0))]]
-    items[:] = order + list(short)  # the rest: only where a group outgrew every chunk
-
-
-def warm_group(item) -> str:
-    """The impl a test is parametrized with (a `Work`'s or an `Impl`'s id), else its node id:
-    an impl's long tests run in one worker, one after another, so that what its first test
-    builds in the process (torch.compile's graphs and the Dynamo and Inductor start, about 11
-    s alone on the H100 host; a CUDA module) serves the rest, instead of each worker paying
-    it again."""
-    params = getattr(getattr(item, "callspec", None), "params", {}).values()
-    ids = sorted({i for i in (getattr(getattr(v, "impl", v), "id", None) for v in params)
-                  if isinstance(i, str)})
-    return ids[0] if len(ids) == 1 else item.nodeid
-
-
-def group_seconds(costs: list[float]) -> float:
-    """A group's estimated seconds: the table keys an impl's cases as its longest one (the
-    first call builds; `stable_node_id`), so its longest member plus one second per other."""
-    return max(costs) + len(costs) - 1
-
-
-def xdist_chunks(n: int, workers: int) -> list[int]:
-    """The sizes of the first chunks xdist's `worksteal` sends to `workers` idle workers from
-    `n` pending tests, in its order (pytest-xdist 3.x `check_schedule`: each the pending count
-    over the workers left)."""
-    sizes = []
-    for left in range(max(workers, 1), 0, -1):
-        sizes.append(n // left)
-        n -= sizes[-1]
-    return sizes
+    items.sort(key=lambda item: -seconds.get(stable_node_id(item.nodeid), 0.0))  # stable
 
 
 def tier(config) -> str:

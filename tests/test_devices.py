@@ -379,73 +379,22 @@ def test_under_xdist_the_long_tests_run_first_longest_first(monkeypatch):
     shorter_long, longer_long = sorted(table, key=table.get)[-2:]  # two of the table's tests
     names = ["tests/test_a.py::t1", shorter_long, "tests/test_a.py::t2", longer_long]
     items = [SimpleNamespace(nodeid=n) for n in names]
-    conftest.long_first(items, workers=1)
+    conftest.long_first(items)
     longer = max(names[1], names[3], key=table.get)
     assert [i.nodeid for i in items][:2] == [longer, ({names[1], names[3]} - {longer}).pop()]
     assert [i.nodeid for i in items][2:] == ["tests/test_a.py::t1", "tests/test_a.py::t2"]
 
 
-def test_each_xdist_chunk_starts_with_its_share_of_the_long_tests():
-    """Two workers: the four long tests dealt longest first to the chunk with the fewest
-    long-test seconds (LPT), each chunk led by its long ones; the short ones keep their order."""
-    from types import SimpleNamespace
-
-    from tests import conftest
-
-    table = json.loads((Path(conftest.__file__).with_name("long_tests.json")).read_text())
-    longs = sorted(table, key=table.get)[-4:][::-1]  # longest first
-    shorts = [f"tests/test_a.py::t{i}" for i in range(6)]
-    items = [SimpleNamespace(nodeid=n) for n in [shorts[0], *longs[::-1], *shorts[1:]]]
-    conftest.long_first(items, workers=2)
-    order = [i.nodeid for i in items]
-    first, second = order[:5], order[5:]  # xdist_chunks(10, 2) == [5, 5]
-    assert first[0] == longs[0] and second[0] == longs[1]
-    dealt = {longs[0]: 0, longs[1]: 1}
-    for node in longs[2:]:  # each to the chunk with fewer long seconds so far
-        load = [sum(table[n] for n, c in dealt.items() if c == k) for k in (0, 1)]
-        dealt[node] = min((0, 1), key=lambda k: (load[k], k))
-    for chunk, part in enumerate((first, second)):
-        mine = [n for n, c in dealt.items() if c == chunk]
-        assert part[:len(mine)] == mine, (chunk, part)
-    assert [n for n in order if n in shorts] == shorts
-
-
-def test_an_impls_long_tests_run_in_one_worker_one_after_another():
-    """The long tests of one impl (its gate case and its determinism test: the first builds
-    what the second reuses) are dealt to one chunk together; a test without an impl is its
-    own group. Costs: flex 30 + 1 (its two tests), other 25, solo 5 (dealt one by one, the
-    determinism test would have gone beside other)."""
-    from types import SimpleNamespace
-
-    from tests import conftest
-
-    def test(node, impl=None):
-        params = {"work": SimpleNamespace(impl=SimpleNamespace(id=impl))} if impl else {}
-        return SimpleNamespace(nodeid=node, callspec=SimpleNamespace(params=params))
-
-    table = {"t.py::test_gate[torch:flex-*]": 30.0, "t.py::test_det[torch:flex-*]": 12.0,
-             "t.py::test_solo": 5.0, "t.py::test_gate[torch:other-*]": 25.0}
-    items = [test("t.py::test_gate[torch:flex-0123456789ab]", "torch:flex"),
-             test("t.py::test_gate[torch:other-0123456789ab]", "torch:other"),
-             test("t.py::test_solo"), *(test(f"t.py::s{i}") for i in range(5)),
-             test("t.py::test_det[torch:flex-0123456789ab]", "torch:flex")]
-    conftest.long_first(items, workers=2, seconds=table)
-    order = [i.nodeid for i in items]
-    assert order[:2] == ["t.py::test_gate[torch:flex-0123456789ab]",
-                         "t.py::test_det[torch:flex-0123456789ab]"]
-    assert order[4:6] == ["t.py::test_gate[torch:other-0123456789ab]", "t.py::test_solo"]
-    assert sorted(order) == sorted(i.nodeid for i in items) and len(order) == 9
-
-
 @pytest.mark.parametrize("n, workers", [(10, 4), (4968, 8), (3, 8), (7, 3), (5, 1)])
 def test_xdist_chunks_are_what_worksteal_sends_first(n, workers):
-    """`conftest.xdist_chunks` against pytest-xdist's own scheduler, its first distribution
-    over `workers` idle workers (stand-in nodes; the scheduler's code is xdist's)."""
+    """scripts/simulate_worksteal.py's model of the first distribution (`xdist_chunks`)
+    against pytest-xdist's own scheduler over `workers` idle workers (stand-in nodes; the
+    scheduler's code is xdist's): contiguous stretches, in order."""
     from types import SimpleNamespace
 
     from xdist.scheduler import WorkStealingScheduling
 
-    from tests import conftest
+    from scripts.simulate_worksteal import xdist_chunks
 
     class Node:
         shutting_down = False
@@ -468,7 +417,7 @@ def test_xdist_chunks_are_what_worksteal_sends_first(n, workers):
         sched.add_node(node)
         sched.add_node_collection(node, [f"t{i}" for i in range(n)])
     sched.schedule()
-    assert [len(node.sent) for node in nodes] == conftest.xdist_chunks(n, workers)
+    assert [len(node.sent) for node in nodes] == xdist_chunks(n, workers)
     assert [i for node in nodes for i in node.sent] == list(range(n))  # contiguous, in order
 
 
