@@ -370,9 +370,12 @@ tiers)  # issue 48: the gate's tier, cold then warm (header above)
     echo "$TIER $pass -n $N: rc=$? wall $((SECONDS - start)) s; $(tail -1 $OUT/$TIER-$pass.log)" | tee -a "$LOG"
     python3 -m scripts.timeline $OUT/timeline-$pass > $OUT/timeline-$pass.txt 2>&1
     head -1 $OUT/timeline-$pass.txt | tee -a "$LOG"
-    # one file per worker is more files than a device call brings back: one archive
-    tar -czf $OUT/timeline-$pass.tgz -C $OUT timeline-$pass && rm -rf $OUT/timeline-$pass
   done
+  # a device call brings back 8 files: per pass its log, JUnit file and timeline summary, this
+  # log, and every pass's per-worker timelines in one archive (no store: pytest writes none)
+  tar -czf $OUT/timelines.tgz -C $OUT $(cd $OUT && ls -d timeline-* | grep -v '\.txt$') \
+    && rm -rf $(ls -d $OUT/timeline-* | grep -v '\.txt$')
+  exit 0
   ;;
 devices|devices-gate)  # issue 32: a spread sweep against the plain one (devices), the gate under
   # xdist against one process (devices-gate). SWEEP (env): check's filter arguments (default six
