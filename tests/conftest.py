@@ -221,11 +221,12 @@ def pytest_configure(config):
         pass
 
 
-def long_first(items, seconds: dict | None = None) -> None:
+def long_first(items) -> None:
     """Under pytest-xdist, the long tests (tests/long_tests.json, measured: scripts/long_tests.py)
-    first, longest first; the rest keep their order. Every worker sorts alike (xdist requires
-    the same order); without -n the order is the files'. `seconds`: {stable node id: seconds},
-    by default the table's.
+    first, longest first; the rest keep their order. Left where they fall (the Mamba tests end
+    the gate), the long ones would end a worker's queue and be stolen whole at the end while
+    the others idle. Every worker sorts alike (xdist requires the same order); without -n the
+    order is the files'.
 
     What xdist's `worksteal` then does with it (scripts/simulate_worksteal.py models it,
     `xdist_chunks`): it hands the W workers W contiguous stretches of this list, so the long tests
@@ -241,9 +242,8 @@ def long_first(items, seconds: dict | None = None) -> None:
 
     from scripts.long_tests import stable_node_id
 
-    if seconds is None:
-        table = Path(__file__).with_name("long_tests.json")
-        seconds = json.loads(table.read_text()) if table.is_file() else {}
+    table = Path(__file__).with_name("long_tests.json")
+    seconds = json.loads(table.read_text()) if table.is_file() else {}
     items.sort(key=lambda item: -seconds.get(stable_node_id(item.nodeid), 0.0))  # stable
 
 
