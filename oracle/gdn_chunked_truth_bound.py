@@ -129,12 +129,12 @@ COVARIANCE_WORK = 1 << 35
 
 def _carried_covariance(cols, weights, diag, m_chunk, m_q, h_round):
     """(o's proxy from the state before each chunk [B, NT, C, Hv, V], the final state's proxy
-    [B, Hv, V, K]): `_carried_iterative`'s numbers without its K x K matrix per value row. Σ_n =
-    Σ_{j<n} Q_j L_j Q_jᵀ with Q_j = M_{n-1}⋯M_{j+1} (the same for every row), so with u = Q_jᵀ m_i
-    m_iᵀ Σ_n m_i = Σ_{j<n} Σ_col w_j[col] (a_colᵀ u)² + Σ_k diag_j[k] u_k²: per pair of chunks
-    j < n and head, K²C + K·M·C + (M + K)·C·V products instead of V·K²(2K + M) per chunk (the
-    commit tier's GDN pipeline cases: 27-34 s in an xdist worker, now under a second); where
-    the pairs cost more (many chunks, few value rows), `_carried_iterative`."""
+    [B, Hv, V, K]): `_carried_iterative`'s numbers without its K x K matrix per value row.
+    Σ_n = Σ_{j<n} Q_j L_j Q_jᵀ with Q_j = M_{n-1}⋯M_{j+1} (the same for every row), so with
+    u = Q_jᵀ m_i: m_iᵀ Σ_n m_i = Σ_{j<n} Σ_col w_j[col] (a_colᵀ u)² + Σ_k diag_j[k] u_k². Per
+    pair of chunks j < n and head, K²C + K·M·C + (M + K)·C·V products instead of V·K²(2K + M)
+    per chunk (the seed-shaped pipeline cases' oracle: 1.9-3.3 s before, 0.8-1.0 s now, one
+    CPU thread); where the pairs cost more (many chunks, few value rows), `_carried_iterative`."""
     b, nt, hv, dk = cols.shape[:4]
     dv, m, c = weights.shape[3], cols.shape[-1], m_q.shape[2]
     pairs = nt * (nt - 1) / 2 * c * (dk * dk + dk * m + (m + dk) * dv)
@@ -162,7 +162,8 @@ def _carried_covariance(cols, weights, diag, m_chunk, m_q, h_round):
 
 def _carried_iterative(cols, weights, diag, m_chunk, m_q, h_round):
     """`_carried_covariance` carried chunk by chunk: Σ_{n+1} = M_n Σ_n M_nᵀ + L_n per value row,
-    L_n = cols diag(weights) colsᵀ + diag; o_i's proxy m_iᵀ (Σ_n + diag(h_round)) m_i (h's T rounding, read by the chunk)."""
+    L_n = cols diag(weights) colsᵀ + diag; o_i's proxy m_iᵀ (Σ_n + diag(h_round)) m_i (h's T
+    rounding, read by the chunk)."""
     b, nt, hv, dk = cols.shape[:4]
     dv = weights.shape[3]
     sigma = np.zeros((b, hv, dv, dk, dk))
@@ -185,7 +186,7 @@ def _carried_shared(cols, weights, diag, m_chunk, m_q, h_round):
     V times cheaper and looser where rows differ."""
     top = lambda a: a.max(axis=3, keepdims=True)  # noqa: E731  over V
     carried, state2 = _carried_iterative(cols, top(weights), top(diag), m_chunk, m_q,
-                                          top(h_round))
+                                         top(h_round))
     dv = weights.shape[3]
     return (np.broadcast_to(carried, carried.shape[:-1] + (dv,)),
             np.broadcast_to(state2, state2.shape[:2] + (dv,) + state2.shape[3:]))

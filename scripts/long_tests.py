@@ -72,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update", action="store_true",
                     help="keep the --out table's entries for the tests these runs did not run")
     args = ap.parse_args(argv)
-    old = json.loads(Path(args.out).read_text()) if args.update and Path(args.out).is_file() else None
+    out = Path(args.out)
+    old = json.loads(out.read_text()) if args.update and out.is_file() else None
     table = long_tests(args.runs, args.min, old)
-    Path(args.out).write_text(json.dumps(table, indent=1) + "\n")
+    out.write_text(json.dumps(table, indent=1) + "\n")
     print(f"{args.out}: {len(table)} tests of {args.min:g} s or more")
     return 0
 

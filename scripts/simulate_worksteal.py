@@ -5,8 +5,8 @@ its tests in run order) through xdist's `worksteal` scheduler (xdist/scheduler/w
 pytest-xdist 3.8: contiguous equal chunks first; a worker left with fewer than two pending
 tests steals the last half of the longest queue, leaving its owner two) and prints the
 finishing time in the files' order and in tests/conftest.py's `long_first` order
-(tests/long_tests.json's tests first). It leaves out what a real run adds: the
-workers' start and collection, and each test's own slow-down beside the other workers. Issue 32's reading of
+(tests/long_tests.json's tests first). It leaves out what a real run adds: the workers' start
+and collection, and each test's own slow-down beside the other workers. Issue 32's reading of
 the gate's Mamba part: benchmarks/README.md "Many GPUs".
 """
 
